@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Idempotent set-up for contributors and CI on Debian/Ubuntu: installs what is missing
+# (Podman with runc, Docker, debootstrap, Node for the npm MCP servers), starts dockerd,
+# builds the local sandbox image once, and creates .venv with the project installed.
+# Safe to run again: every step first checks whether its work is already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+IMAGE="${MCP_BRIDGE_IMAGE:-localhost/mcp-sandbox-python:bookworm}"
+ROOTFS_CACHE="${MCP_SANDBOX_ROOTFS_CACHE:-/var/cache/mcp-sandbox/rootfs-bookworm.tar}"
+RUNTIMES="${MCP_TEST_RUNTIMES:-podman,docker}"
+log() { printf '[setup] %s\n' "$*" >&2; }
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# --- packages --------------------------------------------------------------
+need=()
+command -v podman >/dev/null || need+=(podman uidmap)
+command -v runc >/dev/null || need+=(runc)
+command -v dockerd >/dev/null || need+=(docker.io)
+command -v debootstrap >/dev/null || need+=(debootstrap)
+command -v npx >/dev/null || need+=(nodejs npm)
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing ${need[*]}"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# --- docker engine -----------------------------------------------------------
+if [[ "$RUNTIMES" == *docker* ]] && ! docker info >/dev/null 2>&1; then
+  log "starting dockerd"
+  as_root sh -c 'setsid nohup dockerd >/tmp/dockerd.log 2>&1 </dev/null &'
+  for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || { log "dockerd did not start; see /tmp/dockerd.log"; exit 1; }
+fi
+
+# --- sandbox image -----------------------------------------------------------
+# No registry on the dev/CI machines: debootstrap a minimal Debian with python3
+# once, cache the tarball, and import it into each runtime that lacks the image.
+build_rootfs() {
+  [ -s "$ROOTFS_CACHE" ] && return 0
+  local mirror dir
+  mirror=$(grep -hoE '^URIs: *\S+' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}' | grep -v security | head -n1 || true)
+  [ -n "$mirror" ] || mirror=$(grep -hoE '^deb +\S+' /etc/apt/sources.list 2>/dev/null | awk '{print $2}' | head -n1 || true)
+  [ -n "$mirror" ] || { log "cannot find an apt mirror in /etc/apt"; exit 1; }
+  dir=$(mktemp -d)
+  log "debootstrapping python3 rootfs from the machine's own mirror (about a minute)"
+  as_root debootstrap --variant=minbase --include=python3 bookworm "$dir" "$mirror" >/tmp/debootstrap.log 2>&1 \
+    || { log "debootstrap failed; see /tmp/debootstrap.log"; exit 1; }
+  as_root mkdir -p "$(dirname "$ROOTFS_CACHE")"
+  as_root tar -C "$dir" -cf "$ROOTFS_CACHE.tmp" . && as_root mv "$ROOTFS_CACHE.tmp" "$ROOTFS_CACHE"
+  as_root rm -rf "$dir"
+}
+ensure_image() {  # $1 = podman|docker
+  "$1" image inspect "$IMAGE" >/dev/null 2>&1 && return 0
+  if [ "$1" = podman ] && podman pull -q "$IMAGE" >/dev/null 2>&1; then return 0; fi
+  build_rootfs
+  log "importing $IMAGE into $1"
+  "$1" import "$ROOTFS_CACHE" "$IMAGE" >/dev/null
+}
+IFS=, read -ra wanted <<<"$RUNTIMES"
+for rt in "${wanted[@]}"; do ensure_image "$rt"; done
+
+# --- podman OCI runtime --------------------------------------------------------
+# crun refuses cgroups in hybrid mode on some hosts; runc works there. Only touch
+# the host's containers.conf when a trivial container really fails.
+if [[ "$RUNTIMES" == *podman* ]]; then
+  probe=(podman run --rm --ulimit nofile=1024:1024 --ulimit nproc=512:512 "$IMAGE" true)
+  if ! "${probe[@]}" >/dev/null 2>&1; then
+    log "podman's default OCI runtime fails here; configuring runc in /etc/containers/containers.conf"
+    as_root mkdir -p /etc/containers
+    printf '[engine]\nruntime = "runc"\n' | as_root tee -a /etc/containers/containers.conf >/dev/null
+    "${probe[@]}" >/dev/null || { log "podman still cannot start a container"; exit 1; }
+  fi
+fi
+
+# --- python environment --------------------------------------------------------
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv"
+  python3 -m venv .venv
+fi
+if ! .venv/bin/python -c 'import mcp_server_code_execution_mode' >/dev/null 2>&1 \
+   || [ pyproject.toml -nt .venv/.installed ]; then
+  log "installing the project into .venv"
+  .venv/bin/pip install -q -e '.[dev]'
+  touch .venv/.installed
+fi
+log "ready: image $IMAGE on ${RUNTIMES}"
