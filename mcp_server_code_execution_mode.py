@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -478,7 +478,7 @@ async def detect_runtime(
 
 def build_run_argv(executable: str, spec: LaunchSpec) -> list[str]:
     """The hardened `run` command for one sandbox. Pure, so tests assert on it exactly."""
-    tmpfs = "rw,nosuid,nodev,size=%s,mode=1777" % TMPFS_SIZE
+    tmpfs = "rw,nosuid,nodev,noexec,size=%s,mode=1777" % TMPFS_SIZE
     return [
         executable, "run",
         "--interactive",  # the kernel's stdin is the frame channel; EOF ends the container
@@ -500,7 +500,8 @@ def build_run_argv(executable: str, spec: LaunchSpec) -> list[str]:
         "--tmpfs", "/tmp:" + tmpfs,
         "--tmpfs", WORKDIR + ":" + tmpfs,
         "--volume", "%s:%s:ro" % (spec.ipc_dir, IPC_MOUNT),
-        "--workdir", WORKDIR,
+        # No --workdir: Docker re-creates a workdir that is a tmpfs mount point as 0755
+        # root, making it unwritable for the sandbox user. The kernel chdirs instead.
         "--env", "HOME=" + WORKDIR,
         "--env", "PYTHONDONTWRITEBYTECODE=1",
         "--env", "PYTHONIOENCODING=utf-8",
@@ -843,22 +844,26 @@ class SandboxSession:
             self.process.kill()
 
     async def stop(self) -> None:
-        """Close the channel (the kernel exits on EOF), then make sure the container is
-        gone. Safe to call more than once and from any task."""
+        """Close the channel (the kernel exits on EOF), make sure the container is gone,
+        and remove the IPC directory. Safe to call more than once, from any task, and
+        while the reader tasks are being cancelled (it waits on the process itself)."""
         with anyio.CancelScope(shield=True):
-            if self.process is not None:
-                if not self.exited.is_set():
-                    self.killed_by_bridge = True
-                    if self.process.stdin is not None:
-                        await self.process.stdin.aclose()
-                    with anyio.move_on_after(2):
-                        await self.process.wait()
-                    if self.process.returncode is None:
-                        await self._kill("was stopped by the bridge")
+            process = self.process
+            if process is not None and process.returncode is None:
+                self.killed_by_bridge = True
+                self.death_reason = self.death_reason or "was stopped by the bridge"
+                if process.stdin is not None:
+                    with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                        await process.stdin.aclose()
+                with anyio.move_on_after(2):
+                    await process.wait()
+                if process.returncode is None:
+                    await self._kill("was stopped by the bridge")
                     with anyio.move_on_after(10):
-                        await self.exited.wait()
-                for scope in self._reader_scopes:
-                    scope.cancel()
+                        await process.wait()
+            for scope in self._reader_scopes:
+                scope.cancel()
+            self.exited.set()
             shutil.rmtree(self.ipc_dir.parent, ignore_errors=True)
 
 
@@ -1045,9 +1050,9 @@ def render_error(exc: BridgeError) -> types.CallToolResult:
 TOOL_NAME = "run_python"
 CAPABILITIES_URI = "resource://code-execution/capabilities"
 TOOL_DESCRIPTION = (
-    "Run Python 3 in a persistent, isolated sandbox with no network. Variables, imports and "
-    "functions persist across calls until reset; top-level await works; the last expression's "
-    "value is shown. Files: /workspace and /tmp. Full manual: resource " + CAPABILITIES_URI + "."
+    "Run Python in a persistent, network-less sandbox. Variables, imports and functions persist "
+    "across calls until reset; top-level await works; the last expression's value is shown. "
+    "Writable: /workspace, /tmp. Manual: " + CAPABILITIES_URI
 )
 
 CAPABILITIES_MANUAL = """\
@@ -1207,18 +1212,24 @@ async def serve(config: BridgeConfig) -> None:
     """Serve MCP on stdio until stdin closes or SIGTERM/SIGINT arrives; the lifespan
     removes the sandbox either way."""
     server = build_server(config)
-    async with anyio.create_task_group() as group:
+    async with anyio.create_task_group() as group, stdio_server() as (read_stream, write_stream):
+        with anyio.CancelScope() as run_scope:
 
-        async def stop_on_signal() -> None:
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for signum in signals:
-                    logger.info("received signal %d; shutting down", signum)
-                    group.cancel_scope.cancel()
-                    return
+            async def stop_on_signal() -> None:
+                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async for signum in signals:
+                        logger.info("received signal %d; shutting down", signum)
+                        run_scope.cancel()
+                        return
 
-        group.start_soon(stop_on_signal)
-        async with stdio_server() as (read_stream, write_stream):
+            group.start_soon(stop_on_signal)
             await server.run(read_stream, write_stream, server.create_initialization_options())
+        if run_scope.cancelled_caught:
+            # The lifespan inside server.run has removed the sandbox, but the SDK's stdin
+            # reader is a worker thread blocked in read(), which leaving stdio_server()
+            # would wait for until the client writes or closes stdin.
+            logging.shutdown()
+            os._exit(0)
         group.cancel_scope.cancel()
 
 

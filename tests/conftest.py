@@ -1,0 +1,123 @@
+"""Shared fixtures: real container runtimes and a real MCP stdio client driving the
+installed console script.
+
+`MCP_TEST_RUNTIMES` (default "podman,docker") names the runtimes the integration tests
+run on; a named runtime that does not answer FAILS the tests rather than skipping them,
+so a broken CI machine cannot pass silently.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+DEFAULT_IMAGE = "localhost/mcp-sandbox-python:bookworm"
+CONTAINER_LABEL = "io.github.mcp-server-code-execution-mode"
+
+
+def requested_runtimes() -> list[str]:
+    return [name for name in os.environ.get("MCP_TEST_RUNTIMES", "podman,docker").split(",") if name]
+
+
+def console_script() -> str:
+    found = shutil.which("mcp-server-code-execution-mode", path=os.path.dirname(sys.executable))
+    assert found, "the console script is not installed in this environment: pip install -e .[dev]"
+    return found
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One container runtime the tests drive directly (to look for leftover containers)."""
+
+    name: str
+    image: str
+
+    def containers(self, *, running_only: bool = True, owner_pid: int | None = None) -> list[str]:
+        argv = [self.name, "ps", "--filter", "label=" + CONTAINER_LABEL, "--format", "{{.Names}}"]
+        if not running_only:
+            argv.append("--all")
+        if owner_pid is not None:
+            argv += ["--filter", "label=%s.owner-pid=%d" % (CONTAINER_LABEL, owner_pid)]
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True)
+        return result.stdout.split()
+
+
+@pytest.fixture(scope="session", params=requested_runtimes())
+def engine(request: pytest.FixtureRequest) -> Engine:
+    name = str(request.param)
+    image = os.environ.get("MCP_BRIDGE_IMAGE", DEFAULT_IMAGE)
+    if shutil.which(name) is None:
+        pytest.fail("%s is not installed; run scripts/setup.sh or set MCP_TEST_RUNTIMES" % name)
+    probe = subprocess.run([name, "image", "inspect", image], capture_output=True, timeout=60, check=False)
+    if probe.returncode != 0:
+        pytest.fail("%s cannot see the sandbox image %s; run scripts/setup.sh" % (name, image))
+    return Engine(name, image)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "state"
+    path.mkdir()
+    yield path
+
+
+def bridge_env(engine: Engine | None, state_dir: Path, **overrides: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MCP_BRIDGE_")}
+    env.update({"MCP_BRIDGE_STATE_DIR": str(state_dir), "MCP_BRIDGE_LOG_LEVEL": "WARNING"})
+    if engine is not None:
+        env.update({"MCP_BRIDGE_RUNTIME": engine.name, "MCP_BRIDGE_IMAGE": engine.image})
+    env.update(overrides)
+    return env
+
+
+@asynccontextmanager
+async def bridge_client(env: dict[str, str]) -> AsyncIterator[ClientSession]:
+    """The installed console script behind the MCP SDK's own stdio client."""
+    params = StdioServerParameters(command=console_script(), env=env)
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+def bridge_pids(state_dir: Path) -> list[int]:
+    """Pids of bridge processes started with this (unique) state directory."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(b"mcp-server-code-execution-mode" in part for part in cmdline[:2]) and (
+            b"MCP_BRIDGE_STATE_DIR=" + str(state_dir).encode() in environ
+        ):
+            pids.append(int(proc.name))
+    return pids
+
+
+def text_of(result: types.CallToolResult) -> str:
+    return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
+
+
+def structured(result: types.CallToolResult) -> dict[str, Any]:
+    assert isinstance(result.structured_content, dict), result
+    return result.structured_content

@@ -1,0 +1,301 @@
+"""The acceptance of the core bridge, end to end: a real MCP stdio client drives the
+installed console script, which starts real hardened containers on each runtime."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from tests.conftest import Engine, bridge_client, bridge_env, bridge_pids, console_script, structured, text_of
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_state_persists_across_calls_until_reset(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        first = await client.call_tool(
+            "run_python", {"code": "import math\nx = 41\ndef double(n):\n    return 2 * n"}
+        )
+        assert not first.is_error, text_of(first)
+        second = await client.call_tool("run_python", {"code": "print(x + 1)\ndouble(math.floor(2.5))"})
+        assert not second.is_error, text_of(second)
+        assert structured(second)["stdout"] == "42\n"
+        assert structured(second)["value"] == "4"
+        assert text_of(second) == "42\n4"
+        after_reset = await client.call_tool("run_python", {"code": "x", "reset": True})
+        assert after_reset.is_error
+        assert "NameError" in text_of(after_reset)
+        assert "Reset" in text_of(after_reset)
+        assert len(engine.containers(owner_pid=bridge_pids(state_dir)[0])) == 1
+
+
+async def test_top_level_await_and_error_traceback_shows_user_code(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        awaited = await client.call_tool(
+            "run_python", {"code": "import asyncio\nawait asyncio.sleep(0.01)\n'done'"}
+        )
+        assert structured(awaited)["value"] == "'done'"
+        failed = await client.call_tool("run_python", {"code": "a = 1\n\nraise ValueError('bad value')"})
+        assert failed.is_error
+        text = text_of(failed)
+        assert 'File "<cell-2>", line 3' in text and "ValueError: bad value" in text
+        assert "mcp_sandbox_kernel" not in text
+
+
+async def test_timeout_interrupts_and_keeps_state(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        await client.call_tool("run_python", {"code": "kept = 'yes'"})
+        owner = bridge_pids(state_dir)[0]
+        started = time.monotonic()
+        result = await client.call_tool("run_python", {"code": "while True: pass", "timeout": 2})
+        elapsed = time.monotonic() - started
+        assert result.is_error and structured(result)["status"] == "timeout"
+        assert structured(result)["state_kept"] is True
+        assert "interrupted" in text_of(result)
+        assert elapsed < 10
+        assert len(engine.containers(owner_pid=owner)) == 1
+        after = await client.call_tool("run_python", {"code": "kept"})
+        assert structured(after)["value"] == "'yes'"
+        assert structured(after)["notices"] == []
+
+
+async def test_timeout_kills_code_that_ignores_the_interrupt(engine: Engine, state_dir: Path) -> None:
+    stubborn = textwrap.dedent(
+        """
+        while True:
+            try:
+                while True:
+                    pass
+            except KeyboardInterrupt:
+                pass
+        """
+    )
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        await client.call_tool("run_python", {"code": "kept = 1"})
+        owner = bridge_pids(state_dir)[0]
+        result = await client.call_tool("run_python", {"code": stubborn, "timeout": 1})
+        assert structured(result)["status"] == "timeout"
+        assert structured(result)["state_kept"] is False
+        assert "killed" in text_of(result)
+        assert engine.containers(owner_pid=owner) == []
+        after = await client.call_tool("run_python", {"code": "'kept' in globals()"})
+        assert structured(after)["value"] == "False"
+        assert "fresh sandbox session" in text_of(after)
+        assert len(engine.containers(owner_pid=owner)) == 1
+
+
+async def test_out_of_memory_is_reported_and_next_call_starts_fresh(engine: Engine, state_dir: Path) -> None:
+    env = bridge_env(engine, state_dir, MCP_BRIDGE_MEMORY="128m")
+    async with bridge_client(env) as client:
+        await client.call_tool("run_python", {"code": "kept = 1"})
+        result = await client.call_tool("run_python", {"code": "blob = bytearray(256 * 1024 * 1024)"})
+        assert structured(result)["status"] == "crashed", text_of(result)
+        assert "128m memory limit" in text_of(result)
+        assert "state was lost" in text_of(result).replace("All state", "state")
+        after = await client.call_tool("run_python", {"code": "'kept' in globals()"})
+        assert not after.is_error
+        assert structured(after)["value"] == "False"
+        assert "fresh sandbox session" in text_of(after) and "memory limit" in text_of(after)
+
+
+HARDENING_CHECKS = textwrap.dedent(
+    """
+    import os, socket, pathlib
+    def status(field):
+        for line in open('/proc/self/status'):
+            if line.startswith(field + ':'):
+                return line.split()[1]
+    try:
+        socket.create_connection(('1.1.1.1', 53), timeout=2)
+        outbound = 'connected'
+    except OSError as exc:
+        outbound = 'blocked'
+    try:
+        open('/usr/evil', 'w')
+        usr = 'writable'
+    except OSError:
+        usr = 'read-only'
+    for directory in ('/tmp', '/workspace'):
+        pathlib.Path(directory, 'probe.txt').write_text('ok')
+        assert pathlib.Path(directory, 'probe.txt').read_text() == 'ok'
+    assert outbound == 'blocked', outbound
+    assert usr == 'read-only', usr
+    assert os.getuid() == 65534 and os.getgid() == 65534, (os.getuid(), os.getgid())
+    assert int(status('CapEff'), 16) == 0, status('CapEff')
+    assert status('NoNewPrivs') == '1', status('NoNewPrivs')
+    assert os.getcwd() == '/workspace'
+    try:
+        open('/ipc/mcp_sandbox_kernel.py', 'a')
+        ipc = 'writable'
+    except OSError:
+        ipc = 'read-only'
+    assert ipc == 'read-only'
+    'hardened'
+    """
+)
+
+
+async def test_sandbox_is_hardened(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        result = await client.call_tool("run_python", {"code": HARDENING_CHECKS})
+        assert not result.is_error, text_of(result)
+        assert structured(result)["value"] == "'hardened'"
+
+
+async def test_hostile_output_leaves_channel_intact(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        flood = await client.call_tool("run_python", {"code": "print('y' * 10_000_000)"})
+        assert not flood.is_error, text_of(flood)[:500]
+        assert structured(flood)["truncated"]["stdout"] == 10_000_001 - 50_000
+        assert "more characters of stdout cut" in text_of(flood)
+        assert len(text_of(flood)) < 60_000
+        hostile = (
+            "import os, subprocess\n"
+            "os.write(1, b'{not a frame\\n')\n"
+            "os.write(1, bytes(range(256)))\n"
+            "subprocess.run(['echo', 'hi'])\n"
+            "print('after')"
+        )
+        junk = await client.call_tool("run_python", {"code": hostile})
+        assert not junk.is_error, text_of(junk)
+        stdout = structured(junk)["stdout"]
+        assert stdout.startswith("{not a frame\n") and stdout.endswith("hi\nafter\n")
+        still = await client.call_tool("run_python", {"code": "6 * 7"})
+        assert structured(still)["value"] == "42"
+
+
+async def test_idle_shutdown_then_fresh_session_says_so(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir, MCP_BRIDGE_IDLE_TIMEOUT="2")) as client:
+        await client.call_tool("run_python", {"code": "kept = 1"})
+        owner = bridge_pids(state_dir)[0]
+        await anyio.sleep(5)
+        assert engine.containers(owner_pid=owner) == []
+        after = await client.call_tool("run_python", {"code": "'kept' in globals()"})
+        assert structured(after)["value"] == "False"
+        assert "without a call" in text_of(after)
+
+
+async def test_clean_exit_leaves_no_container(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        await client.call_tool("run_python", {"code": "1"})
+        owner = bridge_pids(state_dir)[0]
+        assert len(engine.containers(owner_pid=owner)) == 1
+    assert engine.containers(running_only=False, owner_pid=owner) == []
+    assert not (state_dir / "ipc").exists() or list((state_dir / "ipc").iterdir()) == []
+
+
+def test_sigkilled_bridge_leaves_no_running_container(engine: Engine, state_dir: Path) -> None:
+    env = bridge_env(engine, state_dir, MCP_BRIDGE_PREWARM="1")
+    bridge = subprocess.Popen([console_script()], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not engine.containers(owner_pid=bridge.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert engine.containers(owner_pid=bridge.pid), "the pre-warmed container never appeared"
+        bridge.send_signal(signal.SIGKILL)
+        bridge.wait(5)
+        time.sleep(10)
+        assert engine.containers(owner_pid=bridge.pid) == []
+    finally:
+        bridge.kill()
+        bridge.wait()
+        leftovers = engine.containers(running_only=False, owner_pid=bridge.pid)
+        subprocess.run([engine.name, "rm", "-f", *leftovers], capture_output=True, check=False)
+
+
+def test_sigterm_removes_the_container(engine: Engine, state_dir: Path) -> None:
+    env = bridge_env(engine, state_dir)
+    bridge = subprocess.Popen([console_script()], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not engine.containers(owner_pid=bridge.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert engine.containers(owner_pid=bridge.pid)
+    bridge.send_signal(signal.SIGTERM)
+    assert bridge.wait(20) == 0
+    assert engine.containers(running_only=False, owner_pid=bridge.pid) == []
+
+
+def test_startup_sweeps_containers_of_dead_bridges(engine: Engine, state_dir: Path) -> None:
+    dead_pid = 2**22 - 3  # above the usual pid_max range in use; not a live process
+    assert not os.path.exists("/proc/%d" % dead_pid)
+    name = "mcp-code-exec-%d-deadbeef" % dead_pid
+    label = "io.github.mcp-server-code-execution-mode"
+    subprocess.run(
+        [engine.name, "run", "-d", "--name", name, "--label", label + "=1", "--ulimit", "nofile=1024:1024",
+         "--ulimit", "nproc=512:512", "--network", "none", "--entrypoint", "sleep", engine.image, "300"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    orphan_ipc = state_dir / "ipc" / name
+    orphan_ipc.mkdir(parents=True)
+    try:
+
+        async def start_and_call() -> None:
+            async with bridge_client(bridge_env(engine, state_dir)) as client:
+                result = await client.call_tool("run_python", {"code": "1"})
+                assert not result.is_error
+
+        anyio.run(start_and_call)
+        assert name not in engine.containers(running_only=False)
+        assert not orphan_ipc.exists()
+    finally:
+        subprocess.run([engine.name, "rm", "-f", name], capture_output=True, check=False)
+
+
+async def test_without_a_runtime_the_server_starts_and_explains(state_dir: Path, tmp_path: Path) -> None:
+    empty_bin = tmp_path / "bin"
+    empty_bin.mkdir()
+    env = bridge_env(None, state_dir, PATH=str(empty_bin))
+    async with bridge_client(env) as client:
+        tools = await client.list_tools()
+        assert [tool.name for tool in tools.tools] == ["run_python"]
+        result = await client.call_tool("run_python", {"code": "print(1)"})
+        assert result.is_error
+        text = text_of(result)
+        assert "No container runtime is available" in text
+        assert "Install Podman" in text and "Docker" in text
+
+
+async def test_invalid_arguments_get_a_clear_error(state_dir: Path, tmp_path: Path) -> None:
+    env = bridge_env(None, state_dir, PATH=str(tmp_path), MCP_BRIDGE_MAX_TIMEOUT="60")
+    async with bridge_client(env) as client:
+        too_long = await client.call_tool("run_python", {"code": "1", "timeout": 600})
+        assert too_long.is_error and "timeout" in text_of(too_long) and "60" in text_of(too_long)
+        missing = await client.call_tool("run_python", {"source": "1"})
+        assert missing.is_error and "code" in text_of(missing)
+
+
+async def test_capabilities_resource_and_small_tool_listing(state_dir: Path, tmp_path: Path) -> None:
+    env = bridge_env(None, state_dir, PATH=str(tmp_path))
+    async with bridge_client(env) as client:
+        resources = await client.list_resources()
+        uris = [str(resource.uri) for resource in resources.resources]
+        assert uris == ["resource://code-execution/capabilities"]
+        manual = await client.read_resource(uris[0])
+        assert "persists" in manual.contents[0].text  # type: ignore[union-attr]
+        tools = await client.list_tools()
+        description = tools.tools[0].description or ""
+        assert "resource://code-execution/capabilities" in description
+        assert len(description) < 400
+
+
+def test_bad_configuration_stops_startup_with_one_line(state_dir: Path) -> None:
+    env = bridge_env(None, state_dir, MCP_BRIDGE_TIMEOUT="soon")
+    result = subprocess.run(
+        [console_script()],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "MCP_BRIDGE_TIMEOUT" in result.stderr and "Traceback" not in result.stderr
