@@ -169,18 +169,26 @@ class OutputPump(threading.Thread):
 
     ``sync()`` lets the executing thread wait until everything written to the pipe
     before the call has been forwarded: it writes a random marker through the pipe
-    itself, so ordering holds for every writer, including subprocesses."""
+    itself, so ordering holds for every writer, including subprocesses. The pump keeps
+    a private write end, so ``reattach()`` can repair ``target_fd`` after user code
+    closed or redirected it."""
 
-    def __init__(self, name: str, read_fd: int, write_fd: int, channel: Channel, limiter: OutputLimiter):
+    def __init__(
+        self, name: str, read_fd: int, write_fd: int, target_fd: int, channel: Channel, limiter: OutputLimiter
+    ):
         super().__init__(name="pump-" + name, daemon=True)
         self.stream_name = name
         self.read_fd = read_fd
         self.write_fd = write_fd
+        self.target_fd = target_fd
         self.channel = channel
         self.limiter = limiter
         self.marker = b"\x00MCP-SYNC-" + os.urandom(12).hex().encode() + b"\x00"
         self._synced = threading.Event()
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def reattach(self) -> None:
+        os.dup2(self.write_fd, self.target_fd)
 
     def sync(self, timeout: float = 5.0) -> None:
         self._synced.clear()
@@ -225,10 +233,9 @@ def _partial_suffix(buffer: bytes, marker: bytes) -> int:
 
 def capture_fd(fd: int, name: str, channel: Channel, limiter: OutputLimiter) -> OutputPump:
     """Point ``fd`` at a fresh pipe and start a pump on the pipe's read end."""
-    read_fd, write_fd = os.pipe()
-    os.dup2(write_fd, fd)
-    os.close(write_fd)
-    pump = OutputPump(name, read_fd, fd, channel, limiter)
+    read_fd, write_fd = os.pipe()  # both non-inheritable: children only get ``fd``
+    pump = OutputPump(name, read_fd, write_fd, fd, channel, limiter)
+    pump.reattach()
     pump.start()
     return pump
 
@@ -337,6 +344,7 @@ class Kernel:
         self.limiter = OutputLimiter(self.max_output_chars)
         self.executor = Executor()
         self.pumps: list[OutputPump] = []
+        self.std_streams: dict[str, Any] = {}
         self.executes: queue.Queue[Frame | None] = queue.Queue()
         self.running_id: str | None = None
         self._state_lock = threading.Lock()
@@ -354,13 +362,23 @@ class Kernel:
             capture_fd(1, "stdout", self.channel, self.limiter),
             capture_fd(2, "stderr", self.channel, self.limiter),
         ]
-        # Text streams over the capture pipes; line buffering streams prints promptly.
-        # They live as long as the process, hence no context manager.
-        sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
-        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
-        sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+        sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 - lives as long as the process
+        self.reattach_output()
         signal.signal(signal.SIGINT, self._on_sigint)
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+
+    def reattach_output(self) -> None:
+        """Before each execute: repair what earlier user code may have closed or
+        replaced (fd 1/2, sys.stdout/sys.stderr), so one call cannot silence the next."""
+        for pump in self.pumps:
+            pump.reattach()
+        for name, fd in (("stdout", 1), ("stderr", 2)):
+            ours = self.std_streams.get(name)
+            if ours is None or ours.closed:
+                # Line buffering streams prints promptly; closefd=False keeps fd 1/2 open.
+                ours = open(fd, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+                self.std_streams[name] = ours
+            setattr(sys, name, ours)
 
     # --- threads ------------------------------------------------------------------
     def read_frames(self) -> None:
@@ -411,6 +429,7 @@ class Kernel:
 
     def execute(self, frame: Frame) -> Frame:
         execute_id = frame.get("id")
+        self.reattach_output()
         self.limiter.reset(execute_id)
         result: Frame = {"type": "result", "id": execute_id, "status": "ok", "value": None, "error": None}
         code = frame.get("code")

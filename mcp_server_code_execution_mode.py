@@ -776,25 +776,38 @@ class SandboxSession:
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass  # the reader will notice the exit and complete `pending`
         timed_out = interrupted = False
-        with anyio.move_on_after(timeout):
-            await pending.done.wait()
-        if not pending.done.is_set():
-            timed_out = True
-            try:
-                await self.send({"type": "interrupt", "id": pending.id})
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                pass
-            with anyio.move_on_after(self.config.interrupt_grace):
+        try:
+            with anyio.move_on_after(timeout):
                 await pending.done.wait()
-            interrupted = pending.result is not None
             if not pending.done.is_set():
-                await self._kill("was killed after a timeout because the code ignored the interrupt")
-                with anyio.move_on_after(10):
-                    await self.exited.wait()
-        self.pending = None
+                timed_out = True
+                interrupted = await self._stop_running(pending, "after a timeout")
+        except anyio.get_cancelled_exc_class():
+            # The client cancelled the call: stop the code too, or it would keep the
+            # kernel busy and delay every later call.
+            with anyio.CancelScope(shield=True):
+                await self._stop_running(pending, "after the call was cancelled")
+            raise
+        finally:
+            self.pending = None
         outcome = self._outcome(pending, timeout, timed_out, interrupted)
         outcome.duration = time.monotonic() - started
         return outcome
+
+    async def _stop_running(self, pending: PendingExecute, when: str) -> bool:
+        """Interrupt the running code; kill the container if it does not stop within
+        the grace period. True when the interrupt worked (state kept)."""
+        with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await self.send({"type": "interrupt", "id": pending.id})
+        with anyio.move_on_after(self.config.interrupt_grace):
+            await pending.done.wait()
+        if pending.result is not None:
+            return True
+        if not pending.done.is_set():
+            await self._kill("was killed %s because the code ignored the interrupt" % when)
+            with anyio.move_on_after(10):
+                await self.exited.wait()
+        return False
 
     def _outcome(
         self, pending: PendingExecute, timeout: float, timed_out: bool, interrupted: bool

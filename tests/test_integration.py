@@ -299,3 +299,46 @@ def test_bad_configuration_stops_startup_with_one_line(state_dir: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0
     assert "MCP_BRIDGE_TIMEOUT" in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_user_code_closing_stdout_does_not_silence_later_calls(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        closing = await client.call_tool(
+            "run_python", {"code": "import os, sys\nsys.stdout.close()\nos.close(1)\nos.close(2)"}
+        )
+        assert not closing.is_error, text_of(closing)
+        after = await client.call_tool(
+            "run_python", {"code": "import sys\nprint('visible')\nprint('err', file=sys.stderr)"}
+        )
+        assert structured(after)["stdout"] == "visible\n"
+        assert structured(after)["stderr"] == "err\n"
+
+
+async def test_code_larger_than_the_frame_cap_gets_a_clear_error(engine: Engine, state_dir: Path) -> None:
+    env = bridge_env(engine, state_dir, MCP_BRIDGE_MAX_FRAME_BYTES="100000")
+    async with bridge_client(env) as client:
+        big = await client.call_tool("run_python", {"code": "x = '" + "a" * 200_000 + "'"})
+        assert big.is_error
+        assert "too large" in text_of(big) and "MCP_BRIDGE_MAX_FRAME_BYTES" in text_of(big)
+        fine = await client.call_tool("run_python", {"code": "len('" + "a" * 50_000 + "')"})
+        assert structured(fine)["value"] == "50000"
+
+
+async def test_a_large_value_and_output_arrive_intact_below_the_caps(engine: Engine, state_dir: Path) -> None:
+    env = bridge_env(engine, state_dir, MCP_BRIDGE_MAX_OUTPUT="3000000")
+    async with bridge_client(env) as client:
+        result = await client.call_tool("run_python", {"code": "print('z' * 2_000_000)\n'v' * 1_000_000"})
+        assert not result.is_error
+        assert structured(result)["stdout"] == "z" * 2_000_000 + "\n"
+        assert structured(result)["value"] == repr("v" * 1_000_000)
+
+
+async def test_cancelled_call_stops_the_code(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        await client.call_tool("run_python", {"code": "kept = 1"})
+        with anyio.move_on_after(1):
+            await client.call_tool("run_python", {"code": "import time\ntime.sleep(60)", "timeout": 100})
+        started = time.monotonic()
+        after = await client.call_tool("run_python", {"code": "kept"})
+        assert time.monotonic() - started < 10
+        assert structured(after)["value"] == "1"
