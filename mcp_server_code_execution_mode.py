@@ -169,7 +169,7 @@ OPTIONS: tuple[Option, ...] = (
         "image",
         "MCP_BRIDGE_IMAGE",
         _pattern(r"[\w./:@-]+", "an image reference"),
-        "sandbox image; needs python3 >= 3.9 (default %(default)s)",
+        "sandbox image; needs python3 >= 3.9",
     ),
     Option("timeout", "MCP_BRIDGE_TIMEOUT", _positive_float, "default per-call timeout, seconds"),
     Option("max_timeout", "MCP_BRIDGE_MAX_TIMEOUT", _positive_float, "largest timeout a call may ask for"),
@@ -234,9 +234,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
         parser.add_argument(
             option.flag,
             dest=option.field,
-            metavar=option.env,
+            metavar=option.field.upper(),
             default=None,
-            help="%s [env %s; default: %s]" % (option.help, option.env, default),
+            help="%s [env %s; default: %s]" % (option.help, option.env, "auto" if default is None else default),
         )
     return parser
 
