@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import base64
 import codecs
+import difflib
 import inspect
 import json
 import linecache
@@ -32,6 +34,7 @@ import signal
 import sys
 import threading
 import traceback
+import types
 from typing import Any, Callable
 
 # =============================================================================
@@ -318,6 +321,23 @@ def _drop_kernel_frames(details: traceback.TracebackException, kernel_file: str,
             _drop_kernel_frames(chained, kernel_file, seen)
 
 
+def describe_user_exception(exc: BaseException, limit: int) -> dict[str, str]:
+    """type, message and traceback of an exception from user code, each safe to compute
+    (a broken ``__str__`` must not kill the kernel) and capped: the traceback keeps its
+    end, where the error is."""
+    try:
+        message = str(exc)
+    except Exception:
+        message = safe_repr(exc, 2000)
+    try:
+        text = format_user_exception(exc, __file__)
+    except Exception:
+        text = "%s: %s\n" % (type(exc).__name__, message)
+    if len(text) > limit:
+        text = "[... %d characters of the traceback cut ...]\n%s" % (len(text) - limit, text[-limit:])
+    return {"type": type(exc).__name__, "message": message[:2000], "traceback": text}
+
+
 def safe_repr(value: Any, limit: int) -> str:
     try:
         text = repr(value)
@@ -326,6 +346,282 @@ def safe_repr(value: Any, limit: int) -> str:
     if len(text) > limit:
         text = text[:limit] + "... [%d more characters of the value cut]" % (len(text) - limit)
     return text
+
+
+# =============================================================================
+# sandbox API: host requests, `from mcp import runtime`, mcp_<alias> objects
+# =============================================================================
+
+
+class MCPError(Exception):
+    """A call the bridge could not complete: unknown or denied server or tool, a server
+    that failed to start or crashed, a timeout, a result over the size cap."""
+
+
+class MCPToolError(MCPError):
+    """The tool ran and reported failure (``isError``); ``result`` is the raw result."""
+
+    def __init__(self, message: str, server: str = "", tool: str = "", result: Any = None) -> None:
+        super().__init__(message)
+        self.server = server
+        self.tool = tool
+        self.result = result
+
+
+ERROR_TYPES = {"MCPError": MCPError, "MCPToolError": MCPToolError}
+
+
+class ToolImage:
+    """Image content from a tool: ``data`` is the decoded bytes."""
+
+    def __init__(self, data: bytes, mime_type: str) -> None:
+        self.data = data
+        self.mime_type = mime_type
+
+    def __repr__(self) -> str:
+        return "<ToolImage %s, %d bytes>" % (self.mime_type, len(self.data))
+
+
+class HostRequests:
+    """Requests from sandbox code to the bridge, multiplexed by id over the channel, so
+    many can be in flight at once. Synchronous callers block on a threading.Event;
+    asynchronous ones await a future resolved from the reader thread."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self._lock = threading.Lock()
+        self._counter = 0
+        self._waiting: dict[str, Callable[[Frame], None]] = {}
+
+    def _register(self, deliver: Callable[[Frame], None]) -> str:
+        with self._lock:
+            self._counter += 1
+            request_id = "r%d" % self._counter
+            self._waiting[request_id] = deliver
+        return request_id
+
+    def _forget(self, request_id: str, cancel: bool) -> None:
+        with self._lock:
+            pending = self._waiting.pop(request_id, None)
+        if cancel and pending is not None:
+            self.channel.send({"type": "cancel", "id": request_id})
+
+    def resolve(self, frame: Frame) -> None:
+        """Reader thread: hand a ``response`` frame to whoever waits for it."""
+        with self._lock:
+            deliver = self._waiting.pop(str(frame.get("id")), None)
+        if deliver is not None:
+            deliver(frame)
+
+    def call(self, method: str, params: dict[str, Any]) -> Any:
+        done = threading.Event()
+        box: list[Frame] = []
+
+        def deliver(frame: Frame) -> None:
+            box.append(frame)
+            done.set()
+
+        request_id = self._register(deliver)
+        try:
+            self.channel.send({"type": "request", "id": request_id, "method": method, "params": params})
+            done.wait()  # interruptible: a timeout's KeyboardInterrupt lands here
+        finally:
+            self._forget(request_id, cancel=not box)
+        return _response_value(box[0])
+
+    async def call_async(self, method: str, params: dict[str, Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Frame] = loop.create_future()
+
+        def deliver(frame: Frame) -> None:
+            loop.call_soon_threadsafe(_settle, future, frame)
+
+        request_id = self._register(deliver)
+        try:
+            self.channel.send({"type": "request", "id": request_id, "method": method, "params": params})
+            frame = await future
+        finally:
+            self._forget(request_id, cancel=not future.done())
+        return _response_value(frame)
+
+
+def _settle(future: asyncio.Future[Frame], frame: Frame) -> None:
+    if not future.done():
+        future.set_result(frame)
+
+
+def _response_value(frame: Frame) -> Any:
+    error = frame.get("error")
+    if error:
+        kind = ERROR_TYPES.get(str(error.get("type")), MCPError)
+        raise kind(str(error.get("message")))
+    return frame.get("result")
+
+
+def unwrap_tool_result(server: str, tool: str, result: dict[str, Any], raw: bool) -> Any:
+    """A tool result as plain Python: structuredContent when sent, else the content
+    (JSON text parsed, images as ToolImage); one item alone, several as a list."""
+    if result.get("isError"):
+        texts = [
+            block.get("text", "") for block in result.get("content") or [] if block.get("type") == "text"
+        ]
+        message = "\n".join(texts) or "the tool reported an error without a message"
+        raise MCPToolError("%s.%s failed: %s" % (server, tool, message), server, tool, result)
+    if raw:
+        return result
+    if result.get("structuredContent") is not None:
+        return result["structuredContent"]
+    items = [_unwrap_block(block) for block in result.get("content") or []]
+    if not items:
+        return None
+    return items[0] if len(items) == 1 else items
+
+
+def _unwrap_block(block: dict[str, Any]) -> Any:
+    kind = block.get("type")
+    if kind == "text":
+        text = block.get("text", "")
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+    if kind in ("image", "audio"):
+        return ToolImage(base64.b64decode(block.get("data", "")), str(block.get("mimeType", "")))
+    if kind == "resource":
+        return block.get("resource")
+    return block
+
+
+class SandboxRuntime:
+    """What ``from mcp import runtime`` gives. Discovery helpers are plain functions that
+    return values in any code; ``call_tool`` (like every ``mcp_<alias>.<tool>``) returns
+    the value directly in plain code, and an awaitable in code that uses ``await``."""
+
+    MCPError = MCPError
+    MCPToolError = MCPToolError
+    ToolImage = ToolImage
+
+    def __init__(self, requests: HostRequests, servers: list[dict[str, str]]) -> None:
+        self._requests = requests
+        self._servers = servers
+
+    def discovered_servers(self, detailed: bool = False) -> Any:
+        """Configured servers (none is started by this): aliases, or dicts with details."""
+        return self._requests.call("discovered_servers", {"detailed": detailed})
+
+    def list_servers(self) -> list[str]:
+        """Aliases of the servers this sandbox may call."""
+        return [server["alias"] for server in self._servers]
+
+    def list_tools(self, server: str) -> Any:
+        """Tool names and one-line descriptions of one server (starts it if needed)."""
+        return self._requests.call("list_tools", {"server": server})
+
+    def query_tool_docs(self, server: str, tool: str | None = None, detail: str = "summary") -> Any:
+        """Python signatures of a server's tools (or one tool); detail="full" adds schemas."""
+        return self._requests.call("query_tool_docs", {"server": server, "tool": tool, "detail": detail})
+
+    def search_tool_docs(self, query: str, limit: int = 5) -> Any:
+        """Best-matching tools across all configured servers for a plain-words query."""
+        return self._requests.call("search_tool_docs", {"query": query, "limit": limit})
+
+    def capability_summary(self) -> str:
+        """A short text: servers, how to discover and call their tools."""
+        return str(self._requests.call("capability_summary", {}))
+
+    def call_tool(
+        self, server: str, tool: str, arguments: dict[str, Any] | None = None, raw: bool = False
+    ) -> Any:
+        """Call one tool. In code that uses ``await``, ``await`` it."""
+        params = {"server": server, "tool": tool, "arguments": arguments or {}}
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return unwrap_tool_result(server, tool, self._requests.call("call_tool", params), raw)
+        return self._call_async(params, raw)
+
+    async def _call_async(self, params: dict[str, Any], raw: bool) -> Any:
+        result = await self._requests.call_async("call_tool", params)
+        return unwrap_tool_result(params["server"], params["tool"], result, raw)
+
+
+class ServerProxy:
+    """``mcp_<alias>``: one attribute per tool, called with keyword arguments."""
+
+    def __init__(self, runtime: SandboxRuntime, alias: str) -> None:
+        self._runtime = runtime
+        self._alias = alias
+        self._tools: dict[str, str] | None = None  # python name -> tool name
+
+    def _tool_names(self, refresh: bool = False) -> dict[str, str]:
+        if self._tools is None or refresh:
+            tools = self._runtime.list_tools(self._alias)
+            self._tools = {tool["name"]: tool["tool"] for tool in tools}
+        return self._tools
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        tools = self._tool_names()
+        if name not in tools:
+            tools = self._tool_names(refresh=True)
+        if name not in tools:
+            close = difflib.get_close_matches(name, list(tools), n=3, cutoff=0.5)
+            hint = "did you mean %s? " % ", ".join(close) if close else ""
+            raise AttributeError(
+                "mcp_%s has no tool %r; %sits tools: %s"
+                % (self._alias, name, hint, ", ".join(sorted(tools)) or "(none)")
+            )
+        return ToolFunction(self._runtime, self._alias, tools[name], name)
+
+    def __dir__(self) -> list[str]:
+        return sorted(self._tool_names())
+
+    def __repr__(self) -> str:
+        return "<MCP server %s: use dir() or runtime.query_tool_docs(%r)>" % (self._alias, self._alias)
+
+
+class ToolFunction:
+    def __init__(self, runtime: SandboxRuntime, server: str, tool: str, name: str) -> None:
+        self._runtime = runtime
+        self._server = server
+        self._tool = tool
+        self.__name__ = name
+
+    def __call__(self, *args: Any, raw: bool = False, **arguments: Any) -> Any:
+        if args:
+            raise TypeError(
+                "mcp_%s.%s takes keyword arguments only, e.g. %s(name=value); see "
+                "runtime.query_tool_docs(%r, %r)"
+                % (self._server, self.__name__, self.__name__, self._server, self._tool)
+            )
+        return self._runtime.call_tool(self._server, self._tool, arguments, raw=raw)
+
+    def __repr__(self) -> str:
+        return "<MCP tool %s.%s>" % (self._server, self._tool)
+
+
+def install_sandbox_api(
+    namespace: dict[str, Any], requests: HostRequests, servers: list[dict[str, str]]
+) -> None:
+    """Make ``from mcp import runtime``, ``from mcp.servers import <alias>`` and the
+    ``mcp_<alias>`` globals work, whatever ``mcp`` package the image may carry."""
+    runtime = SandboxRuntime(requests, servers)
+    package = types.ModuleType("mcp", "Sandbox API: runtime and servers")
+    package.__path__ = []  # a package, so ``mcp.servers`` imports
+    servers_module = types.ModuleType("mcp.servers", "One object per configured MCP server")
+    runtime_module = types.ModuleType("mcp.runtime", SandboxRuntime.__doc__)
+    for name in dir(runtime):
+        if not name.startswith("_"):
+            setattr(runtime_module, name, getattr(runtime, name))
+    package.runtime = runtime_module  # type: ignore[attr-defined]
+    package.servers = servers_module  # type: ignore[attr-defined]
+    for server in servers:
+        proxy = ServerProxy(runtime, server["alias"])
+        setattr(servers_module, server["alias"], proxy)
+        namespace["mcp_" + server["alias"]] = proxy
+    sys.modules.update({"mcp": package, "mcp.runtime": runtime_module, "mcp.servers": servers_module})
+    namespace["runtime"] = runtime_module
 
 
 # =============================================================================
@@ -348,9 +644,12 @@ class Kernel:
         self.executes: queue.Queue[Frame | None] = queue.Queue()
         self.running_id: str | None = None
         self._state_lock = threading.Lock()
+        self.requests = HostRequests(channel)
+        install_sandbox_api(self.executor.namespace, self.requests, list(config.get("servers", [])))
         self.handlers: dict[str, Callable[[Frame], None]] = {
             "execute": self.executes.put,
             "interrupt": self._on_interrupt,
+            "response": self.requests.resolve,
         }
 
     # --- set-up ---------------------------------------------------------------
@@ -446,11 +745,7 @@ class Kernel:
         except BaseException as exc:
             self.running_id = None
             result["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
-            result["error"] = {
-                "type": type(exc).__name__,
-                "message": safe_repr(exc, 2000) if not str(exc) else str(exc)[:2000],
-                "traceback": format_user_exception(exc, __file__),
-            }
+            result["error"] = describe_user_exception(exc, self.max_output_chars)
         finally:
             self.running_id = None
         self.flush_output()
@@ -461,7 +756,7 @@ class Kernel:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except (OSError, ValueError):  # user code may have closed or replaced it
+            except Exception:  # user code may have closed or replaced it (even with None)
                 pass
         for pump in self.pumps:
             pump.sync()

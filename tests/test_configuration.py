@@ -1,0 +1,265 @@
+"""Configuration section: load_config(), the OPTIONS table, --help/--version and main()'s
+start-up error path."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mcp_server_code_execution_mode as bridge
+from mcp_server_code_execution_mode import OPTIONS, BridgeConfig, ConfigError, load_config
+
+# One valid, non-default raw value per environment variable, and what it parses to.
+ENV_VALUES: dict[str, tuple[str, Any]] = {
+    "MCP_BRIDGE_RUNTIME": ("docker", "docker"),
+    "MCP_BRIDGE_IMAGE": (
+        "ghcr.io/example/python:3.12-slim@sha256",
+        "ghcr.io/example/python:3.12-slim@sha256",
+    ),
+    "MCP_BRIDGE_TIMEOUT": ("12.5", 12.5),
+    "MCP_BRIDGE_MAX_TIMEOUT": ("300", 300.0),
+    "MCP_BRIDGE_STATE_DIR": ("/srv/mcp-state", Path("/srv/mcp-state")),
+    "MCP_BRIDGE_OUTPUT_MODE": ("toon", "toon"),
+    "MCP_BRIDGE_MEMORY": ("1g", "1g"),
+    "MCP_BRIDGE_PIDS": ("64", 64),
+    "MCP_BRIDGE_CPUS": ("0.5", 0.5),
+    "MCP_BRIDGE_CONTAINER_USER": ("1000:1000", "1000:1000"),
+    "MCP_BRIDGE_IDLE_TIMEOUT": ("0", 0.0),
+    "MCP_BRIDGE_PREWARM": ("no", False),
+    "MCP_BRIDGE_MAX_OUTPUT": ("2_000", 2000),
+    "MCP_BRIDGE_MAX_FRAME_BYTES": ("1048576", 1048576),
+    "MCP_BRIDGE_START_TIMEOUT": ("45", 45.0),
+    "MCP_BRIDGE_LOG_LEVEL": ("DEBUG", "DEBUG"),
+}
+
+
+def test_no_flags_and_no_environment_gives_the_defaults() -> None:
+    config = load_config([], {})
+
+    assert config == BridgeConfig()
+    assert config.runtime is None
+    assert config.image == "python:3.13-slim"
+    assert config.timeout == 30.0
+    assert config.max_timeout == 120.0
+    assert config.output_mode == "compact"
+    assert config.memory == "512m"
+    assert config.container_user == "65534:65534"
+    assert config.prewarm is True
+    assert config.state_dir == Path("~/MCPs").expanduser()
+
+
+def test_every_option_has_a_parse_case_in_this_test() -> None:
+    # Guards the table below: a new Option must come with a test value.
+    assert {option.env for option in OPTIONS} == set(ENV_VALUES)
+
+
+@pytest.mark.parametrize("option", OPTIONS, ids=lambda option: option.env)
+def test_environment_variable_is_parsed_into_its_field(option: bridge.Option) -> None:
+    raw, expected = ENV_VALUES[option.env]
+    # MAX_TIMEOUT must stay >= the default timeout and TIMEOUT <= the default maximum.
+    config = load_config([], {option.env: raw})
+
+    assert getattr(config, option.field) == expected
+    assert getattr(config, option.field) != getattr(BridgeConfig(), option.field)
+
+
+def test_all_environment_variables_together_are_parsed() -> None:
+    environ = {env: raw for env, (raw, _) in ENV_VALUES.items()}
+
+    config = load_config([], environ)
+
+    for option in OPTIONS:
+        assert getattr(config, option.field) == ENV_VALUES[option.env][1], option.env
+
+
+def test_empty_environment_variable_means_unset() -> None:
+    assert load_config([], {"MCP_BRIDGE_TIMEOUT": "", "MCP_BRIDGE_RUNTIME": ""}) == BridgeConfig()
+
+
+def test_environment_variables_unrelated_to_options_are_ignored() -> None:
+    assert load_config([], {"MCP_BRIDGE_UNKNOWN": "x", "TIMEOUT": "abc"}) == BridgeConfig()
+
+
+OPTIONS_BY_FIELD = {option.field: option for option in OPTIONS}
+
+
+@pytest.mark.parametrize(
+    ("field", "flag_value", "env_value", "expected"),
+    [
+        ("timeout", "5", "10", 5.0),
+        ("runtime", "podman", "docker", "podman"),
+        ("output_mode", "compact", "toon", "compact"),
+        ("max_output_chars", "77", "88", 77),
+        ("prewarm", "true", "false", True),
+    ],
+)
+def test_flag_wins_over_environment_variable(
+    field: str, flag_value: str, env_value: str, expected: object
+) -> None:
+    option = OPTIONS_BY_FIELD[field]
+
+    config = load_config([option.flag, flag_value], {option.env: env_value})
+
+    assert getattr(config, field) == expected
+
+
+def test_flag_is_checked_even_when_environment_variable_is_valid() -> None:
+    with pytest.raises(ConfigError, match="--timeout"):
+        load_config(["--timeout", "soon"], {"MCP_BRIDGE_TIMEOUT": "10"})
+
+
+def test_flag_names_are_derived_from_field_names() -> None:
+    flags = {option.flag for option in OPTIONS}
+
+    assert "--max-output-chars" in flags
+    assert "--container-user" in flags
+    assert all(flag.startswith("--") and "_" not in flag for flag in flags)
+
+
+@pytest.mark.parametrize(
+    ("env", "raw"),
+    [
+        ("MCP_BRIDGE_TIMEOUT", "abc"),
+        ("MCP_BRIDGE_TIMEOUT", "-1"),
+        ("MCP_BRIDGE_TIMEOUT", "0"),
+        ("MCP_BRIDGE_TIMEOUT", "nan"),
+        ("MCP_BRIDGE_MAX_TIMEOUT", "inf"),
+        ("MCP_BRIDGE_MEMORY", "lots"),
+        ("MCP_BRIDGE_MEMORY", "0m"),
+        ("MCP_BRIDGE_OUTPUT_MODE", "xml"),
+        ("MCP_BRIDGE_PREWARM", "maybe"),
+        ("MCP_BRIDGE_RUNTIME", "lxc"),
+        ("MCP_BRIDGE_PIDS", "1.5"),
+        ("MCP_BRIDGE_PIDS", "0"),
+        ("MCP_BRIDGE_CPUS", "many"),
+        ("MCP_BRIDGE_IDLE_TIMEOUT", "-5"),
+        ("MCP_BRIDGE_IMAGE", "python 3; rm -rf /"),
+        ("MCP_BRIDGE_CONTAINER_USER", "root; id"),
+        ("MCP_BRIDGE_MAX_OUTPUT", "-10"),
+        ("MCP_BRIDGE_MAX_FRAME_BYTES", "big"),
+        ("MCP_BRIDGE_START_TIMEOUT", "never"),
+        ("MCP_BRIDGE_LOG_LEVEL", "TRACE"),
+    ],
+)
+def test_invalid_environment_value_raises_config_error_naming_the_variable(env: str, raw: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config([], {env: raw})
+
+    message = str(caught.value)
+    assert env in message
+    assert repr(raw) in message
+    assert "\n" not in message
+
+
+def test_invalid_choice_message_lists_the_accepted_values() -> None:
+    with pytest.raises(ConfigError, match="must be one of compact, toon"):
+        load_config([], {"MCP_BRIDGE_OUTPUT_MODE": "xml"})
+    with pytest.raises(ConfigError, match="must be one of podman, docker"):
+        load_config([], {"MCP_BRIDGE_RUNTIME": "lxc"})
+
+
+def test_invalid_flag_value_raises_config_error_naming_the_flag() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(["--memory", "lots"], {})
+
+    assert "--memory" in str(caught.value)
+    assert "MCP_BRIDGE_MEMORY" not in str(caught.value)
+
+
+def test_empty_flag_value_is_rejected_not_ignored() -> None:
+    with pytest.raises(ConfigError, match="--timeout"):
+        load_config(["--timeout", ""], {})
+
+
+def test_timeout_above_max_timeout_is_rejected() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config([], {"MCP_BRIDGE_TIMEOUT": "200", "MCP_BRIDGE_MAX_TIMEOUT": "100"})
+
+    assert "MCP_BRIDGE_TIMEOUT" in str(caught.value)
+    assert "MCP_BRIDGE_MAX_TIMEOUT" in str(caught.value)
+
+
+def test_timeout_above_default_max_timeout_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="must not exceed"):
+        load_config(["--timeout", "121"], {})
+
+
+def test_timeout_equal_to_max_timeout_is_accepted() -> None:
+    config = load_config(["--timeout", "60", "--max-timeout", "60"], {})
+
+    assert config.timeout == config.max_timeout == 60.0
+
+
+def test_bridge_config_is_frozen() -> None:
+    config = BridgeConfig()
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.timeout = 1.0  # type: ignore[misc]
+
+
+def test_help_lists_every_environment_variable_and_flag(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "100")  # argparse wraps to the terminal width
+
+    with pytest.raises(SystemExit) as exited:
+        bridge.main(["--help"])
+
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    for option in OPTIONS:
+        assert option.env in text
+        assert option.flag in text
+
+
+def test_help_states_the_default_of_each_option() -> None:
+    text = bridge.build_arg_parser().format_help()
+    # argparse wraps lines; join them so a default split across lines still matches.
+    flat = " ".join(text.split())
+
+    assert "default: auto" in flat  # runtime: detected
+    assert "default: python:3.13-slim" in flat
+    assert "default: 30.0" in flat
+    assert "default: 512m" in flat
+
+
+def test_version_flag_prints_the_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        bridge.main(["--version"])
+
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == "%s %s" % (bridge.SERVER_NAME, bridge.__version__)
+
+
+def test_main_with_bad_environment_returns_2_and_prints_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(os.environ, "MCP_BRIDGE_TIMEOUT", "abc")
+
+    status = bridge.main([])
+
+    assert status == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1
+    assert "MCP_BRIDGE_TIMEOUT" in lines[0]
+    assert lines[0].startswith(bridge.SERVER_NAME + ": ")
+    assert "Traceback" not in captured.err
+
+
+def test_main_with_bad_flag_value_returns_2_and_names_the_flag(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("MCP_BRIDGE_OUTPUT_MODE", raising=False)
+
+    status = bridge.main(["--output-mode", "xml"])
+
+    assert status == 2
+    err = capsys.readouterr().err
+    assert "--output-mode" in err
+    assert "Traceback" not in err

@@ -1,0 +1,429 @@
+"""Container runtime section: the hardened run argv, container naming, orphan sweeping
+and runtime detection. Runtime CLIs are stood in for by harmless real commands."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import mcp_server_code_execution_mode as bridge
+from mcp_server_code_execution_mode import (
+    ContainerRuntime,
+    DockerRuntime,
+    LaunchSpec,
+    PodmanRuntime,
+    RuntimeUnavailableError,
+    build_run_argv,
+    container_name,
+    detect_runtime,
+    owner_of,
+    sweep_orphans,
+)
+
+LABEL = "io.github.mcp-server-code-execution-mode"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def spec(**overrides: object) -> LaunchSpec:
+    values: dict[str, object] = {
+        "name": "mcp-code-exec-4242-0badcafe",
+        "image": "python:3.13-slim",
+        "ipc_dir": Path("/home/u/MCPs/ipc/mcp-code-exec-4242-0badcafe/ipc"),
+        "owner_pid": 4242,
+        "memory": "512m",
+        "pids": 128,
+        "cpus": 1.5,
+        "user": "65534:65534",
+    }
+    values.update(overrides)
+    return LaunchSpec(**values)  # type: ignore[arg-type]
+
+
+def values_of(argv: list[str], flag: str) -> list[str]:
+    """Every value given to `flag` in argv (flags take their value as the next item)."""
+    return [argv[index + 1] for index, item in enumerate(argv[:-1]) if item == flag]
+
+
+def options_part(argv: list[str]) -> list[str]:
+    """The runtime's options: everything before the image."""
+    return argv[: argv.index("python:3.13-slim")]
+
+
+# --- build_run_argv -------------------------------------------------------------------
+
+
+def test_run_argv_is_exactly_the_hardened_command() -> None:
+    assert build_run_argv("/usr/bin/podman", spec()) == [
+        "/usr/bin/podman", "run",
+        "--interactive",
+        "--rm",
+        "--name", "mcp-code-exec-4242-0badcafe",
+        "--label", "io.github.mcp-server-code-execution-mode=1",
+        "--label", "io.github.mcp-server-code-execution-mode.owner-pid=4242",
+        "--network", "none",
+        "--read-only",
+        "--cap-drop", "ALL",
+        "--security-opt", "no-new-privileges",
+        "--user", "65534:65534",
+        "--memory", "512m",
+        "--memory-swap", "512m",
+        "--pids-limit", "128",
+        "--cpus", "1.5",
+        "--ulimit", "nofile=1024:1024",
+        "--ulimit", "nproc=512:512",
+        "--tmpfs", "/tmp:rw,nosuid,nodev,noexec,size=256m,mode=1777",
+        "--tmpfs", "/workspace:rw,nosuid,nodev,noexec,size=256m,mode=1777",
+        "--volume", "/home/u/MCPs/ipc/mcp-code-exec-4242-0badcafe/ipc:/ipc:ro",
+        "--env", "HOME=/workspace",
+        "--env", "PYTHONDONTWRITEBYTECODE=1",
+        "--env", "PYTHONIOENCODING=utf-8",
+        "--entrypoint", "python3",
+        "python:3.13-slim",
+        "-I",
+        "/ipc/mcp_sandbox_kernel.py",
+        "/ipc/session.json",
+    ]  # fmt: skip
+
+
+def test_run_argv_has_no_network() -> None:
+    argv = build_run_argv("docker", spec())
+
+    assert values_of(argv, "--network") == ["none"]
+    assert not any(item.startswith("--network=") or item == "--net" for item in argv)
+
+
+def test_run_argv_has_read_only_root() -> None:
+    assert "--read-only" in options_part(build_run_argv("docker", spec()))
+
+
+def test_run_argv_drops_all_capabilities() -> None:
+    argv = build_run_argv("docker", spec())
+
+    assert values_of(argv, "--cap-drop") == ["ALL"]
+    assert "--cap-add" not in argv
+    assert "--privileged" not in argv
+
+
+def test_run_argv_forbids_new_privileges() -> None:
+    assert values_of(build_run_argv("docker", spec()), "--security-opt") == ["no-new-privileges"]
+
+
+def test_run_argv_memory_swap_equals_memory() -> None:
+    argv = build_run_argv("docker", spec(memory="2g"))
+
+    assert values_of(argv, "--memory") == ["2g"]
+    assert values_of(argv, "--memory-swap") == ["2g"]
+
+
+def test_run_argv_sets_pids_cpus_and_user_from_the_spec() -> None:
+    argv = build_run_argv("docker", spec(pids=64, cpus=2.0, user="1000:1000"))
+
+    assert values_of(argv, "--pids-limit") == ["64"]
+    assert values_of(argv, "--cpus") == ["2"]
+    assert values_of(argv, "--user") == ["1000:1000"]
+
+
+def test_run_argv_sets_explicit_ulimits() -> None:
+    ulimits = values_of(build_run_argv("docker", spec()), "--ulimit")
+
+    assert sorted(ulimits) == ["nofile=1024:1024", "nproc=512:512"]
+
+
+def test_run_argv_mounts_tmp_and_workspace_as_tmpfs_writable_by_anyone() -> None:
+    tmpfs = values_of(build_run_argv("docker", spec()), "--tmpfs")
+
+    assert {entry.split(":", 1)[0] for entry in tmpfs} == {"/tmp", "/workspace"}
+    for entry in tmpfs:
+        mount_options = entry.split(":", 1)[1].split(",")
+        assert "mode=1777" in mount_options
+        assert "rw" in mount_options
+        assert "nosuid" in mount_options
+        assert "nodev" in mount_options
+
+
+def test_run_argv_tmpfs_mounts_are_noexec() -> None:
+    for entry in values_of(build_run_argv("docker", spec()), "--tmpfs"):
+        assert "noexec" in entry.split(":", 1)[1].split(","), entry
+
+
+def test_run_argv_leaves_the_workdir_to_the_kernel() -> None:
+    # Docker would re-create a --workdir that is a tmpfs mount point as 0755 root.
+    assert "--workdir" not in build_run_argv("docker", spec())
+
+
+def test_run_argv_mounts_the_ipc_directory_read_only() -> None:
+    argv = build_run_argv("docker", spec(ipc_dir=Path("/state/ipc/x/ipc")))
+
+    assert values_of(argv, "--volume") == ["/state/ipc/x/ipc:/ipc:ro"]
+    assert "--mount" not in argv
+    assert not any(item == "-v" for item in argv)
+
+
+def test_run_argv_labels_the_container_with_its_owner() -> None:
+    labels = values_of(build_run_argv("docker", spec(owner_pid=77)), "--label")
+
+    assert labels == [LABEL + "=1", LABEL + ".owner-pid=77"]
+
+
+def test_run_argv_runs_the_kernel_isolated_from_the_image_environment() -> None:
+    argv = build_run_argv("docker", spec(image="my/image:1"))
+
+    assert argv[argv.index("my/image:1") + 1 :] == ["-I", "/ipc/mcp_sandbox_kernel.py", "/ipc/session.json"]
+    assert values_of(argv, "--entrypoint") == ["python3"]
+
+
+def test_run_argv_is_the_same_for_podman_and_docker() -> None:
+    podman = PodmanRuntime("/bin/podman").run_argv(spec())
+    docker = DockerRuntime("/bin/docker").run_argv(spec())
+
+    assert podman[1:] == docker[1:]
+    assert podman[0] == "/bin/podman"
+    assert docker[0] == "/bin/docker"
+
+
+def test_kill_and_list_argv_target_only_labelled_containers() -> None:
+    runtime = DockerRuntime("/bin/docker")
+
+    assert runtime.kill_argv("c1") == ["/bin/docker", "rm", "--force", "c1"]
+    assert runtime.list_argv() == [
+        "/bin/docker", "ps", "--all", "--filter", "label=" + LABEL, "--format", "{{.Names}}",
+    ]  # fmt: skip
+
+
+def test_runtime_classes_map_names_to_strategies() -> None:
+    assert dict(bridge.RUNTIME_CLASSES) == {"podman": PodmanRuntime, "docker": DockerRuntime}
+    assert PodmanRuntime.name == "podman"
+    assert DockerRuntime.name == "docker"
+
+
+# --- naming ---------------------------------------------------------------------------
+
+
+def test_container_name_round_trips_through_owner_of() -> None:
+    name = container_name(31337)
+
+    assert name.startswith("mcp-code-exec-31337-")
+    assert owner_of(name) == 31337
+
+
+def test_container_names_are_unique_per_call() -> None:
+    assert len({container_name(1) for _ in range(50)}) == 50
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mcp-code-exec-abc-0badcafe",
+        "mcp-code-exec-123",
+        "mcp-code-exec-123-",
+        "mcp-code-exec-123-XYZ",
+        "mcp-code-exec--0badcafe",
+        "other-mcp-code-exec-123-0badcafe",
+        "mcp-code-exec-123-0badcafe-extra",
+        "mcp-code-exec-123-0badcafe\n",
+        "postgres",
+        "",
+    ],
+)
+def test_owner_of_rejects_foreign_names(name: str) -> None:
+    assert owner_of(name) is None
+
+
+def test_process_alive_tells_live_from_reaped_processes() -> None:
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+
+    assert bridge.process_alive(os.getpid()) is True
+    assert bridge.process_alive(finished.pid) is False
+
+
+# --- sweep_orphans --------------------------------------------------------------------
+
+
+class FakeRuntime(ContainerRuntime):
+    """`ps` is printf emitting the given names; `rm` is `true`, recorded."""
+
+    name = "docker"
+
+    def __init__(self, names: list[str], list_fails: bool = False) -> None:
+        super().__init__("fake-runtime")
+        self.names = names
+        self.list_fails = list_fails
+        self.killed: list[str] = []
+
+    def list_argv(self) -> list[str]:
+        if self.list_fails:
+            return ["false"]
+        return ["printf", "%s\\n", *self.names]
+
+    def kill_argv(self, container: str) -> list[str]:
+        self.killed.append(container)
+        return ["true", container]
+
+    async def check_ready(self) -> None:
+        pass
+
+
+LIVE_PID, DEAD_PID = 1111, 2222
+
+
+def alive(pid: int) -> bool:
+    return pid == LIVE_PID
+
+
+def make_ipc_dir(root: Path, name: str) -> Path:
+    path = root / name / "ipc"
+    path.mkdir(parents=True)
+    (path / "session.json").write_text("{}")
+    return path.parent
+
+
+@pytest.mark.anyio
+async def test_sweep_reports_only_dead_owners_containers() -> None:
+    names = [
+        "mcp-code-exec-%d-0000aaaa" % LIVE_PID,
+        "mcp-code-exec-%d-0000bbbb" % DEAD_PID,
+        "unrelated-container",
+        "mcp-code-exec-%d-0000cccc" % DEAD_PID,
+    ]
+    runtime = FakeRuntime(names)
+
+    orphans = await sweep_orphans(runtime, Path("/nonexistent/ipc-root"), alive=alive)
+
+    assert orphans == ["mcp-code-exec-%d-0000bbbb" % DEAD_PID, "mcp-code-exec-%d-0000cccc" % DEAD_PID]
+    assert runtime.killed == orphans
+
+
+@pytest.mark.anyio
+async def test_sweep_removes_only_dead_owners_ipc_dirs(tmp_path: Path) -> None:
+    live = make_ipc_dir(tmp_path, "mcp-code-exec-%d-0000aaaa" % LIVE_PID)
+    dead = make_ipc_dir(tmp_path, "mcp-code-exec-%d-0000bbbb" % DEAD_PID)
+    foreign = make_ipc_dir(tmp_path, "my-notes")
+    stray_file = tmp_path / ("mcp-code-exec-%d-0000dddd.txt" % DEAD_PID)
+    stray_file.write_text("not a session directory name")
+
+    orphans = await sweep_orphans(FakeRuntime([]), tmp_path, alive=alive)
+
+    assert orphans == []
+    assert live.is_dir()
+    assert (live / "ipc" / "session.json").is_file()
+    assert not dead.exists()
+    assert foreign.is_dir()
+    assert stray_file.is_file()
+
+
+@pytest.mark.anyio
+async def test_sweep_still_cleans_ipc_dirs_when_listing_containers_fails(tmp_path: Path) -> None:
+    dead = make_ipc_dir(tmp_path, "mcp-code-exec-%d-0000bbbb" % DEAD_PID)
+    runtime = FakeRuntime(["mcp-code-exec-%d-0000cccc" % DEAD_PID], list_fails=True)
+
+    orphans = await sweep_orphans(runtime, tmp_path, alive=alive)
+
+    assert orphans == []
+    assert runtime.killed == []
+    assert not dead.exists()
+
+
+@pytest.mark.anyio
+async def test_sweep_with_missing_ipc_root_does_not_fail(tmp_path: Path) -> None:
+    assert await sweep_orphans(FakeRuntime([]), tmp_path / "missing", alive=alive) == []
+
+
+# --- detect_runtime -------------------------------------------------------------------
+
+
+def fake_cli(tmp_path: Path, script: str) -> str:
+    path = tmp_path / "fake-runtime-cli"
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+@pytest.mark.anyio
+async def test_detect_runtime_without_any_runtime_says_how_to_install_one() -> None:
+    with pytest.raises(RuntimeUnavailableError) as caught:
+        await detect_runtime(None, which=lambda name: None)
+
+    message = str(caught.value)
+    assert "podman is not installed" in message
+    assert "docker is not installed" in message
+    assert "Install Podman" in message
+    assert "Docker" in message
+    assert "https://podman.io" in message
+    assert "https://docs.docker.com" in message
+    assert "MCP_BRIDGE_RUNTIME" in message
+
+
+@pytest.mark.anyio
+async def test_detect_runtime_with_preferred_runtime_tries_only_that_one() -> None:
+    asked: list[str] = []
+
+    def which(name: str) -> str | None:
+        asked.append(name)
+        return None
+
+    with pytest.raises(RuntimeUnavailableError) as caught:
+        await detect_runtime("docker", which=which)
+
+    assert asked == ["docker"]
+    assert "podman is not installed" not in str(caught.value)
+
+
+@pytest.mark.anyio
+async def test_detect_runtime_reports_installed_but_failing_runtime_as_not_usable(tmp_path: Path) -> None:
+    cli = fake_cli(tmp_path, "echo 'first line' >&2\necho 'Cannot connect to the engine' >&2\nexit 3\n")
+
+    with pytest.raises(RuntimeUnavailableError) as caught:
+        await detect_runtime(None, which=lambda name: cli)
+
+    message = str(caught.value)
+    assert "podman is installed but not usable: Cannot connect to the engine" in message
+    assert "docker is installed but not usable: Cannot connect to the engine" in message
+    assert "Install Podman" in message
+
+
+@pytest.mark.anyio
+async def test_detect_runtime_failing_silently_reports_the_exit_code(tmp_path: Path) -> None:
+    cli = fake_cli(tmp_path, "exit 7\n")
+
+    with pytest.raises(RuntimeUnavailableError, match="docker is installed but not usable: exit 7"):
+        await detect_runtime("docker", which=lambda name: cli)
+
+
+@pytest.mark.anyio
+async def test_detect_runtime_prefers_podman_when_it_answers(tmp_path: Path) -> None:
+    cli = fake_cli(tmp_path, 'echo "false v2"\n')
+
+    runtime = await detect_runtime(None, which=lambda name: cli)
+
+    assert isinstance(runtime, PodmanRuntime)
+    assert runtime.executable == cli
+    assert runtime.warnings == []
+
+
+@pytest.mark.anyio
+async def test_detect_runtime_falls_back_to_docker_when_podman_is_missing(tmp_path: Path) -> None:
+    cli = fake_cli(tmp_path, 'echo "27.1.0"\n')
+
+    runtime = await detect_runtime(None, which=lambda name: cli if name == "docker" else None)
+
+    assert isinstance(runtime, DockerRuntime)
+    assert runtime.executable == cli
+
+
+@pytest.mark.anyio
+async def test_rootless_podman_on_cgroups_v1_warns_that_limits_are_not_enforced(tmp_path: Path) -> None:
+    cli = fake_cli(tmp_path, 'echo "true v1"\n')
+
+    runtime = await detect_runtime("podman", which=lambda name: cli)
+
+    assert len(runtime.warnings) == 1
+    assert "NOT enforced" in runtime.warnings[0]

@@ -1,0 +1,698 @@
+"""The in-sandbox kernel, run for real as a subprocess on the host and driven through
+its frame channel exactly as the bridge drives it inside the container."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mcp_sandbox_kernel
+from mcp_sandbox_kernel import (
+    PROTOCOL_VERSION,
+    FrameDecoder,
+    OutputLimiter,
+    _partial_suffix,
+    encode_frame,
+)
+
+KERNEL_PATH = Path(mcp_sandbox_kernel.__file__).resolve()
+MAX_FRAME = 8 * 1024 * 1024
+MAX_OUTPUT = 1000
+WAIT = 10.0  # generous upper bound for one frame; tests normally finish in milliseconds
+
+Frame = dict[str, Any]
+
+
+class KernelProcess:
+    """The bridge's side of one kernel: sends frames on its stdin, decodes its stdout
+    on a reader thread into a queue (None marks end of output)."""
+
+    def __init__(self, workdir: Path, max_output_chars: int = MAX_OUTPUT) -> None:
+        config_path = workdir / "session.json"
+        config = {
+            "protocol": PROTOCOL_VERSION,
+            "max_frame_bytes": MAX_FRAME,
+            "max_output_chars": max_output_chars,
+            "workdir": str(workdir),
+        }
+        config_path.write_text(json.dumps(config))
+        self.process = subprocess.Popen(
+            [sys.executable, str(KERNEL_PATH), str(config_path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONDONTWRITEBYTECODE": "1"},
+        )
+        self.frames: queue.Queue[Frame | None] = queue.Queue()
+        self._ids = itertools.count(1)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        decoder = FrameDecoder(MAX_FRAME)
+        fd = self.process.stdout.fileno()
+        while True:
+            data = os.read(fd, 1 << 16)
+            if not data:
+                self.frames.put(None)
+                return
+            for frame in decoder.feed(data):
+                self.frames.put(frame)
+
+    def send(self, frame: Frame) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(encode_frame(frame, MAX_FRAME))
+        self.process.stdin.flush()
+
+    def next_frame(self, timeout: float = WAIT) -> Frame:
+        try:
+            frame = self.frames.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError("no frame from the kernel within %gs" % timeout) from None
+        if frame is None:
+            raise AssertionError("the kernel closed its channel; stderr: %r" % self.stderr_text())
+        return frame
+
+    def assert_no_frame(self, within: float) -> None:
+        try:
+            frame = self.frames.get(timeout=within)
+        except queue.Empty:
+            return
+        raise AssertionError("unexpected frame: %r" % (frame,))
+
+    def start(self, code: str, execute_id: str | None = None) -> str:
+        """Send an execute frame; return its id."""
+        execute_id = execute_id or "exec-%d" % next(self._ids)
+        self.send({"type": "execute", "id": execute_id, "code": code})
+        return execute_id
+
+    def collect(self, execute_id: str) -> tuple[list[Frame], Frame]:
+        """Frames up to and including the result for execute_id."""
+        before: list[Frame] = []
+        while True:
+            frame = self.next_frame()
+            if frame["type"] == "result" and frame.get("id") == execute_id:
+                return before, frame
+            before.append(frame)
+
+    def execute(self, code: str) -> tuple[list[Frame], Frame]:
+        return self.collect(self.start(code))
+
+    def run(self, code: str) -> Frame:
+        """Execute and return the result frame, which must be status ok."""
+        _, result = self.execute(code)
+        assert result["status"] == "ok", result
+        return result
+
+    def wait_for_text(self, execute_id: str, text: str) -> None:
+        """Wait until a stream frame of execute_id carries `text` (the code is running)."""
+        seen = ""
+        while text not in seen:
+            frame = self.next_frame()
+            assert frame["type"] == "stream" and frame["id"] == execute_id, frame
+            seen += frame["text"]
+
+    def stderr_text(self) -> str:
+        try:
+            self.process.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            return "(still running)"
+        assert self.process.stderr is not None
+        return self.process.stderr.read().decode(errors="replace")
+
+    def close(self) -> None:
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            try:
+                self.process.stdin.close()
+            except BrokenPipeError:
+                pass
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def stream_text(frames: list[Frame], name: str) -> str:
+    return "".join(frame["text"] for frame in frames if frame["type"] == "stream" and frame["name"] == name)
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Iterator[tuple[KernelProcess, Frame]]:
+    kernel = KernelProcess(tmp_path)
+    try:
+        hello = kernel.next_frame()
+        yield kernel, hello
+    finally:
+        kernel.close()
+
+
+@pytest.fixture
+def kernel(started: tuple[KernelProcess, Frame]) -> KernelProcess:
+    return started[0]
+
+
+# --- start-up -------------------------------------------------------------------------
+
+
+def test_first_frame_is_hello_with_the_protocol_version(started: tuple[KernelProcess, Frame]) -> None:
+    kernel, hello = started
+
+    assert hello["type"] == "hello"
+    assert hello["protocol"] == PROTOCOL_VERSION
+    assert hello["pid"] == kernel.process.pid
+    assert hello["python"] == "%d.%d.%d" % sys.version_info[:3]
+
+
+def test_code_runs_in_the_configured_workdir(kernel: KernelProcess, tmp_path: Path) -> None:
+    result = kernel.run("import os\nos.getcwd()")
+
+    assert result["value"] == repr(str(tmp_path))
+
+
+# --- namespace and values --------------------------------------------------------------
+
+
+def test_namespace_persists_across_executes(kernel: KernelProcess) -> None:
+    kernel.run("counter = 41")
+    kernel.run("counter += 1")
+
+    assert kernel.run("counter")["value"] == "42"
+
+
+def test_final_expression_value_is_returned_as_repr(kernel: KernelProcess) -> None:
+    assert kernel.run("x = 'hi'\nx + '!'")["value"] == "'hi!'"
+    assert kernel.run("{'a': [1, 2]}")["value"] == "{'a': [1, 2]}"
+
+
+def test_none_value_is_not_shown(kernel: KernelProcess) -> None:
+    assert kernel.run("None")["value"] is None
+    assert kernel.run("print('side effect')")["value"] is None
+
+
+def test_statement_only_code_has_no_value(kernel: KernelProcess) -> None:
+    assert kernel.run("y = 3")["value"] is None
+
+
+def test_underscore_holds_the_last_value(kernel: KernelProcess) -> None:
+    kernel.run("40 + 2")
+    kernel.run("None")  # a None value does not replace _
+
+    assert kernel.run("_ + 1")["value"] == "43"
+
+
+def test_top_level_await_works_and_the_value_is_shown(kernel: KernelProcess) -> None:
+    result = kernel.run("import asyncio\nawait asyncio.sleep(0)\nawait asyncio.sleep(0, result='slept')")
+
+    assert result["value"] == "'slept'"
+
+
+def test_async_functions_persist_and_can_be_awaited_later(kernel: KernelProcess) -> None:
+    kernel.run("import asyncio\nasync def double(n):\n    await asyncio.sleep(0)\n    return 2 * n")
+
+    assert kernel.run("total = await double(4)\ntotal")["value"] == "8"
+
+
+def test_imports_and_functions_persist(kernel: KernelProcess) -> None:
+    kernel.run("import math\ndef area(r):\n    return math.pi * r * r")
+
+    assert kernel.run("round(area(2), 3)")["value"] == "12.566"
+
+
+def test_long_value_repr_is_cut_with_a_marker(kernel: KernelProcess) -> None:
+    value = kernel.run("'y' * 5000")["value"]
+
+    assert value.startswith("'yyy")
+    assert "more characters of the value cut" in value
+    assert len(value) < 1200
+
+
+def test_broken_repr_does_not_break_the_result(kernel: KernelProcess) -> None:
+    code = "class Bad:\n    def __repr__(self):\n        raise RuntimeError('no repr')\nBad()"
+
+    value = kernel.run(code)["value"]
+
+    assert "unrepresentable Bad" in value
+    assert "no repr" in value
+
+
+# --- results ----------------------------------------------------------------------------
+
+
+def test_each_execute_gets_exactly_one_result_and_nothing_after_it(kernel: KernelProcess) -> None:
+    first = kernel.start("print('one')\n1")
+    second = kernel.start("print('two')\n2")
+    third = kernel.start("raise ValueError('three')")
+
+    frames: list[Frame] = []
+    while sum(frame["type"] == "result" for frame in frames) < 3:
+        frames.append(kernel.next_frame())
+    kernel.assert_no_frame(within=0.3)
+
+    results = [frame for frame in frames if frame["type"] == "result"]
+    assert [frame["id"] for frame in results] == [first, second, third]
+    for execute_id in (first, second, third):
+        ids = [frame.get("id") for frame in frames]
+        last_index = max(index for index, frame_id in enumerate(ids) if frame_id == execute_id)
+        assert frames[last_index]["type"] == "result", execute_id
+    assert stream_text([f for f in frames if f["id"] == first], "stdout") == "one\n"
+    assert stream_text([f for f in frames if f["id"] == second], "stdout") == "two\n"
+
+
+def test_result_frame_has_the_documented_fields(kernel: KernelProcess) -> None:
+    execute_id = kernel.start("7")
+    _, result = kernel.collect(execute_id)
+
+    assert result == {
+        "type": "result",
+        "id": execute_id,
+        "status": "ok",
+        "value": "7",
+        "error": None,
+        "dropped": {"stdout": 0, "stderr": 0},
+    }
+
+
+# --- errors ------------------------------------------------------------------------------
+
+
+def test_traceback_shows_cell_name_and_user_line_but_not_the_kernel(kernel: KernelProcess) -> None:
+    kernel.run("def inner():\n    return 1 / 0")
+
+    _, result = kernel.execute("x = 1\ninner()  # call it")
+
+    assert result["status"] == "error"
+    error = result["error"]
+    assert error["type"] == "ZeroDivisionError"
+    assert error["message"] == "division by zero"
+    traceback_text = error["traceback"]
+    assert '"<cell-1>", line 2, in inner' in traceback_text
+    assert '"<cell-2>", line 2' in traceback_text
+    assert "inner()  # call it" in traceback_text
+    assert "return 1 / 0" in traceback_text
+    assert traceback_text.rstrip().endswith("ZeroDivisionError: division by zero")
+    assert "mcp_sandbox_kernel" not in traceback_text
+    assert str(KERNEL_PATH.parent) not in traceback_text
+
+
+def test_traceback_of_awaited_code_hides_kernel_frames(kernel: KernelProcess) -> None:
+    _, result = kernel.execute("import asyncio\nawait asyncio.sleep(0)\nraise KeyError('k')")
+
+    traceback_text = result["error"]["traceback"]
+    assert result["status"] == "error"
+    assert "<cell-1>" in traceback_text
+    assert "raise KeyError('k')" in traceback_text
+    assert "mcp_sandbox_kernel" not in traceback_text
+
+
+def test_chained_exception_traceback_hides_kernel_frames(kernel: KernelProcess) -> None:
+    code = "try:\n    {}['missing']\nexcept KeyError as exc:\n    raise RuntimeError('wrapped') from exc"
+
+    _, result = kernel.execute(code)
+
+    traceback_text = result["error"]["traceback"]
+    assert "KeyError: 'missing'" in traceback_text
+    assert "RuntimeError: wrapped" in traceback_text
+    assert "mcp_sandbox_kernel" not in traceback_text
+
+
+def test_syntax_error_is_reported_as_an_error_result(kernel: KernelProcess) -> None:
+    _, result = kernel.execute("x = (1 +\n")
+
+    assert result["status"] == "error"
+    assert result["error"]["type"] == "SyntaxError"
+    assert "<cell-1>" in result["error"]["traceback"]
+    assert "mcp_sandbox_kernel" not in result["error"]["traceback"]
+    assert kernel.run("1 + 1")["value"] == "2"
+
+
+def test_system_exit_in_user_code_does_not_kill_the_kernel(kernel: KernelProcess) -> None:
+    kernel.run("survivor = 'still here'")
+
+    _, result = kernel.execute("import sys\nsys.exit(3)")
+
+    assert result["status"] == "error"
+    assert result["error"]["type"] == "SystemExit"
+    assert kernel.process.poll() is None
+    assert kernel.run("survivor")["value"] == "'still here'"
+
+
+def test_recursion_error_is_reported_and_the_kernel_survives(kernel: KernelProcess) -> None:
+    _, result = kernel.execute("def down(n):\n    return down(n + 1)\ndown(0)")
+
+    assert result["status"] == "error"
+    assert result["error"]["type"] == "RecursionError"
+    assert "Previous line repeated" in result["error"]["traceback"]
+    assert kernel.run("'alive'")["value"] == "'alive'"
+
+
+def test_exception_with_a_broken_str_does_not_kill_the_kernel(kernel: KernelProcess) -> None:
+    # Bug: Kernel.execute() builds the error message with a bare str(exc) inside its
+    # `except BaseException` block; when __str__ raises, the new exception escapes
+    # Kernel.serve() and the kernel dies with all state.
+    kernel.run("kept = 'state'")
+    code = "class Odd(Exception):\n    def __str__(self):\n        raise RuntimeError('no str')\nraise Odd()"
+
+    _, result = kernel.execute(code)
+
+    assert result["status"] == "error"
+    assert result["error"]["type"] == "Odd"
+    assert kernel.run("kept")["value"] == "'state'"
+
+
+def test_huge_exception_message_stays_within_the_output_cap(kernel: KernelProcess) -> None:
+    # Bug: the value and the error message are capped, but error["traceback"] is not:
+    # its last line repeats str(exc) in full, so one `raise ValueError(big)` puts the
+    # whole string into the result (and render_compact shows it to the model).
+    _, result = kernel.execute("raise ValueError('x' * 100_000)")
+
+    error = result["error"]
+    assert result["status"] == "error"
+    assert len(error["message"]) <= 2000
+    assert len(error["traceback"]) <= MAX_OUTPUT + 500
+
+
+def test_execute_without_code_is_an_error_result(kernel: KernelProcess) -> None:
+    kernel.send({"type": "execute", "id": "no-code"})
+
+    _, result = kernel.collect("no-code")
+
+    assert result["status"] == "error"
+    assert result["error"]["type"] == "TypeError"
+    assert kernel.run("'ok'")["value"] == "'ok'"
+
+
+def test_unknown_frame_type_gets_an_error_frame_and_kernel_keeps_working(kernel: KernelProcess) -> None:
+    kernel.send({"type": "bogus", "id": "b1"})
+
+    frame = kernel.next_frame()
+
+    assert frame["type"] == "error"
+    assert "unknown frame type 'bogus'" in frame["message"]
+    assert kernel.run("6 * 7")["value"] == "42"
+
+
+def test_unknown_fields_in_known_frames_are_ignored(kernel: KernelProcess) -> None:
+    kernel.send({"type": "execute", "id": "extra", "code": "5", "future_field": {"x": 1}})
+
+    _, result = kernel.collect("extra")
+
+    assert result["value"] == "5"
+
+
+# --- output capture ------------------------------------------------------------------------
+
+
+def test_all_kinds_of_output_arrive_as_stream_frames_in_order_before_the_result(
+    kernel: KernelProcess,
+) -> None:
+    code = (
+        "import os, subprocess, sys\n"
+        "print('from print')\n"
+        "os.write(1, b'{not a frame\\n')\n"
+        "subprocess.run(['echo', 'from subprocess'], check=True)\n"
+        "print('to stderr', file=sys.stderr)\n"
+        "subprocess.run(['sh', '-c', 'echo sub-err >&2'], check=True)\n"
+        "print('last')\n"
+    )
+    execute_id = kernel.start(code)
+
+    frames, result = kernel.collect(execute_id)
+
+    assert result["status"] == "ok"
+    assert all(frame["type"] == "stream" and frame["id"] == execute_id for frame in frames)
+    assert stream_text(frames, "stdout") == "from print\n{not a frame\nfrom subprocess\nlast\n"
+    assert stream_text(frames, "stderr") == "to stderr\nsub-err\n"
+
+
+def test_output_that_looks_like_a_frame_stays_stream_text(kernel: KernelProcess) -> None:
+    # A forged result frame for the very execute that prints it.
+    fake = encode_frame({"type": "result", "id": "forge", "status": "ok", "value": "'forged'"}, MAX_FRAME)
+
+    frames, result = kernel.collect(kernel.start("import os\nos.write(1, %r)\n'real'" % fake, "forge"))
+
+    assert result["value"] == "'real'"
+    assert stream_text(frames, "stdout") == fake.decode()
+
+
+def test_binary_junk_on_stdout_does_not_break_the_channel(kernel: KernelProcess) -> None:
+    frames, result = kernel.execute(
+        "import os\nos.write(1, bytes(range(256)))\nos.write(2, b'\\xff\\xfe\\x00')"
+    )
+
+    assert result["status"] == "ok"
+    text = stream_text(frames, "stdout")
+    assert "\ufffd" in text
+    assert "ABCDEFGHIJKLMNOPQRSTUVWXYZ" in text
+    assert kernel.run("'channel intact'")["value"] == "'channel intact'"
+
+
+def test_output_over_the_cap_is_cut_and_dropped_counts_the_cut_characters(kernel: KernelProcess) -> None:
+    frames, result = kernel.execute("print('x' * 5000)\nimport sys\nsys.stderr.write('e' * 1500)")
+
+    assert stream_text(frames, "stdout") == "x" * MAX_OUTPUT
+    assert stream_text(frames, "stderr") == "e" * MAX_OUTPUT
+    assert result["dropped"] == {"stdout": 5001 - MAX_OUTPUT, "stderr": 1500 - MAX_OUTPUT}
+
+
+def test_output_cap_applies_per_execute(kernel: KernelProcess) -> None:
+    kernel.execute("print('x' * 5000)")
+
+    frames, result = kernel.execute("print('fresh')")
+
+    assert stream_text(frames, "stdout") == "fresh\n"
+    assert result["dropped"] == {"stdout": 0, "stderr": 0}
+
+
+def test_many_small_writes_over_the_cap_are_counted_exactly(kernel: KernelProcess) -> None:
+    frames, result = kernel.execute("for i in range(300):\n    print('%05d' % i)")
+
+    assert len(stream_text(frames, "stdout")) == MAX_OUTPUT
+    assert result["dropped"]["stdout"] == 300 * 6 - MAX_OUTPUT
+
+
+# --- interrupts ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("loop", ["while True:\n    pass", "import time\ntime.sleep(100)"])
+def test_interrupt_stops_running_code_and_keeps_state(kernel: KernelProcess, loop: str) -> None:
+    kernel.run("kept = 'yes'")
+    execute_id = kernel.start("print('started', flush=True)\n" + loop)
+    kernel.wait_for_text(execute_id, "started")
+    began = time.monotonic()
+
+    kernel.send({"type": "interrupt", "id": execute_id})
+    _, result = kernel.collect(execute_id)
+
+    assert time.monotonic() - began < 5
+    assert result["status"] == "interrupted"
+    assert result["error"]["type"] == "KeyboardInterrupt"
+    assert "mcp_sandbox_kernel" not in result["error"]["traceback"]
+    assert kernel.run("kept")["value"] == "'yes'"
+
+
+def test_interrupt_stops_awaited_code(kernel: KernelProcess) -> None:
+    execute_id = kernel.start("import asyncio\nprint('started', flush=True)\nawait asyncio.sleep(100)")
+    kernel.wait_for_text(execute_id, "started")
+
+    kernel.send({"type": "interrupt", "id": execute_id})
+    _, result = kernel.collect(execute_id)
+
+    assert result["status"] == "interrupted"
+    assert kernel.run("await asyncio.sleep(0, result='loop still usable')")["value"] == "'loop still usable'"
+
+
+def test_interrupt_for_a_different_id_is_ignored(kernel: KernelProcess) -> None:
+    execute_id = kernel.start("import time\nprint('started', flush=True)\ntime.sleep(0.5)\n'finished'")
+    kernel.wait_for_text(execute_id, "started")
+
+    kernel.send({"type": "interrupt", "id": "someone-else"})
+    _, result = kernel.collect(execute_id)
+
+    assert result["status"] == "ok"
+    assert result["value"] == "'finished'"
+
+
+def test_late_interrupt_between_executes_does_not_hit_the_next_one(kernel: KernelProcess) -> None:
+    finished = kernel.start("1")
+    kernel.collect(finished)
+
+    kernel.send({"type": "interrupt", "id": finished})
+    result = kernel.run("import time\ntime.sleep(0.2)\n'unharmed'")
+
+    assert result["value"] == "'unharmed'"
+
+
+# --- end of input ---------------------------------------------------------------------------
+
+
+def test_closing_stdin_ends_the_kernel_even_while_code_spins(kernel: KernelProcess) -> None:
+    execute_id = kernel.start("print('started', flush=True)\nwhile True:\n    pass")
+    kernel.wait_for_text(execute_id, "started")
+
+    assert kernel.process.stdin is not None
+    kernel.process.stdin.close()
+
+    assert kernel.process.wait(timeout=3) == 0
+
+
+def test_closing_stdin_when_idle_ends_the_kernel(kernel: KernelProcess) -> None:
+    assert kernel.process.stdin is not None
+    kernel.process.stdin.close()
+
+    assert kernel.process.wait(timeout=3) == 0
+
+
+def test_sigterm_ends_the_kernel(kernel: KernelProcess) -> None:
+    kernel.process.send_signal(signal.SIGTERM)
+
+    assert kernel.process.wait(timeout=3) == 0
+
+
+# --- robustness against user code touching the capture fds ---------------------------------
+
+
+def test_user_code_closing_fd_1_does_not_kill_the_kernel(kernel: KernelProcess) -> None:
+    kernel.run("kept = 1")
+
+    kernel.execute("import os\nos.close(1)")
+    frames, result = kernel.execute("print('captured again')\nkept")
+
+    assert result["value"] == "1"
+    assert stream_text(frames, "stdout") == "captured again\n"
+
+
+def test_user_code_redirecting_fd_1_is_repaired_for_the_next_execute(
+    kernel: KernelProcess, tmp_path: Path
+) -> None:
+    target = tmp_path / "redirected.txt"
+    code = "import os\nfd = os.open(%r, os.O_WRONLY | os.O_CREAT)\nos.dup2(fd, 1)\nos.write(1, b'to file')"
+    began = time.monotonic()
+
+    kernel.run(code % str(target))
+    frames, _ = kernel.execute("print('back on the channel')")
+
+    assert time.monotonic() - began < 3  # the output sync does not wait on the lost pipe
+    assert stream_text(frames, "stdout") == "back on the channel\n"
+    assert target.read_bytes() == b"to file"  # no sync markers leaked into the user's file
+
+
+def test_user_code_replacing_sys_stdout_is_repaired_for_the_next_execute(kernel: KernelProcess) -> None:
+    kernel.run("import io, sys\nsys.stdout = io.StringIO()\nsys.stderr.close()")
+
+    frames, _ = kernel.execute("print('visible')\nprint('also', file=sys.stderr)")
+
+    assert stream_text(frames, "stdout") == "visible\n"
+    assert stream_text(frames, "stderr") == "also\n"
+
+
+def test_user_code_setting_sys_stdout_to_none_does_not_kill_the_kernel(kernel: KernelProcess) -> None:
+    # Bug: Kernel.flush_output() catches OSError/ValueError from sys.stdout.flush() but
+    # not the AttributeError of a stream replaced by None, so the exception escapes
+    # Kernel.serve() and the kernel dies with all state.
+    kernel.run("import sys\nkept = 'state'")
+
+    kernel.execute("sys.stdout = None")
+
+    assert kernel.run("kept")["value"] == "'state'"
+
+
+# --- units: _partial_suffix and OutputLimiter ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("buffer", "expected"),
+    [
+        (b"", 0),
+        (b"hello", 0),
+        (b"xxA", 1),
+        (b"xxAB", 2),
+        (b"xxABC", 3),
+        (b"ABC", 3),
+        (b"xxABCD", 0),  # a whole marker is found by find(), never kept as a suffix
+        (b"xxAC", 0),
+        (b"AB-A", 1),
+    ],
+)
+def test_partial_suffix_is_the_longest_tail_that_could_start_the_marker(buffer: bytes, expected: int) -> None:
+    assert _partial_suffix(buffer, b"ABCD") == expected
+
+
+def test_partial_suffix_prefers_the_longest_overlapping_tail() -> None:
+    assert _partial_suffix(b"zzAA", b"AAB") == 2
+    assert _partial_suffix(b"zzA", b"AAB") == 1
+
+
+def test_partial_suffix_with_the_real_marker_shape() -> None:
+    marker = b"\x00MCP-SYNC-0123456789abcdef\x00"
+
+    assert _partial_suffix(b"output\x00", marker) == 1
+    assert _partial_suffix(b"output\x00MCP-SY", marker) == 7
+    assert _partial_suffix(b"output\x00\x00", marker) == 1
+    assert _partial_suffix(b"output", marker) == 0
+
+
+def test_output_limiter_keeps_up_to_the_cap_per_stream() -> None:
+    limiter = OutputLimiter(10)
+    limiter.reset("e1")
+
+    assert limiter.admit("stdout", "abcdef") == "abcdef"
+    assert limiter.admit("stdout", "ghijkl") == "ghij"
+    assert limiter.admit("stdout", "more") == ""
+    assert limiter.admit("stderr", "0123456789XYZ") == "0123456789"
+    assert limiter.sent == {"stdout": 10, "stderr": 10}
+    assert limiter.dropped == {"stdout": 6, "stderr": 3}
+    assert limiter.execute_id == "e1"
+
+
+def test_output_limiter_reset_starts_a_new_budget() -> None:
+    limiter = OutputLimiter(3)
+    limiter.reset("a")
+    limiter.admit("stdout", "12345")
+
+    limiter.reset("b")
+
+    assert limiter.execute_id == "b"
+    assert limiter.dropped == {"stdout": 0, "stderr": 0}
+    assert limiter.admit("stdout", "xyz") == "xyz"
+
+
+def test_output_limiter_counts_characters_not_bytes() -> None:
+    limiter = OutputLimiter(3)
+
+    assert limiter.admit("stdout", "日本語です") == "日本語"
+    assert limiter.dropped["stdout"] == 2
+
+
+def test_output_limiter_is_safe_under_concurrent_writers() -> None:
+    limiter = OutputLimiter(1000)
+    kept: list[str] = []
+
+    def write() -> None:
+        for _ in range(500):
+            kept.append(limiter.admit("stdout", "ab"))
+
+    threads = [threading.Thread(target=write) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert sum(len(text) for text in kept) == 1000
+    assert limiter.sent["stdout"] + limiter.dropped["stdout"] == 4 * 500 * 2

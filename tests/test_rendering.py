@@ -1,0 +1,377 @@
+"""Rendering section (ExecutionOutcome -> text / TOON + structuredContent) and the
+run_python tool definition of the MCP server section."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mcp_types as types
+import pytest
+import toon_format
+from pydantic import ValidationError
+
+import mcp_server_code_execution_mode as bridge
+from mcp_server_code_execution_mode import (
+    BridgeConfig,
+    ExecutionOutcome,
+    render_compact,
+    render_outcome,
+    render_toon,
+    structured_result,
+)
+
+CONFIG = BridgeConfig(max_output_chars=1000)
+TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "<cell-3>", line 1, in <module>\n'
+    "    1 / 0\n"
+    "ZeroDivisionError: division by zero\n"
+)
+
+
+def text_of(result: types.CallToolResult) -> str:
+    assert len(result.content) == 1
+    content = result.content[0]
+    assert isinstance(content, types.TextContent)
+    return content.text
+
+
+# --- render_compact ---------------------------------------------------------------------
+
+
+def test_stdout_only_is_shown_as_is_without_trailing_newline() -> None:
+    outcome = ExecutionOutcome(status="ok", stdout="hello\nworld\n")
+
+    assert render_compact(outcome, CONFIG) == "hello\nworld"
+
+
+def test_stderr_gets_its_own_labelled_section_after_stdout() -> None:
+    outcome = ExecutionOutcome(status="ok", stdout="out\n", stderr="warning: careful\n")
+
+    assert render_compact(outcome, CONFIG) == "out\n[stderr]\nwarning: careful"
+
+
+def test_stderr_only_is_labelled() -> None:
+    outcome = ExecutionOutcome(status="ok", stderr="oops\n")
+
+    assert render_compact(outcome, CONFIG) == "[stderr]\noops"
+
+
+def test_value_is_shown_after_the_output() -> None:
+    outcome = ExecutionOutcome(status="ok", stdout="printed\n", value="[1, 2, 3]")
+
+    assert render_compact(outcome, CONFIG) == "printed\n[1, 2, 3]"
+
+
+def test_value_alone_is_the_whole_text() -> None:
+    assert render_compact(ExecutionOutcome(status="ok", value="42"), CONFIG) == "42"
+
+
+def test_empty_string_value_is_still_shown() -> None:
+    assert render_compact(ExecutionOutcome(status="ok", value="''"), CONFIG) == "''"
+
+
+def test_error_shows_the_traceback_after_the_output() -> None:
+    outcome = ExecutionOutcome(
+        status="error",
+        stdout="before the error\n",
+        error={"type": "ZeroDivisionError", "message": "division by zero", "traceback": TRACEBACK},
+    )
+
+    text = render_compact(outcome, CONFIG)
+
+    assert text.startswith("before the error\n")
+    assert text.endswith(TRACEBACK)
+    assert '"<cell-3>"' in text
+
+
+def test_error_without_traceback_shows_type_and_message() -> None:
+    outcome = ExecutionOutcome(
+        status="error", error={"type": "SandboxError", "message": "frame too big", "traceback": ""}
+    )
+
+    assert render_compact(outcome, CONFIG) == "SandboxError: frame too big"
+
+
+def test_cut_marker_states_how_many_characters_were_cut_and_names_the_setting() -> None:
+    outcome = ExecutionOutcome(status="ok", stdout="x" * 1000, truncated={"stdout": 4001, "stderr": 0})
+
+    text = render_compact(outcome, CONFIG)
+
+    assert text.startswith("x" * 1000 + "\n[...")
+    marker = text[1000:]
+    assert "4001 more characters of stdout cut" in marker
+    assert "capped at 1000 characters" in marker
+    assert "MCP_BRIDGE_MAX_OUTPUT" in marker
+
+
+def test_cut_marker_for_stderr_is_inside_the_stderr_section() -> None:
+    outcome = ExecutionOutcome(status="ok", stderr="e" * 10, truncated={"stdout": 0, "stderr": 7})
+
+    text = render_compact(outcome, CONFIG)
+
+    assert text.startswith("[stderr]\n" + "e" * 10)
+    assert "7 more characters of stderr cut" in text
+    assert "stdout cut" not in text
+
+
+def test_cut_marker_appears_even_when_all_kept_output_is_empty() -> None:
+    outcome = ExecutionOutcome(status="ok", truncated={"stdout": 12, "stderr": 0})
+
+    assert "12 more characters of stdout cut" in render_compact(outcome, CONFIG)
+
+
+def test_cut_marker_uses_the_configured_cap() -> None:
+    marker = bridge.cut_marker("stdout", 5, BridgeConfig(max_output_chars=777))
+
+    assert "5 more characters of stdout cut" in marker
+    assert "777" in marker
+
+
+def test_no_marker_without_truncation() -> None:
+    assert "cut" not in render_compact(ExecutionOutcome(status="ok", stdout="short\n"), CONFIG)
+
+
+def test_notices_come_first_prefixed_with_session() -> None:
+    outcome = ExecutionOutcome(
+        status="ok",
+        stdout="hi\n",
+        notices=["Reset: started a fresh session with an empty namespace.", "second notice"],
+    )
+
+    lines = render_compact(outcome, CONFIG).splitlines()
+
+    assert lines == [
+        "[session] Reset: started a fresh session with an empty namespace.",
+        "[session] second notice",
+        "hi",
+    ]
+
+
+def test_timeout_has_a_status_line_after_the_traceback() -> None:
+    outcome = ExecutionOutcome(
+        status="timeout",
+        stdout="working...\n",
+        error={"type": "KeyboardInterrupt", "message": "", "traceback": "KeyboardInterrupt\n"},
+        detail="Timed out after 5s: the code was interrupted (KeyboardInterrupt). The session and "
+        "its state were kept.",
+    )
+
+    text = render_compact(outcome, CONFIG)
+
+    assert text.splitlines()[-1] == (
+        "[timeout] Timed out after 5s: the code was interrupted (KeyboardInterrupt). "
+        "The session and its state were kept."
+    )
+    assert text.index("KeyboardInterrupt\n") < text.index("[timeout]")
+
+
+def test_crash_has_a_status_line_and_no_traceback() -> None:
+    outcome = ExecutionOutcome(
+        status="crashed",
+        state_kept=False,
+        detail="The sandbox was killed (SIGKILL). All state was lost.",
+    )
+
+    assert (
+        render_compact(outcome, CONFIG) == "[crashed] The sandbox was killed (SIGKILL). All state was lost."
+    )
+
+
+def test_empty_outcome_says_no_output() -> None:
+    assert render_compact(ExecutionOutcome(status="ok"), CONFIG) == "(no output)"
+
+
+# --- structured_result and render_toon -----------------------------------------------------
+
+
+def test_structured_result_carries_every_field() -> None:
+    outcome = ExecutionOutcome(
+        status="error",
+        stdout="o",
+        stderr="e",
+        value=None,
+        error={"type": "E", "message": "m", "traceback": "t"},
+        truncated={"stdout": 1, "stderr": 2},
+        state_kept=False,
+        detail="d",
+        notices=["n"],
+        duration=1.23456,
+    )
+
+    assert structured_result(outcome) == {
+        "status": "error",
+        "stdout": "o",
+        "stderr": "e",
+        "value": None,
+        "error": {"type": "E", "message": "m", "traceback": "t"},
+        "truncated": {"stdout": 1, "stderr": 2},
+        "state_kept": False,
+        "detail": "d",
+        "notices": ["n"],
+        "duration_seconds": 1.235,
+    }
+
+
+def test_toon_round_trips_to_the_non_empty_structured_fields() -> None:
+    outcome = ExecutionOutcome(
+        status="timeout",
+        stdout="a: b\nline two\n",
+        value="{'k': 1}",
+        state_kept=False,
+        detail="Timed out after 3s.",
+        truncated={"stdout": 5, "stderr": 0},
+        notices=["Reset: fresh"],
+        duration=2.5,
+    )
+
+    decoded: dict[str, Any] = toon_format.decode(render_toon(outcome))
+
+    assert decoded == {
+        "status": "timeout",
+        "stdout": "a: b\nline two\n",
+        "value": "{'k': 1}",
+        "truncated": {"stdout": 5, "stderr": 0},
+        "state_kept": False,
+        "detail": "Timed out after 3s.",
+        "notices": ["Reset: fresh"],
+        "duration_seconds": 2.5,
+    }
+
+
+def test_toon_omits_empty_fields() -> None:
+    text = render_toon(ExecutionOutcome(status="ok", stdout="hi"))
+
+    decoded: dict[str, Any] = toon_format.decode(text)
+    assert set(decoded) == {"status", "stdout", "truncated", "state_kept", "duration_seconds"}
+    assert text.startswith("status: ok")
+
+
+# --- render_outcome ----------------------------------------------------------------------------
+
+
+def test_render_outcome_in_compact_mode_uses_compact_text_and_structured_content() -> None:
+    outcome = ExecutionOutcome(status="ok", stdout="hi\n", value="1")
+
+    result = render_outcome(outcome, CONFIG)
+
+    assert text_of(result) == "hi\n1"
+    assert result.structured_content == structured_result(outcome)
+    assert result.is_error is False
+
+
+def test_render_outcome_in_toon_mode_uses_toon_text() -> None:
+    outcome = ExecutionOutcome(status="ok", stdout="hi\n", value="1")
+
+    result = render_outcome(outcome, BridgeConfig(output_mode="toon"))
+
+    assert text_of(result) == render_toon(outcome)
+    assert result.structured_content == structured_result(outcome)
+
+
+@pytest.mark.parametrize(
+    ("status", "is_error"), [("ok", False), ("error", True), ("timeout", True), ("crashed", True)]
+)
+def test_is_error_is_true_for_every_non_ok_status(status: Any, is_error: bool) -> None:
+    assert render_outcome(ExecutionOutcome(status=status), CONFIG).is_error is is_error
+
+
+def test_render_error_is_an_error_result_with_the_message() -> None:
+    result = bridge.render_error(bridge.RuntimeUnavailableError("No runtime. Install Podman."))
+
+    assert result.is_error is True
+    assert text_of(result) == "No runtime. Install Podman."
+
+
+# --- the run_python tool -------------------------------------------------------------------------
+
+
+def test_tool_is_named_run_python_and_points_to_the_manual() -> None:
+    tool = bridge.run_python_tool(CONFIG)
+
+    assert tool.name == "run_python"
+    assert tool.description is not None
+    assert bridge.CAPABILITIES_URI in tool.description
+    assert tool.annotations is not None
+    assert tool.annotations.open_world_hint is False
+
+
+def test_tool_input_schema_has_code_timeout_and_reset() -> None:
+    schema = bridge.run_python_tool(CONFIG).input_schema
+
+    assert schema["type"] == "object"
+    assert set(schema["properties"]) == {"code", "timeout", "reset"}
+    assert schema["required"] == ["code"]
+    assert schema["additionalProperties"] is False
+    assert schema["properties"]["code"]["type"] == "string"
+    assert schema["properties"]["reset"]["type"] == "boolean"
+    assert schema["properties"]["reset"]["default"] is False
+
+
+def test_tool_timeout_default_and_maximum_come_from_the_config() -> None:
+    schema = bridge.run_python_tool(BridgeConfig(timeout=12.5, max_timeout=90.0)).input_schema
+    timeout = schema["properties"]["timeout"]
+
+    assert timeout["default"] == 12.5
+    assert timeout["maximum"] == 90.0
+    assert timeout["exclusiveMinimum"] == 0
+
+
+def test_tool_schema_has_no_auto_generated_titles() -> None:
+    schema = bridge.run_python_tool(CONFIG).input_schema
+
+    assert "title" not in schema
+    assert all("title" not in prop for prop in schema["properties"].values())
+
+
+def test_input_model_applies_defaults_from_the_config() -> None:
+    model = bridge.run_python_input_model(BridgeConfig(timeout=7.0))
+
+    request = model.model_validate({"code": "print(1)"})
+
+    assert request.model_dump() == {"code": "print(1)", "timeout": 7.0, "reset": False}
+
+
+def test_input_model_rejects_timeout_over_the_configured_maximum() -> None:
+    model = bridge.run_python_input_model(BridgeConfig(max_timeout=60.0))
+
+    assert model.model_validate({"code": "", "timeout": 60}).model_dump()["timeout"] == 60
+    with pytest.raises(ValidationError):
+        model.model_validate({"code": "", "timeout": 61})
+
+
+def validation_message(arguments: dict[str, Any]) -> str:
+    model = bridge.run_python_input_model(BridgeConfig(max_timeout=120.0))
+    with pytest.raises(ValidationError) as caught:
+        model.model_validate(arguments)
+    return bridge.describe_validation_error(caught.value)
+
+
+def test_validation_message_for_missing_code_names_the_field_and_how_to_call() -> None:
+    message = validation_message({})
+
+    assert message.startswith("Invalid run_python arguments (code: Field required).")
+    assert 'Call run_python with {"code": "..."}' in message
+    assert '"timeout"' in message
+    assert '"reset"' in message
+
+
+def test_validation_message_for_too_large_timeout_states_the_limit() -> None:
+    message = validation_message({"code": "1", "timeout": 500})
+
+    assert "timeout:" in message
+    assert "less than or equal to 120" in message
+
+
+def test_validation_message_for_unknown_argument_names_it() -> None:
+    message = validation_message({"code": "1", "cmd": "ls"})
+
+    assert "cmd: Extra inputs are not permitted" in message
+
+
+def test_validation_message_lists_every_problem() -> None:
+    message = validation_message({"code": 5, "reset": "perhaps"})
+
+    assert "code:" in message
+    assert "reset:" in message
+    assert message.count(";") >= 1
