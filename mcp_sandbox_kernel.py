@@ -313,9 +313,16 @@ def _drop_kernel_frames(details: traceback.TracebackException, kernel_file: str,
     if id(details) in seen:
         return
     seen.add(id(details))
-    details.stack = traceback.StackSummary.from_list(
-        [frame for frame in details.stack if frame.filename != kernel_file]
-    )
+    # Drop the kernel's frames and whatever they called (asyncio, threading) until user
+    # code appears again: the model should see its own lines, not our plumbing.
+    kept, in_kernel = [], False
+    for frame in details.stack:
+        if frame.filename == kernel_file:
+            in_kernel = True
+        elif not in_kernel or frame.filename.startswith(CELL_PREFIX):
+            in_kernel = False
+            kept.append(frame)
+    details.stack = traceback.StackSummary.from_list(kept)
     for chained in (details.__cause__, details.__context__):
         if chained is not None:
             _drop_kernel_frames(chained, kernel_file, seen)
@@ -469,12 +476,16 @@ def unwrap_tool_result(server: str, tool: str, result: dict[str, Any], raw: bool
         raise MCPToolError("%s.%s failed: %s" % (server, tool, message), server, tool, result)
     if raw:
         return result
-    if result.get("structuredContent") is not None:
-        return result["structuredContent"]
     items = [_unwrap_block(block) for block in result.get("content") or []]
-    if not items:
-        return None
-    return items[0] if len(items) == 1 else items
+    content = None if not items else items[0] if len(items) == 1 else items
+    structured = result.get("structuredContent")
+    if structured is None:
+        return content
+    # Python servers (FastMCP) wrap a plain return value as {"result": value} and send the
+    # value as text too; when both agree, the value itself is what the caller wants.
+    if isinstance(structured, dict) and list(structured) == ["result"] and structured["result"] == content:
+        return content
+    return structured
 
 
 def _unwrap_block(block: dict[str, Any]) -> Any:
@@ -533,16 +544,51 @@ class SandboxRuntime:
         self, server: str, tool: str, arguments: dict[str, Any] | None = None, raw: bool = False
     ) -> Any:
         """Call one tool. In code that uses ``await``, ``await`` it."""
-        params = {"server": server, "tool": tool, "arguments": arguments or {}}
+        label = "runtime.call_tool(%r, %r, ...)" % (server, tool)
+        return self._dispatch_call(server, tool, arguments or {}, raw, label)
+
+    def _dispatch_call(self, server: str, tool: str, arguments: dict[str, Any], raw: bool, label: str) -> Any:
+        params = {"server": server, "tool": tool, "arguments": arguments}
         try:
             asyncio.get_running_loop()
         except RuntimeError:
             return unwrap_tool_result(server, tool, self._requests.call("call_tool", params), raw)
-        return self._call_async(params, raw)
+        return PendingToolCall(self._call_async(params, raw), label)
 
     async def _call_async(self, params: dict[str, Any], raw: bool) -> Any:
         result = await self._requests.call_async("call_tool", params)
         return unwrap_tool_result(params["server"], params["tool"], result, raw)
+
+
+class PendingToolCall:
+    """What a tool call gives in code that uses ``await``: an awaitable, so several calls
+    can run at once (``asyncio.gather``). Using it as a value instead is a mistake with a
+    clear message, not a confusing error about coroutines."""
+
+    def __init__(self, coroutine: Any, label: str) -> None:
+        self._coroutine = coroutine
+        self._label = label
+        self._awaited = False
+
+    def __await__(self) -> Any:
+        self._awaited = True
+        return self._coroutine.__await__()
+
+    def _misuse(self, *args: Any) -> Any:
+        raise TypeError(
+            "%s has not run yet: this code uses await, so tool calls must be awaited. Write "
+            "`result = await %s`, or `await asyncio.gather(...)` for several at once."
+            % (self._label, self._label)
+        )
+
+    __getitem__ = __iter__ = __len__ = __contains__ = __bool__ = __int__ = __float__ = _misuse
+
+    def __repr__(self) -> str:
+        return "<pending tool call %s: await it>" % self._label
+
+    def __del__(self) -> None:
+        if not self._awaited:
+            self._coroutine.close()  # never started, so nothing was sent
 
 
 class ServerProxy:
@@ -595,7 +641,8 @@ class ToolFunction:
                 "runtime.query_tool_docs(%r, %r)"
                 % (self._server, self.__name__, self.__name__, self._server, self._tool)
             )
-        return self._runtime.call_tool(self._server, self._tool, arguments, raw=raw)
+        label = "mcp_%s.%s(...)" % (self._server, self.__name__)
+        return self._runtime._dispatch_call(self._server, self._tool, arguments, raw, label)
 
     def __repr__(self) -> str:
         return "<MCP tool %s.%s>" % (self._server, self._tool)

@@ -11,6 +11,10 @@ Sections, in dependency order (``grep -n '^# ====' mcp_server_code_execution_mod
     errors               -> BridgeError and the subclasses each section raises
     wire protocol        -> shared with the kernel: encode_frame / FrameDecoder
     container runtime    -> Podman / Docker strategies, detection, hardened argv, sweeping
+    server discovery     -> the user's MCP servers, read from every client's config files
+    MCP client pool      -> one long-lived client per server, each owned by one task
+    tool docs            -> Python-style signatures and a fuzzy search over all tools
+    sandbox API (host)   -> serves the sandbox's requests: discovery, docs, tool calls
     sandbox session      -> one container + kernel; SessionManager keeps it warm
     rendering            -> ExecutionOutcome -> text / TOON + structuredContent
     MCP server & tool    -> run_python, the capabilities resource
@@ -20,7 +24,10 @@ Sections, in dependency order (``grep -n '^# ====' mcp_server_code_execution_mod
 from __future__ import annotations
 
 import argparse
+import difflib
+import fnmatch
 import json
+import keyword
 import logging
 import math
 import os
@@ -31,19 +38,31 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+import tomllib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from difflib import SequenceMatcher
+from functools import lru_cache
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar, Literal
 
 import anyio
 import anyio.abc
 import mcp_types as types
 import toon_format
+from mcp.client.session import ClientSession
+from mcp.client.sse import sse_client
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError as McpProtocolError
+from mcp.shared.message import SessionMessage
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import mcp_sandbox_kernel
@@ -83,6 +102,14 @@ class BridgeConfig:
     start_timeout: float = 120.0
     interrupt_grace: float = 3.0
     log_level: str = "INFO"
+    servers_config: Path | None = None
+    allow_servers: tuple[str, ...] = ()
+    deny_servers: tuple[str, ...] = ()
+    allow_tools: tuple[str, ...] = ()
+    deny_tools: tuple[str, ...] = ()
+    server_start_timeout: float = 30.0
+    tool_timeout: float = 120.0
+    max_tool_result_bytes: int = 16 * 1024 * 1024
 
 
 class ConfigError(Exception):
@@ -141,6 +168,17 @@ def _pattern(regex: str, what: str) -> Callable[[str], str]:
 
 def _directory(text: str) -> Path:
     return Path(text).expanduser()
+
+
+def _existing_file(text: str) -> Path:
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise ValueError("no such file")
+    return path
+
+
+def _patterns(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 @dataclass(frozen=True)
@@ -217,6 +255,48 @@ OPTIONS: tuple[Option, ...] = (
         _choice("DEBUG", "INFO", "WARNING", "ERROR"),
         "log level (logs go to stderr)",
     ),
+    Option(
+        "servers_config",
+        "MCP_SERVERS_CONFIG",
+        _existing_file,
+        "MCP servers config file (mcpServers JSON); wins over every discovered config",
+    ),
+    Option(
+        "allow_servers",
+        "MCP_BRIDGE_ALLOW_SERVERS",
+        _patterns,
+        "comma-separated name patterns of servers the sandbox may use (default: all)",
+    ),
+    Option(
+        "deny_servers", "MCP_BRIDGE_DENY_SERVERS", _patterns, "server name patterns to hide from the sandbox"
+    ),
+    Option(
+        "allow_tools",
+        "MCP_BRIDGE_ALLOW_TOOLS",
+        _patterns,
+        "comma-separated server.tool patterns the sandbox may call (default: all)",
+    ),
+    Option(
+        "deny_tools",
+        "MCP_BRIDGE_DENY_TOOLS",
+        _patterns,
+        "server.tool patterns to hide and refuse, e.g. filesystem.write_*",
+    ),
+    Option(
+        "server_start_timeout",
+        "MCP_BRIDGE_SERVER_START_TIMEOUT",
+        _positive_float,
+        "seconds an MCP server may take to start and initialize",
+    ),
+    Option(
+        "tool_timeout", "MCP_BRIDGE_TOOL_TIMEOUT", _positive_float, "seconds one proxied tool call may take"
+    ),
+    Option(
+        "max_tool_result_bytes",
+        "MCP_BRIDGE_MAX_TOOL_RESULT_BYTES",
+        _positive_int,
+        "largest tool result passed into the sandbox, bytes",
+    ),
 )
 
 
@@ -236,7 +316,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
             dest=option.field,
             metavar=option.field.upper(),
             default=None,
-            help="%s [env %s; default: %s]" % (option.help, option.env, "auto" if default is None else default),
+            help="%s [env %s; default: %s]"
+            % (option.help, option.env, "auto" if default is None else default),
         )
     return parser
 
@@ -258,6 +339,11 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> BridgeConfig
         except ValueError as exc:
             raise ConfigError("%s=%r is invalid: %s" % (source, raw, exc)) from None
     config = BridgeConfig(**values)
+    if config.max_tool_result_bytes > config.max_frame_bytes // 2:
+        raise ConfigError(
+            "MCP_BRIDGE_MAX_TOOL_RESULT_BYTES (%d) must be at most half of MCP_BRIDGE_MAX_FRAME_BYTES (%d): "
+            "a result must fit in one frame" % (config.max_tool_result_bytes, config.max_frame_bytes)
+        )
     if config.timeout > config.max_timeout:
         raise ConfigError(
             "MCP_BRIDGE_TIMEOUT (%g) must not exceed MCP_BRIDGE_MAX_TIMEOUT (%g)"
@@ -552,6 +638,1052 @@ async def sweep_orphans(
 
 
 # =============================================================================
+# server discovery
+# =============================================================================
+# Where MCP servers are found, LOWEST precedence first. A later file's entry with the
+# same name replaces an earlier one, even when the later entry is disabled, malformed or
+# skipped (so a name is turned off by the file that mentions it last).
+#
+#   1. <state dir>/*.json (MCP_BRIDGE_STATE_DIR, default ~/MCPs), in name order   mcpServers
+#   2. Claude Desktop   macOS   ~/Library/Application Support/Claude/claude_desktop_config.json
+#                       Linux   $XDG_CONFIG_HOME (~/.config)/Claude/claude_desktop_config.json
+#                       Windows %APPDATA%\Claude\claude_desktop_config.json      mcpServers
+#   3. Windsurf         ~/.codeium/windsurf/mcp_config.json                       mcpServers
+#   4. Gemini CLI       ~/.gemini/settings.json                                   mcpServers
+#   5. Codex            $CODEX_HOME (~/.codex)/config.toml                        [mcp_servers.NAME]
+#   6. VS Code (user)   <Code user dir>/mcp.json                                  servers
+#                       <Code user dir>/settings.json                             mcp.servers
+#                       (macOS ~/Library/Application Support/Code/User, Linux
+#                       $XDG_CONFIG_HOME (~/.config)/Code/User, Windows %APPDATA%\Code\User)
+#   7. Cursor (user)    ~/.cursor/mcp.json                                        mcpServers
+#   8. Claude Code      ~/.claude.json                                            mcpServers
+#   9. the project (the bridge's working directory), in this order:
+#                       .vscode/mcp.json                                          servers
+#                       .cursor/mcp.json                                          mcpServers
+#                       ~/.claude.json, this project's entry                      projects[<cwd>].mcpServers
+#                       .mcp.json                                                 mcpServers
+#  10. MCP_SERVERS_CONFIG (wins over everything)                                  mcpServers or servers
+#
+# JSON files may hold // and /* */ comments and trailing commas (VS Code writes them).
+# In command, args, env values, cwd, url and header values, ${VAR}, ${VAR:-default} (used
+# when VAR is unset or empty) and ${env:VAR} are replaced from the bridge's environment.
+
+Transport = Literal["stdio", "http", "sse"]
+SELF_MARKERS = ("mcp-server-code-execution-mode", "mcp_server_code_execution_mode")
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """One configured MCP server. `env` and `headers` are stored as read-only
+    MappingProxyType copies; they take part in == but not in hash() (a mappingproxy is not
+    hashable), so a spec is immutable, hashable, and equal specs hash equal."""
+
+    name: str
+    alias: str
+    transport: Transport
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict, hash=False)
+    cwd: str | None = None
+    url: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict, hash=False)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        # Callers may pass a list or a dict: keep private read-only copies.
+        object.__setattr__(self, "args", tuple(self.args))
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+        object.__setattr__(self, "headers", MappingProxyType(dict(self.headers)))
+
+
+@dataclass(frozen=True)
+class DiscoveryResult:
+    servers: tuple[ServerSpec, ...]  # sorted by alias
+    problems: tuple[str, ...]  # "<file>: <what is wrong>", one per line
+    sources: tuple[str, ...]  # labels of the files that exist and were read, lowest precedence first
+
+
+@dataclass(frozen=True)
+class ConfigSource:
+    """One file that may configure MCP servers, and where its server table sits in it."""
+
+    client: str  # who writes the file, for docs and logs
+    path: Path
+    keys: tuple[tuple[str, ...], ...] = (("mcpServers",),)  # key paths; the first present is used
+    format: Literal["json", "toml"] = "json"
+    scope: str = ""  # names the table when one file holds several: "projects[/work/x]"
+    url_transport: Transport = "http"  # an entry with a url and no type (Gemini CLI: sse)
+    required: bool = False  # a missing file is a problem (only the explicit MCP_SERVERS_CONFIG)
+
+    @property
+    def label(self) -> str:
+        return "%s %s" % (self.path, self.scope) if self.scope else str(self.path)
+
+
+def config_sources(
+    home: Path,
+    cwd: Path,
+    platform: str,
+    environ: Mapping[str, str],
+    state_dir: Path,
+    explicit: Path | None,
+) -> list[ConfigSource]:
+    """The table above, for this host: every file discovery looks at, lowest precedence first."""
+    if platform == "darwin":
+        app_config = home / "Library" / "Application Support"
+    elif platform == "win32":
+        app_config = Path(environ.get("APPDATA") or home / "AppData" / "Roaming")
+    else:
+        xdg = Path(environ.get("XDG_CONFIG_HOME", ""))
+        app_config = xdg if xdg.is_absolute() else home / ".config"  # the XDG spec ignores relative paths
+    vscode = app_config / "Code" / "User"
+    claude_json = home / ".claude.json"
+    servers = (("servers",),)
+    sources = [ConfigSource("bridge state dir", path) for path in sorted(state_dir.glob("*.json"))]
+    sources += [
+        ConfigSource("Claude Desktop", app_config / "Claude" / "claude_desktop_config.json"),
+        ConfigSource("Windsurf", home / ".codeium" / "windsurf" / "mcp_config.json"),
+        ConfigSource("Gemini CLI", home / ".gemini" / "settings.json", url_transport="sse"),
+        ConfigSource(
+            "Codex",
+            Path(environ.get("CODEX_HOME") or home / ".codex") / "config.toml",
+            keys=(("mcp_servers",),),
+            format="toml",
+        ),
+        ConfigSource("VS Code", vscode / "mcp.json", keys=servers),
+        ConfigSource("VS Code", vscode / "settings.json", keys=(("mcp", "servers"),)),
+        ConfigSource("Cursor", home / ".cursor" / "mcp.json"),
+        ConfigSource("Claude Code", claude_json),
+        ConfigSource("VS Code (project)", cwd / ".vscode" / "mcp.json", keys=servers),
+        ConfigSource("Cursor (project)", cwd / ".cursor" / "mcp.json"),
+        ConfigSource(
+            "Claude Code (project)",
+            claude_json,
+            keys=(("projects", str(cwd), "mcpServers"),),
+            scope="projects[%s]" % cwd,
+        ),
+        ConfigSource("Claude Code (project)", cwd / ".mcp.json"),
+    ]
+    if explicit is not None:
+        sources.append(
+            ConfigSource("MCP_SERVERS_CONFIG", explicit, keys=(("mcpServers",), *servers), required=True)
+        )
+    return sources
+
+
+# --- reading one file ---------------------------------------------------------------
+
+# A JSON string (kept as is), or what JSONC adds to JSON (blanked out).
+_JSON_STRING = r'("(?:\\.|[^"\\])*")'
+_JSONC_COMMENT = re.compile(_JSON_STRING + r"|//[^\n]*|/\*.*?\*/", re.DOTALL)
+_JSONC_TRAILING_COMMA = re.compile(_JSON_STRING + r"|,(?=\s*[\]}])")
+
+
+def _keep_strings(match: re.Match[str]) -> str:
+    # Blank out with spaces, keeping newlines, so error positions still match the file.
+    return match.group(1) or re.sub(r"[^\n]", " ", match.group())
+
+
+def strip_jsonc(text: str) -> str:
+    """JSON with comments and trailing commas -> JSON. Strings are matched first and kept,
+    so "https://..." or "/* */" inside a string survive."""
+    return _JSONC_TRAILING_COMMA.sub(_keep_strings, _JSONC_COMMENT.sub(_keep_strings, text))
+
+
+def _read_document(path: Path, format: Literal["json", "toml"]) -> Any:
+    """The parsed file. Raises FileNotFoundError when it is absent, OSError or ValueError
+    (which covers JSON, TOML and UTF-8 decoding errors) when it cannot be used."""
+    text = path.read_text(encoding="utf-8-sig")  # -sig: editors on Windows may add a BOM
+    if format == "toml":
+        return tomllib.loads(text)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return json.loads(strip_jsonc(text))
+
+
+def _server_table(document: Any, source: ConfigSource) -> dict[str, Any] | None:
+    """The servers table of a parsed file, None when it has none; ValueError when the
+    document or a table on the way has the wrong type."""
+    if not isinstance(document, dict):
+        raise ValueError("the top level is not an object")
+    for keys in source.keys:
+        node: Any = document
+        for depth, key in enumerate(keys):
+            if not isinstance(node, dict):
+                raise ValueError("%s is not an object" % ".".join(keys[:depth]))
+            node = node.get(key)
+            if node is None:
+                break
+        else:
+            if not isinstance(node, dict):
+                raise ValueError("%s is not an object" % ".".join(keys))
+            return node
+    return None
+
+
+# --- one server entry ---------------------------------------------------------------
+
+_REMOTE_TYPES: dict[str, Transport] = {
+    "http": "http",
+    "streamable-http": "http",
+    "streamableHttp": "http",
+    "sse": "sse",
+}
+_URL_KEYS = ("url", "serverUrl", "httpUrl")  # serverUrl: Windsurf; httpUrl: Gemini CLI's streamable HTTP
+_VARIABLE = re.compile(r"\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand_variables(value: str, environ: Mapping[str, str]) -> tuple[str, list[str]]:
+    """Replace ${VAR}, ${VAR:-default} and ${env:VAR}. Returns the expanded text and the
+    names of the unset variables that had no default (they expand to "")."""
+    unset: list[str] = []
+
+    def substitute(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        found = environ.get(name)
+        if found or default is None:
+            if found is None:
+                unset.append(name)
+            return found or ""
+        return default
+
+    return _VARIABLE.sub(substitute, value), list(dict.fromkeys(unset))
+
+
+def _entry_text(entry: Mapping[str, Any], key: str) -> str | None:
+    value = entry.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ValueError("%s must be a string" % key)
+    return value
+
+
+def _text_list(entry: Mapping[str, Any], key: str) -> list[str]:
+    value = entry.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ValueError("%s must be a list of strings" % key)
+    return value
+
+
+def _text_map(entry: Mapping[str, Any], key: str) -> dict[str, str]:
+    value = entry.get(key, {})
+    if not isinstance(value, dict) or not all(isinstance(item, str) for item in value.values()):
+        raise ValueError("%s must be an object whose values are strings" % key)
+    return value
+
+
+def _transport(entry: Mapping[str, Any], source: ConfigSource) -> Transport:
+    kind = _entry_text(entry, "type")
+    if kind == "stdio" or (kind is None and entry.get("command") is not None):
+        return "stdio"
+    if kind is None and entry.get("httpUrl") is not None:
+        return "http"
+    if kind is None and any(entry.get(key) is not None for key in _URL_KEYS):
+        return source.url_transport
+    if kind is None:
+        raise ValueError("it has neither a command nor a url")
+    if kind not in _REMOTE_TYPES:
+        raise ValueError("type %r is not one of stdio, http, streamable-http, sse" % kind)
+    return _REMOTE_TYPES[kind]
+
+
+def _parse_entry(
+    name: str,
+    entry: Any,
+    source: ConfigSource,
+    environ: Mapping[str, str],
+    self_markers: tuple[str, ...],
+) -> tuple[ServerSpec | None, list[str]]:
+    """One entry of a servers table -> (its spec, or None when it is skipped; problem lines).
+    The alias is assigned later, once every name is known."""
+    try:
+        if not isinstance(entry, dict):
+            raise ValueError("the entry is not an object")
+        if entry.get("disabled") is True or entry.get("enabled") is False:  # enabled: Codex
+            return None, []
+        transport = _transport(entry, source)
+        if transport == "stdio":
+            command = _entry_text(entry, "command")
+            if not command:
+                raise ValueError("a stdio server needs a command")
+            raw = ServerSpec(
+                name,
+                "",
+                transport,
+                command=command,
+                args=tuple(_text_list(entry, "args")),
+                env=_text_map(entry, "env"),
+                cwd=_entry_text(entry, "cwd"),
+            )
+        else:
+            url = next(filter(None, (_entry_text(entry, key) for key in _URL_KEYS)), None)
+            if url is None:
+                raise ValueError("a %s server needs a url" % transport)
+            headers = {**_text_map(entry, "headers"), **_text_map(entry, "http_headers")}  # http_: Codex
+            raw = ServerSpec(name, "", transport, url=url, headers=headers)
+    except ValueError as exc:
+        return None, ["%s: skipped %s: %s" % (source.label, name, exc)]
+
+    unset: list[str] = []
+
+    def expand(value: str) -> str:
+        expanded, missing = expand_variables(value, environ)
+        unset.extend(missing)
+        return expanded
+
+    spec = replace(
+        raw,
+        command=raw.command and expand(raw.command),
+        args=tuple(expand(arg) for arg in raw.args),
+        env={key: expand(value) for key, value in raw.env.items()},
+        cwd=raw.cwd and expand(raw.cwd),
+        url=raw.url and expand(raw.url),
+        headers={key: expand(value) for key, value in raw.headers.items()},
+        source=source.label,
+    )
+    if spec.command and any(marker in part for part in (spec.command, *spec.args) for marker in self_markers):
+        return None, ["%s: skipped %s: it launches this bridge itself" % (source.label, name)]
+    return spec, [
+        "%s: server %s: ${%s} is not set, so it expanded to an empty string" % (source.label, name, variable)
+        for variable in dict.fromkeys(unset)
+    ]
+
+
+# --- aliases and the whole discovery ------------------------------------------------
+
+
+def sanitize_alias(name: str) -> str:
+    """A Python identifier for `mcp_<alias>`: lower case, runs of anything but [a-z0-9] -> "_"."""
+    alias = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+    if alias[:1].isdigit():
+        return "s_" + alias
+    return alias or "server"
+
+
+def assign_aliases(names: Iterable[str]) -> dict[str, str]:
+    """name -> alias, unique. Names that sanitize alike are sorted: the first keeps the
+    alias, the next get _2, _3, ... (skipping any alias another name already has)."""
+    groups: dict[str, list[str]] = {}
+    for name in sorted(set(names)):
+        groups.setdefault(sanitize_alias(name), []).append(name)
+    taken = set(groups)
+    aliases: dict[str, str] = {}
+    for alias, members in sorted(groups.items()):
+        aliases[members[0]] = alias
+        suffix = 2
+        for name in members[1:]:
+            while "%s_%d" % (alias, suffix) in taken:
+                suffix += 1
+            aliases[name] = "%s_%d" % (alias, suffix)
+            taken.add(aliases[name])
+    return aliases
+
+
+def discover_servers(
+    home: Path,
+    cwd: Path,
+    platform: str,
+    environ: Mapping[str, str],
+    state_dir: Path,
+    explicit: Path | None,
+    self_markers: tuple[str, ...] = SELF_MARKERS,
+) -> DiscoveryResult:
+    """Every configured MCP server, merged by name across config_sources(). Never raises
+    for bad input: what cannot be used is skipped and described in `problems`; problem
+    lines of entries that a later file replaced are dropped with them."""
+    chosen: dict[str, tuple[ServerSpec | None, list[str]]] = {}
+    problems: list[str] = []
+    read: list[str] = []
+    for source in config_sources(home, cwd, platform, environ, state_dir, explicit):
+        try:
+            document = _read_document(source.path, source.format)
+        except (FileNotFoundError, NotADirectoryError):
+            if source.required:
+                problems.append("%s: the file does not exist" % source.path)
+            continue
+        except (OSError, ValueError) as exc:
+            read.append(source.label)
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            problems.append("%s: cannot be used: %s" % (source.path, reason))
+            continue
+        read.append(source.label)
+        try:
+            table = _server_table(document, source)
+        except ValueError as exc:
+            problems.append("%s: cannot be used: %s" % (source.label, exc))
+            continue
+        if table is None and source.required:
+            problems.append("%s: has no mcpServers or servers table" % source.label)
+        for name, entry in (table or {}).items():
+            chosen[name] = _parse_entry(name, entry, source, environ, self_markers)
+    specs = [spec for spec, _ in chosen.values() if spec is not None]
+    problems += [line for _, lines in chosen.values() for line in lines]
+    aliases = assign_aliases(spec.name for spec in specs)
+    servers = sorted((replace(spec, alias=aliases[spec.name]) for spec in specs), key=lambda s: s.alias)
+    # dict.fromkeys: ~/.claude.json is read for two sources; report it once.
+    return DiscoveryResult(tuple(servers), tuple(dict.fromkeys(problems)), tuple(dict.fromkeys(read)))
+
+
+# =============================================================================
+# MCP client pool
+# =============================================================================
+
+
+class ServerUnavailableError(BridgeError):
+    """A configured MCP server could not be started, or died."""
+
+
+class ProxyError(BridgeError):
+    """A request from the sandbox that the bridge refuses or cannot serve."""
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The first leaf of an exception group (task groups wrap what their tasks raise)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _describe_exception(exc: BaseException) -> str:
+    """One line for the model: the innermost cause of a (possibly grouped) failure."""
+    exc = _innermost(exc)
+    if isinstance(exc, McpProtocolError):
+        return exc.message
+    text = str(exc).strip().splitlines()
+    return "%s: %s" % (type(exc).__name__, text[0]) if text else type(exc).__name__
+
+
+class PooledClient:
+    """One configured MCP server behind a long-lived client session.
+
+    A single owner task opens the transport and the ClientSession and later closes
+    them: the SDK's cancel scopes break when a session is entered in one task and
+    exited in another. Callers in any task use the session while it is up. A relay
+    between the transport and the session notices when the server goes away, so the
+    next use restarts it instead of failing."""
+
+    def __init__(self, spec: ServerSpec, config: BridgeConfig, task_group: anyio.abc.TaskGroup) -> None:
+        self.spec = spec
+        self.config = config
+        self.task_group = task_group
+        self.session: ClientSession | None = None
+        self.tools: list[types.Tool] = []
+        self.tools_stale = False
+        self.failure: str | None = None
+        self.starts = 0
+        self.notices: list[str] = []
+        self._start_lock = anyio.Lock()
+        self._closed = anyio.Event()
+        self._stop = anyio.Event()
+
+    @property
+    def running(self) -> bool:
+        return self.session is not None and not self._closed.is_set()
+
+    async def ensure_running(self) -> ClientSession:
+        async with self._start_lock:
+            if self.running and self.session is not None:
+                return self.session
+            if self.starts:
+                self.notices.append(
+                    "MCP server %r %s; it was restarted." % (self.spec.name, self.failure or "had stopped")
+                )
+            await self._start()
+            assert self.session is not None
+            return self.session
+
+    async def _start(self) -> None:
+        self.failure = None
+        self.starts += 1
+        ready, self._closed, self._stop = anyio.Event(), anyio.Event(), anyio.Event()
+        self.task_group.start_soon(self._own, ready, self._closed, self._stop)
+        await ready.wait()
+        if self.session is None:
+            raise ServerUnavailableError(
+                "MCP server %r could not be started: %s. Check its entry in %s."
+                % (self.spec.name, self.failure or "unknown error", self.spec.source)
+            )
+
+    async def _own(self, ready: anyio.Event, closed: anyio.Event, stop: anyio.Event) -> None:
+        try:
+            async with self._transport() as (read, write), anyio.create_task_group() as relays:
+                relayed_send, relayed_read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+                relays.start_soon(self._relay, read, relayed_send, closed)
+                async with ClientSession(relayed_read, write, message_handler=self._on_message) as session:
+                    with anyio.fail_after(self.config.server_start_timeout):
+                        await session.initialize()
+                        self.tools = await self._fetch_tools(session)
+                    self.session = session
+                    ready.set()
+                    await _first_of(stop, closed)
+                    if closed.is_set() and not stop.is_set():
+                        self.failure = "exited or closed its connection"
+                relays.cancel_scope.cancel()
+        except Exception as exc:  # any failure of a user-configured server is reported, never fatal
+            if isinstance(_innermost(exc), TimeoutError) and not ready.is_set():
+                self.failure = (
+                    "it did not finish initializing within %gs (MCP_BRIDGE_SERVER_START_TIMEOUT)"
+                    % (self.config.server_start_timeout)
+                )
+            self.failure = self.failure or _describe_exception(exc)
+            logger.info("MCP server %s stopped: %s", self.spec.name, self.failure)
+        finally:
+            self.session = None
+            closed.set()
+            ready.set()
+
+    @staticmethod
+    async def _relay(
+        source: Any, target: anyio.abc.ObjectSendStream[SessionMessage | Exception], closed: anyio.Event
+    ) -> None:
+        try:
+            async with target:
+                async for item in source:
+                    await target.send(item)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+        finally:
+            closed.set()
+
+    def _transport(self) -> Any:
+        spec = self.spec
+        if spec.transport == "stdio":
+            assert spec.command is not None
+            params = StdioServerParameters(
+                command=spec.command,
+                args=list(spec.args),
+                env=dict(spec.env) or None,
+                cwd=spec.cwd,
+                encoding_error_handler="replace",  # a server's binary junk must not end the session
+            )
+            return stdio_client(params)
+        assert spec.url is not None
+        if spec.transport == "sse":
+            return sse_client(spec.url, headers=dict(spec.headers) or None)
+        http = create_mcp_http_client(headers=dict(spec.headers) or None)
+        return streamable_http_client(
+            spec.url, http_client=http, max_sse_event_size=self.config.max_frame_bytes
+        )
+
+    async def _on_message(self, message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            self.tools_stale = True
+        elif isinstance(message, Exception):
+            logger.info("MCP server %s sent something unreadable: %s", self.spec.name, message)
+
+    @staticmethod
+    async def _fetch_tools(session: ClientSession) -> list[types.Tool]:
+        tools: list[types.Tool] = []
+        cursor: str | None = None
+        while True:
+            params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+            page = await session.list_tools(params=params)
+            tools.extend(page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                return tools
+
+    async def list_tools(self) -> list[types.Tool]:
+        session = await self.ensure_running()
+        if self.tools_stale:
+            self.tools_stale = False
+            with anyio.fail_after(self.config.tool_timeout):
+                self.tools = await self._fetch_tools(session)
+        return self.tools
+
+    async def call_tool(self, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        session = await self.ensure_running()
+        try:
+            result = await session.call_tool(tool, arguments, read_timeout_seconds=self.config.tool_timeout)
+        except McpProtocolError as exc:
+            if exc.code == CONNECTION_CLOSED:
+                self.failure = "closed its connection during a call to %s" % tool
+                raise ProxyError(
+                    "MCP server %r went away during the call to %s (it crashed or exited); it will be "
+                    "restarted on the next call." % (self.spec.name, tool)
+                ) from None
+            if exc.code == REQUEST_TIMEOUT:
+                raise ProxyError(
+                    "MCP server %r did not answer the call to %s within %gs (MCP_BRIDGE_TOOL_TIMEOUT)."
+                    % (self.spec.name, tool, self.config.tool_timeout)
+                ) from None
+            raise ProxyError(
+                "MCP server %r rejected the call to %s: %s" % (self.spec.name, tool, exc.message)
+            ) from None
+        return result
+
+    async def aclose(self) -> None:
+        self._stop.set()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            await self._closed.wait()
+
+
+class ClientPool:
+    """All configured servers, each started lazily on first use and then kept."""
+
+    def __init__(
+        self, discovery: DiscoveryResult, config: BridgeConfig, task_group: anyio.abc.TaskGroup
+    ) -> None:
+        self.discovery = discovery
+        self.config = config
+        self.clients = {
+            spec.alias: PooledClient(spec, config, task_group)
+            for spec in discovery.servers
+            if server_allowed(spec.name, config)
+        }
+
+    def client(self, alias: str) -> PooledClient:
+        client = self.clients.get(alias)
+        if client is None:
+            known = ", ".join(sorted(self.clients)) or "(none configured)"
+            raise ProxyError("Unknown MCP server %r. Available servers: %s." % (alias, known))
+        return client
+
+    def drain_notices(self) -> list[str]:
+        notices: list[str] = []
+        for client in self.clients.values():
+            notices.extend(client.notices)
+            client.notices.clear()
+        return notices
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as group:
+                for client in self.clients.values():
+                    group.start_soon(client.aclose)
+
+
+def _matches(name: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def server_allowed(name: str, config: BridgeConfig) -> bool:
+    if config.allow_servers and not _matches(name, config.allow_servers):
+        return False
+    return not _matches(name, config.deny_servers)
+
+
+def tool_allowed(server: str, tool: str, config: BridgeConfig) -> bool:
+    """Tool patterns match "server.tool" (e.g. "filesystem.write_*", "*.delete_*")."""
+    qualified = "%s.%s" % (server, tool)
+    if config.allow_tools and not _matches(qualified, config.allow_tools):
+        return False
+    return not _matches(qualified, config.deny_tools)
+
+
+# =============================================================================
+# tool docs: signatures and search
+# =============================================================================
+
+_PRIMITIVES = {"string": "str", "integer": "int", "number": "float", "boolean": "bool", "null": "None"}
+_MAX_SCHEMA_DEPTH = 8
+_MAX_SUMMARY_CHARS = 100
+
+
+def python_identifier(tool_name: str) -> str:
+    """The attribute (or parameter) name a tool name is exposed under: ``get-sum`` ->
+    ``get_sum``, ``2fa`` -> ``t_2fa``, ``class`` -> ``class_``."""
+    name = re.sub(r"\W", "_", tool_name, flags=re.ASCII) or "_"
+    if name[0].isdigit():
+        name = "t_" + name
+    return name + "_" if keyword.iskeyword(name) else name
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _union(alternatives: Sequence[Sequence[str]]) -> list[str]:
+    """Flatten and dedupe union members; any unknown member makes the whole union Any."""
+    members = list(dict.fromkeys(member for group in alternatives for member in group))
+    return ["Any"] if not members or "Any" in members else members
+
+
+def _resolve_ref(ref: str, root: Mapping[str, Any]) -> str:
+    parts = ref.removeprefix("#/").split("/")
+    if not ref.startswith("#/") or len(parts) != 2 or parts[0] not in ("$defs", "definitions"):
+        return "Any"
+    defs = root.get(parts[0])
+    return parts[1] if isinstance(defs, Mapping) and parts[1] in defs else "Any"
+
+
+def _python_types(schema: object, root: Mapping[str, Any], depth: int = 0) -> list[str]:
+    """The Python types a JSON schema admits, as union members (``["Any"]`` when unknown)."""
+    if not isinstance(schema, Mapping) or depth > _MAX_SCHEMA_DEPTH:
+        return ["Any"]
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum:
+        return ["Literal[%s]" % ", ".join(repr(value) for value in enum)]
+    if "const" in schema:
+        return ["Literal[%r]" % (schema["const"],)]
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        return [_resolve_ref(ref, root)]
+    for key in ("anyOf", "oneOf"):
+        members = schema.get(key)
+        if isinstance(members, list) and members:
+            return _union([_python_types(member, root, depth + 1) for member in members])
+    kinds = schema.get("type")
+    kinds = [kinds] if isinstance(kinds, str) else kinds
+    if not isinstance(kinds, list):
+        return ["Any"]
+    return _union([[_one_type(kind, schema, root, depth)] for kind in kinds])
+
+
+def _one_type(kind: object, schema: Mapping[str, Any], root: Mapping[str, Any], depth: int) -> str:
+    if kind == "array":
+        items = _python_types(schema.get("items"), root, depth + 1)
+        return "list" if items == ["Any"] else "list[%s]" % " | ".join(items)
+    if kind == "object":
+        extra = schema.get("additionalProperties")
+        values = _python_types(extra, root, depth + 1) if not schema.get("properties") else ["Any"]
+        return "dict" if values == ["Any"] else "dict[str, %s]" % " | ".join(values)
+    return _PRIMITIVES.get(kind, "Any") if isinstance(kind, str) else "Any"
+
+
+def _parameters(schema: Mapping[str, Any]) -> list[str]:
+    """``name: type [= default]`` for each parameter: required ones first, in schema order."""
+    properties = schema.get("properties")
+    properties = properties if isinstance(properties, Mapping) else {}
+    required = schema.get("required")
+    required = [r for r in required if isinstance(r, str)] if isinstance(required, list) else []
+    names = [name for name in properties if isinstance(name, str)]
+    ordered = [n for n in names if n in required] + [n for n in required if n not in properties]
+    ordered = list(dict.fromkeys(ordered + [n for n in names if n not in required]))
+    rendered: list[str] = []
+    seen: set[str] = set()
+    for name in ordered:
+        ident = python_identifier(name)
+        while ident in seen:  # "a-b" and "a_b" must not collide
+            ident += "_"
+        seen.add(ident)
+        prop = properties.get(name)
+        types = _python_types(prop, schema)
+        if name in required:
+            rendered.append("%s: %s" % (ident, " | ".join(types)))
+            continue
+        default = prop.get("default") if isinstance(prop, Mapping) else None  # absent: None
+        if default is None and "None" not in types and types != ["Any"]:
+            types = [*types, "None"]
+        rendered.append("%s: %s = %r" % (ident, " | ".join(types), default))
+    # A schema naming no parameters at all accepts anything; `"properties": {}` means none,
+    # unless additionalProperties says otherwise.
+    extra = schema.get("additionalProperties", "properties" not in schema)
+    if not properties and (extra is True or isinstance(extra, Mapping)):
+        rendered.append("**kwargs: %s" % " | ".join(_python_types(extra, schema)))
+    return rendered
+
+
+def _summary_line(description: object) -> str:
+    """The first sentence of the first non-blank line, without its full stop, cut to ~100 chars."""
+    lines = [line.strip() for line in _text(description).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    sentence = re.split(r"(?<=[.!?])\s+(?=[A-Z])", lines[0], maxsplit=1)[0]
+    sentence = sentence[:-1] if sentence.endswith(".") and not sentence.endswith("..") else sentence
+    if len(sentence) > _MAX_SUMMARY_CHARS:
+        sentence = sentence[: _MAX_SUMMARY_CHARS - 3].rstrip() + "..."
+    return sentence
+
+
+def _is_object_schema(schema: object) -> bool:
+    kind = schema.get("type") if isinstance(schema, Mapping) else None
+    return kind == "object" or (isinstance(kind, list) and "object" in kind)
+
+
+def render_signature(tool: Mapping[str, Any]) -> str:
+    """``name(params) -> dict|Any  # summary``: how the model calls the tool from Python."""
+    schema = tool.get("inputSchema")
+    params = _parameters(schema if isinstance(schema, Mapping) else {})
+    returns = "dict" if _is_object_schema(tool.get("outputSchema")) else "Any"
+    signature = "%s(%s) -> %s" % (python_identifier(_text(tool.get("name"))), ", ".join(params), returns)
+    summary = _summary_line(tool.get("description"))
+    return "%s  # %s" % (signature, summary) if summary else signature
+
+
+def render_tool_doc(
+    server_alias: str, tool: Mapping[str, Any], detail: Literal["summary", "full"]
+) -> dict[str, Any]:
+    """One tool's doc: the signature alone ("summary"), or with description and schemas ("full")."""
+    if detail not in ("summary", "full"):
+        raise ValueError("detail must be 'summary' or 'full', not %r" % (detail,))
+    name = _text(tool.get("name"))
+    doc: dict[str, Any] = {"server": server_alias, "tool": name, "name": python_identifier(name)}
+    doc["signature"] = render_signature(tool)
+    if detail == "full":
+        doc["description"] = _text(tool.get("description"))
+        doc["input_schema"] = tool.get("inputSchema", {})
+        if tool.get("outputSchema") is not None:
+            doc["output_schema"] = tool["outputSchema"]
+    return doc
+
+
+# =============================================================================
+# search
+# =============================================================================
+
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+|[^\W\d_A-Za-z]+")
+_STOP_WORDS = frozenset({
+    "a", "an", "and", "any", "are", "as", "at", "be", "by", "can", "could", "do", "does", "for", "from",
+    "how", "i", "if", "in", "into", "is", "it", "its", "me", "my", "of", "on", "or", "please", "some",
+    "that", "the", "their", "them", "then", "there", "these", "this", "those", "to", "use", "used",
+    "using", "via", "want", "was", "what", "when", "where", "which", "while", "who", "will", "with",
+    "would", "you", "your",
+})  # fmt: skip
+# (suffix, replacement, shortest stem left): one rule applies, first match wins.
+_SUFFIXES = (
+    ("ies", "y", 3), ("sses", "ss", 3), ("xes", "x", 2), ("ches", "ch", 2), ("shes", "sh", 2),
+    ("ions", "", 3), ("ion", "", 3), ("ings", "", 3), ("ing", "", 3), ("edly", "", 3),
+    ("ed", "", 3), ("ly", "", 4), ("s", "", 3),
+)  # fmt: skip
+_KEEP_ENDINGS = ("eed", "ss", "us", "is")  # speed, process, status, analysis
+_NAME_WEIGHT, _SERVER_WEIGHT, _TEXT_WEIGHT = 3.0, 1.5, 1.0  # parameter names and descriptions: text
+
+
+@lru_cache(maxsize=16384)
+def _stem(word: str) -> str:
+    """Light stemming so word forms meet: timezones/timezone, reading/read, created/create."""
+    if word.endswith(_KEEP_ENDINGS):
+        return word
+    for suffix, replacement, shortest in _SUFFIXES:
+        stem = word[: len(word) - len(suffix)]
+        if word.endswith(suffix) and len(stem) >= shortest and re.search("[aeiouy]", stem):
+            word = stem + replacement
+            break
+    return word[:-1] if len(word) >= 5 and word.endswith("e") else word  # write/writ(ing)
+
+
+@lru_cache(maxsize=16384)  # tool texts repeat on every search: tokenize each once
+def _tokens(text: str) -> tuple[str, ...]:
+    words = (word.lower() for word in _WORD.findall(text))
+    return tuple(_stem(word) for word in words if len(word) > 1 and word not in _STOP_WORDS)
+
+
+def _transposed(a: str, b: str) -> bool:
+    """Whether swapping two neighbouring letters of ``a`` gives ``b``."""
+    diff = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y] if len(a) == len(b) else []
+    return len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]]
+
+
+@lru_cache(maxsize=65536)
+def _similarity(term: str, token: str) -> float:
+    """1.0 same stem; 0.7 one a prefix of the other; less for a shared start, swapped letters
+    or a near spelling (difflib ratio >= 0.8)."""
+    if term == token:
+        return 1.0
+    shorter, longer = sorted((len(term), len(token)))
+    prefix = next((i for i, (x, y) in enumerate(zip(term, token, strict=False)) if x != y), shorter)
+    score = 0.7 if prefix == shorter >= 3 else 0.6 * prefix / shorter if prefix >= 4 else 0.0
+    if score < 0.5 and _transposed(term, token):  # fiel/file
+        score = 0.5
+    if score < 0.6 and 3 * shorter >= 2 * longer:  # a ratio >= 0.8 needs lengths within 2:3
+        matcher = SequenceMatcher(None, term, token)
+        if matcher.quick_ratio() >= 0.8 and (ratio := matcher.ratio()) >= 0.8:
+            score = max(score, 0.6 * ratio)
+    return score
+
+
+def _tool_tokens(server_alias: str, tool: Mapping[str, Any]) -> dict[str, float]:
+    """Each stem in the tool's text, with the weight of the heaviest field it appears in."""
+    fields = [(tool.get("name"), _NAME_WEIGHT), (server_alias, _SERVER_WEIGHT)]
+    fields.append((tool.get("description"), _TEXT_WEIGHT))
+    schema = tool.get("inputSchema")
+    properties = schema.get("properties") if isinstance(schema, Mapping) else None
+    for name, prop in properties.items() if isinstance(properties, Mapping) else ():
+        fields.append((name, _TEXT_WEIGHT))
+        fields.append((prop.get("description") if isinstance(prop, Mapping) else None, _TEXT_WEIGHT))
+    # Fields run heaviest first, so reversed, the heaviest weight of a token is written last.
+    return {token: weight for text, weight in reversed(fields) for token in _tokens(_text(text))}
+
+
+def search_tools(
+    query: str, tools: Sequence[tuple[str, Mapping[str, Any]]], limit: int = 5
+) -> list[tuple[float, str, Mapping[str, Any]]]:
+    """The ``limit`` best (score, server alias, tool) matches for ``query``, best first.
+
+    Each query word scores its best match among a tool's words (same stem 1.0, prefix 0.7,
+    near spelling up to 0.6) times that word's field weight (name 3, server 1.5, parameter
+    names and descriptions 1); the sum is divided by the number of query words. Ties go to
+    the shorter tool name, then alphabetical order, so results are deterministic.
+    """
+    terms = list(dict.fromkeys(_tokens(_text(query))))
+    if not terms or limit <= 0:
+        return []
+    indexed = [(alias, tool, _tool_tokens(alias, tool)) for alias, tool in tools]
+    vocabulary = {token for _, _, tokens in indexed for token in tokens}
+    matches = [{t: s for t in vocabulary if (s := _similarity(term, t)) > 0} for term in terms]
+    ranked: list[tuple[float, str, Mapping[str, Any]]] = []
+    for alias, tool, tokens in indexed:
+        total = sum(max((m[t] * w for t, w in tokens.items() if t in m), default=0.0) for m in matches)
+        if total > 0:
+            ranked.append((round(total / len(terms), 4), alias, tool))
+    ranked.sort(key=lambda hit: (-hit[0], len(_text(hit[2].get("name"))), _text(hit[2].get("name")), hit[1]))
+    return ranked[:limit]
+
+
+# =============================================================================
+# sandbox API (host side)
+# =============================================================================
+
+
+class HostAPI:
+    """Serves the sandbox's ``request`` frames: discovery, docs, search and tool calls.
+    Every request is validated here, on the host: only configured, allowed servers and
+    tools are reachable, and results are size-capped before they cross the channel."""
+
+    def __init__(self, pool: ClientPool, config: BridgeConfig) -> None:
+        self.pool = pool
+        self.config = config
+        self.methods: dict[str, Callable[..., Awaitable[Any]]] = {
+            "discovered_servers": self.discovered_servers,
+            "list_tools": self.list_tools,
+            "query_tool_docs": self.query_tool_docs,
+            "search_tool_docs": self.search_tool_docs,
+            "call_tool": self.call_tool,
+            "capability_summary": self.capability_summary,
+        }
+
+    def server_list(self) -> list[dict[str, str]]:
+        """What the kernel needs at start-up to create the ``mcp_<alias>`` objects."""
+        return [
+            {"alias": alias, "name": client.spec.name} for alias, client in sorted(self.pool.clients.items())
+        ]
+
+    async def handle(self, method: str, params: Any) -> Any:
+        handler = self.methods.get(method)
+        if handler is None or not isinstance(params, dict):
+            raise ProxyError("Unknown sandbox request %r." % method)
+        try:
+            return await handler(**params)
+        except TypeError as exc:
+            raise ProxyError("Bad arguments for %s: %s" % (method, exc)) from None
+
+    async def discovered_servers(self, detailed: bool = False) -> Any:
+        if not detailed:
+            return sorted(self.pool.clients)
+        servers = [
+            {
+                "alias": alias,
+                "name": client.spec.name,
+                "transport": client.spec.transport,
+                "source": client.spec.source,
+                "running": client.running,
+                "tools": len(client.tools) if client.starts else None,
+            }
+            for alias, client in sorted(self.pool.clients.items())
+        ]
+        return {"servers": servers, "problems": list(self.pool.discovery.problems)}
+
+    async def _allowed_tools(self, client: PooledClient) -> list[types.Tool]:
+        return [
+            tool
+            for tool in await client.list_tools()
+            if tool_allowed(client.spec.name, tool.name, self.config)
+        ]
+
+    async def _find_tool(self, client: PooledClient, name: str) -> types.Tool:
+        tools = await self._allowed_tools(client)
+        for tool in tools:
+            if name in (tool.name, python_identifier(tool.name)):
+                return tool
+        if any(name == tool.name for tool in await client.list_tools()):
+            raise ProxyError("Tool %s.%s is not allowed by the bridge's policy." % (client.spec.alias, name))
+        names = [python_identifier(tool.name) for tool in tools]
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+        hint = " Did you mean %s?" % ", ".join(close) if close else ""
+        raise ProxyError(
+            "MCP server %r has no tool %r.%s Its tools: %s."
+            % (client.spec.alias, name, hint, ", ".join(names))
+        )
+
+    async def list_tools(self, server: str) -> list[dict[str, str]]:
+        client = self.pool.client(server)
+        return [
+            {
+                "name": python_identifier(tool.name),
+                "tool": tool.name,
+                "description": _first_line(tool.description),
+            }
+            for tool in await self._allowed_tools(client)
+        ]
+
+    async def query_tool_docs(self, server: str, tool: str | None = None, detail: str = "summary") -> Any:
+        if detail not in ("summary", "full"):
+            raise ProxyError('detail must be "summary" or "full", not %r.' % detail)
+        client = self.pool.client(server)
+        chosen = [await self._find_tool(client, tool)] if tool else await self._allowed_tools(client)
+        docs = [render_tool_doc(client.spec.alias, _tool_dict(item), detail) for item in chosen]  # type: ignore[arg-type]
+        return docs[0] if tool else docs
+
+    async def search_tool_docs(self, query: str, limit: int = 5) -> list[dict[str, Any]]:
+        # Every configured server is searched, so those not started yet are started
+        # here (concurrently); a server that fails is left out of the ranking.
+        catalogue: list[tuple[str, Mapping[str, Any]]] = []
+
+        async def collect(client: PooledClient) -> None:
+            try:
+                for tool in await self._allowed_tools(client):
+                    catalogue.append((client.spec.alias, _tool_dict(tool)))
+            except BridgeError as exc:
+                logger.info("search skipped %s: %s", client.spec.alias, exc)
+
+        async with anyio.create_task_group() as group:
+            for client in self.pool.clients.values():
+                group.start_soon(collect, client)
+        catalogue.sort(key=lambda entry: (entry[0], str(entry[1].get("name"))))
+        ranked = search_tools(query, catalogue, limit=max(1, min(int(limit), 50)))
+        return [
+            dict(render_tool_doc(alias, tool, "summary"), score=round(score, 3))
+            for score, alias, tool in ranked
+        ]
+
+    async def call_tool(self, server: str, tool: str, arguments: Any = None) -> dict[str, Any]:
+        if arguments is not None and not isinstance(arguments, dict):
+            raise ProxyError(
+                "Tool arguments must be a dict of keyword arguments, not %s." % type(arguments).__name__
+            )
+        client = self.pool.client(server)
+        found = await self._find_tool(client, tool)
+        result = await client.call_tool(found.name, arguments or {})
+        payload: dict[str, Any] = result.model_dump(by_alias=True, exclude_none=True, mode="json")
+        size = len(json.dumps(payload, ensure_ascii=False).encode())
+        if size > self.config.max_tool_result_bytes:
+            raise ProxyError(
+                "The result of %s.%s is %d bytes, over the %d-byte cap (MCP_BRIDGE_MAX_TOOL_RESULT_BYTES). "
+                "Ask the tool for less (a filter, a page, a limit)."
+                % (server, tool, size, self.config.max_tool_result_bytes)
+            )
+        return payload
+
+    async def capability_summary(self) -> str:
+        lines = ["MCP servers available in this sandbox (none is started until used):"]
+        for alias, client in sorted(self.pool.clients.items()):
+            lines.append("- mcp_%s  (%s, %s)" % (alias, client.spec.name, client.spec.transport))
+        if not self.pool.clients:
+            lines.append("- (none configured)")
+        lines += [
+            "Find tools: runtime.search_tool_docs('what you need'); "
+            "runtime.query_tool_docs('<alias>') lists signatures.",
+            "Call: mcp_<alias>.<tool>(name=value) in plain code, or await it in code that uses await; "
+            "failures raise runtime.MCPToolError.",
+        ]
+        if self.pool.discovery.problems:
+            lines.append(
+                "%d configuration problem(s): see runtime.discovered_servers(detailed=True)."
+                % len(self.pool.discovery.problems)
+            )
+        return "\n".join(lines)
+
+
+def _first_line(text: str | None) -> str:
+    return (text or "").strip().split("\n", 1)[0][:200]
+
+
+def _tool_dict(tool: types.Tool) -> dict[str, Any]:
+    return tool.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+# =============================================================================
 # sandbox session
 # =============================================================================
 
@@ -598,11 +1730,17 @@ class PendingExecute:
 
 
 class SandboxSession:
-    """One container running the kernel, and the task that reads its frames."""
+    """One container running the kernel, the tasks that read its frames, and the tasks
+    serving its requests to the host (many may be in flight at once)."""
 
-    def __init__(self, runtime: ContainerRuntime, config: BridgeConfig, ipc_root: Path) -> None:
+    def __init__(
+        self, runtime: ContainerRuntime, config: BridgeConfig, ipc_root: Path, host: HostAPI
+    ) -> None:
         self.runtime = runtime
         self.config = config
+        self.host = host
+        self.task_group: anyio.abc.TaskGroup | None = None
+        self.requests: dict[str, anyio.CancelScope] = {}
         self.name = container_name(os.getpid())
         self.ipc_dir = ipc_root / self.name / "ipc"
         self.process: anyio.abc.Process | None = None
@@ -635,6 +1773,7 @@ class SandboxSession:
             "max_frame_bytes": self.config.max_frame_bytes,
             "max_output_chars": self.config.max_output_chars,
             "workdir": WORKDIR,
+            "servers": self.host.server_list(),
         }
         (self.ipc_dir / SESSION_CONFIG_FILENAME).write_text(json.dumps(session_config))
         for path in self.ipc_dir.iterdir():
@@ -659,6 +1798,7 @@ class SandboxSession:
         self.process = await anyio.open_process(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
+        self.task_group = task_group
         task_group.start_soon(self._read_frames)
         task_group.start_soon(self._read_stderr)
         with anyio.move_on_after(self.config.start_timeout):
@@ -736,8 +1876,43 @@ class SandboxSession:
                 "error": {"type": "SandboxError", "message": str(frame.get("message")), "traceback": ""},
             }
             pending.done.set()
+        elif kind == "request" and self.task_group is not None:
+            self.task_group.start_soon(self._serve_request, frame)
+        elif kind == "cancel":
+            self.cancel_requests(str(frame.get("id")))
         else:
             logger.debug("sandbox %s: ignoring frame %s", self.name, str(frame)[:200])
+
+    async def _serve_request(self, frame: dict[str, Any]) -> None:
+        request_id = str(frame.get("id"))
+        response: dict[str, Any] = {"type": "response", "id": request_id}
+        with anyio.CancelScope() as scope:
+            self.requests[request_id] = scope
+            try:
+                response["result"] = await self.host.handle(str(frame.get("method")), frame.get("params"))
+            except BridgeError as exc:
+                response["error"] = {"type": "MCPError", "message": str(exc)}
+            except Exception as exc:  # a bug here must fail one request, not the bridge
+                logger.exception("sandbox request %s failed", frame.get("method"))
+                response["error"] = {"type": "MCPError", "message": "internal bridge error: %s" % exc}
+            finally:
+                self.requests.pop(request_id, None)
+        if scope.cancelled_caught:
+            return  # the sandbox stopped waiting for it
+        try:
+            await self.send(response)
+        except ProtocolError as exc:
+            await self.send(
+                {"type": "response", "id": request_id, "error": {"type": "MCPError", "message": str(exc)}}
+            )
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+
+    def cancel_requests(self, request_id: str | None = None) -> None:
+        """Cancel one outstanding sandbox request, or all of them (end of an execute)."""
+        for key, scope in list(self.requests.items()):
+            if request_id is None or key == request_id:
+                scope.cancel()
 
     async def _on_exit(self) -> None:
         assert self.process is not None
@@ -790,6 +1965,7 @@ class SandboxSession:
             raise
         finally:
             self.pending = None
+            self.cancel_requests()
         outcome = self._outcome(pending, timeout, timed_out, interrupted)
         outcome.duration = time.monotonic() - started
         return outcome
@@ -900,10 +2076,12 @@ class SessionManager:
         self,
         config: BridgeConfig,
         task_group: anyio.abc.TaskGroup,
+        host: HostAPI,
         locate_runtime: Callable[[RuntimeName | None], Any] = detect_runtime,
     ) -> None:
         self.config = config
         self.task_group = task_group
+        self.host = host
         self.locate_runtime = locate_runtime
         self.ipc_root = config.state_dir / "ipc"
         self.runtime: ContainerRuntime | None = None
@@ -911,7 +2089,6 @@ class SessionManager:
         self.lost_reason: str | None = None
         self.last_used = time.monotonic()
         self._lock = anyio.Lock()
-        self._closed = False
 
     async def _ensure_runtime(self) -> ContainerRuntime:
         if self.runtime is None:
@@ -927,7 +2104,7 @@ class SessionManager:
             self.session = None
         if self.session is None:
             runtime = await self._ensure_runtime()
-            session = SandboxSession(runtime, self.config, self.ipc_root)
+            session = SandboxSession(runtime, self.config, self.ipc_root, self.host)
             await session.start(self.task_group)
             self.session = session
             if self.lost_reason:
@@ -958,6 +2135,7 @@ class SessionManager:
             session = await self._ensure_session(notices)
             outcome = await session.execute(code, timeout)
             outcome.notices[:0] = notices
+            outcome.notices.extend(self.host.pool.drain_notices())
             if not session.alive:
                 await session.stop()
                 self.session = None
@@ -1141,7 +2319,9 @@ class BridgeState:
 
 
 def build_server(
-    config: BridgeConfig, locate_runtime: Callable[[RuntimeName | None], Any] = detect_runtime
+    config: BridgeConfig,
+    discovery: DiscoveryResult,
+    locate_runtime: Callable[[RuntimeName | None], Any] = detect_runtime,
 ) -> Server[BridgeState]:
     input_model = run_python_input_model(config)
     tool = run_python_tool(config)
@@ -1149,7 +2329,8 @@ def build_server(
     @asynccontextmanager
     async def lifespan(_: Server[BridgeState]) -> AsyncIterator[BridgeState]:
         async with anyio.create_task_group() as group:
-            sessions = SessionManager(config, group, locate_runtime)
+            pool = ClientPool(discovery, config, group)
+            sessions = SessionManager(config, group, HostAPI(pool, config), locate_runtime)
             if config.prewarm:
                 group.start_soon(sessions.prewarm)
             group.start_soon(sessions.watch_idle)
@@ -1157,6 +2338,7 @@ def build_server(
                 yield BridgeState(config, sessions)
             finally:
                 await sessions.aclose()
+                await pool.aclose()
                 group.cancel_scope.cancel()
 
     async def list_tools(ctx: ServerRequestContext[BridgeState], params: Any) -> types.ListToolsResult:
@@ -1221,10 +2403,10 @@ def build_server(
     )
 
 
-async def serve(config: BridgeConfig) -> None:
+async def serve(config: BridgeConfig, discovery: DiscoveryResult) -> None:
     """Serve MCP on stdio until stdin closes or SIGTERM/SIGINT arrives; the lifespan
     removes the sandbox either way."""
-    server = build_server(config)
+    server = build_server(config, discovery)
     async with anyio.create_task_group() as group, stdio_server() as (read_stream, write_stream):
         with anyio.CancelScope() as run_scope:
 
@@ -1260,8 +2442,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=config.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    discovery = discover_servers(
+        home=Path.home(),
+        cwd=Path.cwd(),
+        platform=sys.platform,
+        environ=os.environ,
+        state_dir=config.state_dir,
+        explicit=config.servers_config,
+    )
+    for problem in discovery.problems:
+        logger.warning("MCP server configuration: %s", problem)
+    logger.info("MCP servers configured: %s", ", ".join(spec.alias for spec in discovery.servers) or "none")
     try:
-        anyio.run(serve, config)
+        anyio.run(serve, config, discovery)
     except KeyboardInterrupt:
         pass
     return 0

@@ -84,4 +84,12 @@ if ! .venv/bin/python -c 'import mcp_server_code_execution_mode' >/dev/null 2>&1
   .venv/bin/pip install -q -e '.[dev]'
   touch .venv/.installed
 fi
+# --- real third-party MCP servers for the proxy tests ---------------------------
+NPM_SERVERS=(@modelcontextprotocol/server-everything @modelcontextprotocol/server-filesystem)
+if [ ! -x .cache/mcp-servers/node_modules/.bin/mcp-server-everything ] \
+   || [ ! -x .cache/mcp-servers/node_modules/.bin/mcp-server-filesystem ]; then
+  log "installing ${NPM_SERVERS[*]} into .cache/mcp-servers"
+  mkdir -p .cache/mcp-servers
+  npm install --prefix .cache/mcp-servers --no-audit --no-fund --silent "${NPM_SERVERS[@]}" >/dev/null
+fi
 log "ready: image $IMAGE on ${RUNTIMES}"

@@ -121,3 +121,36 @@ def text_of(result: types.CallToolResult) -> str:
 def structured(result: types.CallToolResult) -> dict[str, Any]:
     assert isinstance(result.structured_content, dict), result
     return result.structured_content
+
+
+# --- real MCP servers for the proxy tests -------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+NPM_BIN = REPO / ".cache" / "mcp-servers" / "node_modules" / ".bin"
+STUB_SERVER = REPO / "tests" / "servers" / "stub_server.py"
+JUNK_WRAPPER = REPO / "tests" / "servers" / "junk_wrapper.py"
+
+
+def real_server(name: str) -> str:
+    """Path of an installed third-party server executable (scripts/setup.sh installs them)."""
+    candidates = {
+        "everything": NPM_BIN / "mcp-server-everything",
+        "filesystem": NPM_BIN / "mcp-server-filesystem",
+        "time": Path(sys.executable).parent / "mcp-server-time",
+    }
+    path = candidates[name]
+    if not path.exists():
+        pytest.fail("%s is not installed at %s; run scripts/setup.sh" % (name, path))
+    return str(path)
+
+
+def stub_entry(*extra_args: str) -> dict[str, Any]:
+    return {"command": sys.executable, "args": [str(STUB_SERVER), *extra_args]}
+
+
+@pytest.fixture(scope="session")
+def proxy_engine() -> Engine:
+    """The proxy does not depend on the container runtime: most proxy tests run on the
+    first requested runtime only, to keep the suite short."""
+    name = requested_runtimes()[0]
+    return Engine(name, os.environ.get("MCP_BRIDGE_IMAGE", DEFAULT_IMAGE))

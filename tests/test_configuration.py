@@ -31,9 +31,17 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "MCP_BRIDGE_IDLE_TIMEOUT": ("0", 0.0),
     "MCP_BRIDGE_PREWARM": ("no", False),
     "MCP_BRIDGE_MAX_OUTPUT": ("2_000", 2000),
-    "MCP_BRIDGE_MAX_FRAME_BYTES": ("1048576", 1048576),
+    "MCP_BRIDGE_MAX_FRAME_BYTES": ("67108864", 67108864),
     "MCP_BRIDGE_START_TIMEOUT": ("45", 45.0),
     "MCP_BRIDGE_LOG_LEVEL": ("DEBUG", "DEBUG"),
+    "MCP_SERVERS_CONFIG": (__file__, Path(__file__)),
+    "MCP_BRIDGE_ALLOW_SERVERS": ("github, time*", ("github", "time*")),
+    "MCP_BRIDGE_DENY_SERVERS": ("shell", ("shell",)),
+    "MCP_BRIDGE_ALLOW_TOOLS": ("time.*", ("time.*",)),
+    "MCP_BRIDGE_DENY_TOOLS": ("filesystem.write_*,*.delete_*", ("filesystem.write_*", "*.delete_*")),
+    "MCP_BRIDGE_SERVER_START_TIMEOUT": ("5", 5.0),
+    "MCP_BRIDGE_TOOL_TIMEOUT": ("7.5", 7.5),
+    "MCP_BRIDGE_MAX_TOOL_RESULT_BYTES": ("1_000_000", 1_000_000),
 }
 
 
@@ -143,6 +151,9 @@ def test_flag_names_are_derived_from_field_names() -> None:
         ("MCP_BRIDGE_MAX_FRAME_BYTES", "big"),
         ("MCP_BRIDGE_START_TIMEOUT", "never"),
         ("MCP_BRIDGE_LOG_LEVEL", "TRACE"),
+        ("MCP_SERVERS_CONFIG", "/no/such/config.json"),
+        ("MCP_BRIDGE_SERVER_START_TIMEOUT", "0"),
+        ("MCP_BRIDGE_MAX_TOOL_RESULT_BYTES", "lots"),
     ],
 )
 def test_invalid_environment_value_raises_config_error_naming_the_variable(env: str, raw: str) -> None:
@@ -263,3 +274,10 @@ def test_main_with_bad_flag_value_returns_2_and_names_the_flag(
     err = capsys.readouterr().err
     assert "--output-mode" in err
     assert "Traceback" not in err
+
+
+def test_tool_result_cap_must_fit_in_a_frame() -> None:
+    with pytest.raises(ConfigError, match="MCP_BRIDGE_MAX_TOOL_RESULT_BYTES"):
+        load_config(
+            [], {"MCP_BRIDGE_MAX_FRAME_BYTES": "1000000", "MCP_BRIDGE_MAX_TOOL_RESULT_BYTES": "600000"}
+        )

@@ -315,7 +315,9 @@ async def test_user_code_closing_stdout_does_not_silence_later_calls(engine: Eng
 
 
 async def test_code_larger_than_the_frame_cap_gets_a_clear_error(engine: Engine, state_dir: Path) -> None:
-    env = bridge_env(engine, state_dir, MCP_BRIDGE_MAX_FRAME_BYTES="100000")
+    env = bridge_env(
+        engine, state_dir, MCP_BRIDGE_MAX_FRAME_BYTES="100000", MCP_BRIDGE_MAX_TOOL_RESULT_BYTES="40000"
+    )
     async with bridge_client(env) as client:
         big = await client.call_tool("run_python", {"code": "x = '" + "a" * 200_000 + "'"})
         assert big.is_error

@@ -1,0 +1,59 @@
+"""A small real MCP server (built on the SDK's MCPServer) for the failure modes and
+timings that third-party servers do not offer on demand: slow calls, huge results, tool
+errors, structured and image results, and a changing tool list."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+from mcp.server.mcpserver import Image, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+server = MCPServer("stub")
+
+# A 1x1 transparent PNG.
+PIXEL = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjCB0C8AAAAASUVORK5CYII="
+)
+
+
+@server.tool()
+async def slow(seconds: float) -> str:
+    """Sleep for `seconds`, then answer."""
+    await asyncio.sleep(seconds)
+    return "slept %g" % seconds
+
+
+@server.tool()
+def big(size: int) -> str:
+    """Return a string of `size` characters."""
+    return "x" * size
+
+
+@server.tool()
+def fail(message: str) -> str:
+    """Always fails with `message`."""
+    raise ToolError(message)
+
+
+@server.tool()
+def pair(a: int, b: int = 2) -> dict[str, int]:
+    """Structured result: the sum and product of two numbers."""
+    return {"sum": a + b, "product": a * b}
+
+
+@server.tool()
+def pixel() -> Image:
+    """A tiny PNG image."""
+    return Image(data=PIXEL, format="png")
+
+
+@server.tool(name="kebab-name")
+def kebab_name() -> str:
+    """A tool whose name is not a Python identifier."""
+    return "kebab"
+
+
+if __name__ == "__main__":
+    server.run()

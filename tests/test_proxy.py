@@ -1,0 +1,418 @@
+"""Issue 3 acceptance: the user's MCP servers, discovered from real client config
+files, proxied into real containers and driven by a real MCP client. Third-party
+servers (server-everything, server-filesystem, mcp-server-time) plus a stub server for
+the failure modes and timings they cannot produce on demand."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.conftest import (
+    JUNK_WRAPPER,
+    Engine,
+    bridge_client,
+    bridge_env,
+    bridge_pids,
+    real_server,
+    structured,
+    stub_entry,
+    text_of,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+def claude_desktop_home(tmp_path: Path, servers: dict[str, Any]) -> Path:
+    """A fake HOME whose Claude Desktop (Linux) config lists `servers`."""
+    home = tmp_path / "home"
+    config = home / ".config" / "Claude" / "claude_desktop_config.json"
+    config.parent.mkdir(parents=True)
+    config.write_text(json.dumps({"mcpServers": servers}))
+    return home
+
+
+def proxy_env(engine: Engine, state_dir: Path, home: Path, **overrides: str) -> dict[str, str]:
+    env = bridge_env(engine, state_dir, HOME=str(home), **overrides)
+    env.pop("XDG_CONFIG_HOME", None)
+    return env
+
+
+async def run_ok(client: Any, code: str, timeout: float = 60) -> dict[str, Any]:
+    result = await client.call_tool("run_python", {"code": textwrap.dedent(code), "timeout": timeout})
+    assert not result.is_error, text_of(result)
+    return structured(result)
+
+
+async def test_real_servers_are_discovered_searched_documented_and_called(
+    engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    files = tmp_path / "files"
+    files.mkdir()
+    home = claude_desktop_home(
+        tmp_path,
+        {
+            "everything": {"command": real_server("everything")},
+            "filesystem": {"command": real_server("filesystem"), "args": [str(files)]},
+            "time": {"command": real_server("time")},
+        },
+    )
+    async with bridge_client(proxy_env(engine, state_dir, home)) as client:
+        listed = await run_ok(
+            client,
+            """
+            from mcp import runtime
+            detailed = runtime.discovered_servers(detailed=True)
+            assert [s["running"] for s in detailed["servers"]] == [False, False, False], detailed
+            runtime.discovered_servers()
+            """,
+        )
+        assert listed["value"] == "['everything', 'filesystem', 'time']"
+        found = await run_ok(client, "hits = runtime.search_tool_docs('current time in a timezone')\nhits[0]")
+        assert "'server': 'time'" in found["value"] and "'tool': 'get_current_time'" in found["value"]
+        docs = await run_ok(client, "[doc['signature'] for doc in runtime.query_tool_docs('time')]")
+        assert (
+            "get_current_time(timezone: str) -> dict  # Get current time in a specific timezone"
+            in docs["value"]
+        )
+        full = await run_ok(client, "runtime.query_tool_docs('filesystem', 'write_file', detail='full')")
+        assert "'input_schema'" in full["value"] and "'output_schema'" in full["value"]
+        calls = await run_ok(
+            client,
+            f"""
+            now = mcp_time.get_current_time(timezone="UTC")
+            assert now["timezone"] == "UTC", now
+            total = mcp_everything.get_sum(a=2, b=3)
+            assert "5" in str(total), total
+            mcp_filesystem.write_file(path={str(files / "note.txt")!r}, content="written from the sandbox")
+            mcp_filesystem.read_text_file(path={str(files / "note.txt")!r})
+            """,
+        )
+        assert calls["value"] == "{'content': 'written from the sandbox'}"
+        assert (files / "note.txt").read_text() == "written from the sandbox"
+        awaited = await run_ok(
+            client,
+            """
+            from mcp.servers import time as time_server
+            paris = await time_server.get_current_time(timezone="Europe/Paris")
+            pending = mcp_time.get_current_time(timezone="UTC")
+            try:
+                pending["timezone"]
+            except TypeError as exc:
+                misuse = str(exc)
+            await pending
+            (paris["timezone"], misuse)
+            """,
+        )
+        paris, misuse = eval(awaited["value"])
+        assert paris == "Europe/Paris"
+        assert "must be awaited" in misuse and "await mcp_time.get_current_time(...)" in misuse
+
+
+async def test_codex_toml_and_vscode_configs_are_read(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    (home / ".codex").mkdir(parents=True)
+    (home / ".codex" / "config.toml").write_text(
+        '[mcp_servers.clock]\ncommand = "%s"\nargs = []\n' % real_server("time")
+    )
+    vscode_user = home / ".config" / "Code" / "User"
+    vscode_user.mkdir(parents=True)
+    (vscode_user / "mcp.json").write_text(
+        '{\n  // VS Code writes comments and trailing commas\n  "servers": {"stubby": %s,},\n}'
+        % json.dumps(dict(stub_entry(), type="stdio"))
+    )
+    async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+        result = await run_ok(
+            client,
+            """
+            from mcp import runtime
+            assert runtime.list_servers() == ["clock", "stubby"], runtime.list_servers()
+            (mcp_clock.get_current_time(timezone="UTC")["timezone"], mcp_stubby.pair(a=3))
+            """,
+        )
+        assert result["value"] == "('UTC', {'sum': 5, 'product': 6})"
+
+
+async def test_concurrent_calls_overlap_and_a_slow_server_blocks_no_other(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    home = claude_desktop_home(tmp_path, {"stub": stub_entry(), "time": {"command": real_server("time")}})
+    async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+        await run_ok(client, "mcp_stub.pair(a=1)\nmcp_time.get_current_time(timezone='UTC')")  # both started
+        result = await run_ok(
+            client,
+            """
+            import asyncio, time
+            started = time.monotonic()
+            results = await asyncio.gather(*(mcp_stub.slow(seconds=1) for _ in range(3)))
+            elapsed = time.monotonic() - started
+            assert results == ["slept 1"] * 3, results
+            finished = []
+            async def timed(name, coro):
+                await coro
+                finished.append(name)
+            await asyncio.gather(
+                timed("slow", mcp_stub.slow(seconds=2)),
+                timed("time", mcp_time.get_current_time(timezone="UTC")),
+            )
+            (round(elapsed, 2), finished)
+            """,
+        )
+        elapsed, order = eval(result["value"])
+        assert order == ["time", "slow"]
+        # Three 1-second calls one after another take >= 3 s; overlapping, about 1 s.
+        assert elapsed < 2.5, elapsed
+
+
+async def test_tool_failures_are_exceptions_the_code_can_catch(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    home = claude_desktop_home(tmp_path, {"stub": stub_entry()})
+    async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+        result = await run_ok(
+            client,
+            """
+            from mcp import runtime
+            try:
+                mcp_stub.fail(message="boom")
+            except runtime.MCPToolError as exc:
+                caught = (str(exc), exc.server, exc.tool, isinstance(exc, runtime.MCPError))
+            try:
+                runtime.call_tool("nowhere", "x", {})
+            except runtime.MCPError as exc:
+                unknown = str(exc)
+            try:
+                mcp_stub.slo
+            except AttributeError as exc:
+                typo = str(exc)
+            try:
+                mcp_stub.pair(1)
+            except TypeError as exc:
+                positional = str(exc)
+            (caught, unknown, typo, positional)
+            """,
+        )
+        caught, unknown, typo, positional = eval(result["value"])
+        assert "boom" in caught[0] and caught[1:] == ("stub", "fail", True)
+        assert "Unknown MCP server 'nowhere'" in unknown and "stub" in unknown
+        assert "did you mean slow" in typo
+        assert "keyword arguments only" in positional
+
+
+async def test_results_are_unwrapped_and_raw_is_available(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    home = claude_desktop_home(
+        tmp_path, {"stub": stub_entry(), "everything": {"command": real_server("everything")}}
+    )
+    async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+        result = await run_ok(
+            client,
+            """
+            from mcp import runtime
+            image = mcp_everything.get_tiny_image()
+            blocks = image if isinstance(image, list) else [image]
+            images = [item for item in blocks if isinstance(item, runtime.ToolImage)]
+            raw = mcp_stub.pair(a=2, raw=True)
+            (
+                mcp_stub.pair(a=2),
+                mcp_stub.kebab_name(),
+                images[0].mime_type,
+                images[0].data[:4],
+                sorted(raw),
+                runtime.call_tool("stub", "pair", {"a": 1, "b": 1}),
+            )
+            """,
+        )
+        assert result["value"] == (
+            "({'sum': 4, 'product': 4}, 'kebab', 'image/png', b'\\x89PNG', "
+            "['content', 'isError', 'resultType', 'structuredContent'], {'sum': 2, 'product': 1})"
+        )
+
+
+async def test_a_five_megabyte_result_arrives_intact_and_the_cap_is_clear(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    home = claude_desktop_home(tmp_path, {"stub": stub_entry()})
+    env = proxy_env(proxy_engine, state_dir, home, MCP_BRIDGE_MAX_TOOL_RESULT_BYTES="12000000")
+    async with bridge_client(env) as client:
+        result = await run_ok(
+            client,
+            """
+            from mcp import runtime
+            text = mcp_stub.big(size=5_000_000)
+            assert text == "x" * 5_000_000
+            try:
+                mcp_stub.big(size=7_000_000)
+            except runtime.MCPError as exc:
+                refused = str(exc)
+            refused
+            """,
+        )
+        assert "over the 12000000-byte cap" in result["value"]
+        assert "MCP_BRIDGE_MAX_TOOL_RESULT_BYTES" in result["value"]
+
+
+def _children_running(pid: int, marker: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid and marker.encode() in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
+async def test_a_server_killed_from_outside_is_restarted_on_next_use(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    home = claude_desktop_home(tmp_path, {"stub": stub_entry()})
+    async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+        await run_ok(client, "mcp_stub.pair(a=1)")
+        bridge = bridge_pids(state_dir)[0]
+        (server_pid,) = _children_running(bridge, "stub_server.py")
+        os.kill(server_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _children_running(bridge, "stub_server.py") == [server_pid] and time.monotonic() < deadline:
+            await anyio.sleep(0.1)
+        await anyio.sleep(0.5)
+        again = await client.call_tool("run_python", {"code": "mcp_stub.pair(a=2)"})
+        assert not again.is_error, text_of(again)
+        assert structured(again)["value"] == "{'sum': 4, 'product': 4}"
+        assert any("restarted" in notice for notice in structured(again)["notices"]), structured(again)
+        assert len(_children_running(bridge, "stub_server.py")) == 1
+
+
+async def test_a_server_that_never_initializes_fails_within_its_start_timeout(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    import sys
+
+    home = claude_desktop_home(
+        tmp_path, {"mute": {"command": sys.executable, "args": ["-c", "import time; time.sleep(600)"]}}
+    )
+    env = proxy_env(proxy_engine, state_dir, home, MCP_BRIDGE_SERVER_START_TIMEOUT="3")
+    async with bridge_client(env) as client:
+        await run_ok(client, "1")
+        started = time.monotonic()
+        result = await run_ok(
+            client,
+            """
+            from mcp import runtime
+            try:
+                mcp_mute.anything()
+            except runtime.MCPError as exc:
+                message = str(exc)
+            message
+            """,
+        )
+        assert time.monotonic() - started < 15
+        assert "'mute' could not be started" in result["value"]
+        assert "did not finish initializing within 3s" in result["value"]
+
+
+async def test_a_server_writing_junk_to_stdout_does_not_take_the_bridge_down(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    import sys
+
+    entry = {"command": sys.executable, "args": [str(JUNK_WRAPPER), *stub_entry()["args"][:0], sys.executable,
+                                                  str(stub_entry()["args"][0])]}  # fmt: skip
+    home = claude_desktop_home(tmp_path, {"junky": entry})
+    async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+        result = await client.call_tool("run_python", {"code": "mcp_junky.pair(a=5)"})
+        assert structured(result)["value"] == "{'sum': 7, 'product': 10}", text_of(result)
+        still = await run_ok(client, "6 * 7")
+        assert still["value"] == "42"
+
+
+async def test_self_reference_is_skipped_and_reported(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    home = claude_desktop_home(
+        tmp_path,
+        {"me": {"command": "uvx", "args": ["mcp-server-code-execution-mode"]}, "stub": stub_entry()},
+    )
+    async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+        result = await run_ok(
+            client,
+            "from mcp import runtime\n"
+            "(runtime.list_servers(), runtime.discovered_servers(detailed=True)['problems'])",
+        )
+        servers, problems = eval(result["value"])
+        assert servers == ["stub"]
+        assert any("me" in problem and "launches this bridge itself" in problem for problem in problems), (
+            problems
+        )
+
+
+async def test_policy_hides_and_refuses_denied_servers_and_tools(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    home = claude_desktop_home(tmp_path, {"stub": stub_entry(), "time": {"command": real_server("time")}})
+    env = proxy_env(
+        proxy_engine, state_dir, home, MCP_BRIDGE_DENY_SERVERS="time", MCP_BRIDGE_DENY_TOOLS="stub.fail,*.big"
+    )
+    async with bridge_client(env) as client:
+        result = await run_ok(
+            client,
+            """
+            from mcp import runtime
+            names = [doc["tool"] for doc in runtime.query_tool_docs("stub")]
+            hits = [hit["tool"] for hit in runtime.search_tool_docs("fail always", limit=10)]
+            try:
+                runtime.call_tool("stub", "fail", {"message": "x"})
+            except runtime.MCPError as exc:
+                refused = str(exc)
+            try:
+                runtime.call_tool("time", "get_current_time", {"timezone": "UTC"})
+            except runtime.MCPError as exc:
+                hidden = str(exc)
+            (runtime.list_servers(), "mcp_time" in globals(), names, hits, refused, hidden)
+            """,
+        )
+        servers, has_time, names, hits, refused, hidden = eval(result["value"])
+        assert servers == ["stub"] and not has_time
+        assert "fail" not in names and "big" not in names and "pair" in names
+        assert "fail" not in hits
+        assert "not allowed" in refused
+        assert "Unknown MCP server 'time'" in hidden
+
+
+async def test_a_timeout_cancels_the_runs_outstanding_tool_calls(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    home = claude_desktop_home(tmp_path, {"stub": stub_entry()})
+    async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+        await run_ok(client, "kept = mcp_stub.pair(a=1)")
+        result = await client.call_tool(
+            "run_python",
+            {
+                "code": "import asyncio\ncalls = [mcp_stub.slow(seconds=60) for _ in range(4)]\n"
+                "await asyncio.gather(*calls)",
+                "timeout": 2,
+            },
+        )
+        assert structured(result)["status"] == "timeout" and structured(result)["state_kept"] is True
+        sync_call = await client.call_tool("run_python", {"code": "mcp_stub.slow(seconds=60)", "timeout": 2})
+        assert structured(sync_call)["status"] == "timeout" and structured(sync_call)["state_kept"] is True
+        started = time.monotonic()
+        after = await run_ok(client, "(kept, mcp_stub.pair(a=2))")
+        assert time.monotonic() - started < 5
+        assert after["value"] == "({'sum': 3, 'product': 2}, {'sum': 4, 'product': 4})"
