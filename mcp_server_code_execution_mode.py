@@ -1029,6 +1029,17 @@ def discover_servers(
 # =============================================================================
 
 
+async def _first_of(*events: anyio.Event) -> None:
+    async with anyio.create_task_group() as group:
+
+        async def wait_for(event: anyio.Event) -> None:
+            await event.wait()
+            group.cancel_scope.cancel()
+
+        for event in events:
+            group.start_soon(wait_for, event)
+
+
 class ServerUnavailableError(BridgeError):
     """A configured MCP server could not be started, or died."""
 
@@ -2056,17 +2067,6 @@ class SandboxSession:
             shutil.rmtree(self.ipc_dir.parent, ignore_errors=True)
 
 
-async def _first_of(*events: anyio.Event) -> None:
-    async with anyio.create_task_group() as group:
-
-        async def wait_for(event: anyio.Event) -> None:
-            await event.wait()
-            group.cancel_scope.cancel()
-
-        for event in events:
-            group.start_soon(wait_for, event)
-
-
 class SessionManager:
     """Owns the one sandbox session of this bridge: pre-warms it, serializes executes,
     replaces it after a crash, a kill, a reset or idle shutdown, and tells the model
@@ -2241,28 +2241,44 @@ def render_error(exc: BridgeError) -> types.CallToolResult:
 TOOL_NAME = "run_python"
 CAPABILITIES_URI = "resource://code-execution/capabilities"
 TOOL_DESCRIPTION = (
-    "Run Python in a persistent, network-less sandbox. Variables, imports and functions persist "
-    "across calls until reset; top-level await works; the last expression's value is shown. "
-    "Writable: /workspace, /tmp. Manual: " + CAPABILITIES_URI
+    "Run Python in a persistent, network-less sandbox: state persists across calls until reset; "
+    "top-level await works; the last expression is shown. Your MCP servers' tools are Python "
+    "functions: runtime.search_tool_docs('task'), then mcp_<server>.<tool>(arg=...). "
+    "Files: /workspace. Manual: " + CAPABILITIES_URI
 )
 
 CAPABILITIES_MANUAL = """\
 # run_python sandbox manual
 
 run_python(code, timeout=None, reset=False) runs `code` in ONE long-lived Python process
-inside a container. State (variables, imports, functions, open files) persists between
-calls until `reset: true`, an idle shutdown, a timeout that had to kill the sandbox, or a
-crash; the result says so whenever earlier state is gone.
+inside a container. State (variables, imports, functions) persists between calls until
+`reset: true`, an idle shutdown, a timeout that had to kill the sandbox, or a crash; the
+result says so whenever earlier state is gone.
 
 - Like a REPL: the value of a final expression is shown; `_` holds the last value.
 - Top-level `await` works (one event loop persists across calls).
-- stdout and stderr are captured, including subprocesses and os.write(1, ...); each is
-  capped per call and the result says how much was cut.
-- Timeouts interrupt the code with KeyboardInterrupt and keep the session; code that
-  ignores the interrupt is killed and the session restarts empty.
-- Writable: /workspace (the working directory) and /tmp, both in memory. Everything
-  else is read-only. There is no network. Memory, processes and CPU are limited.
-- Python runs as an unprivileged user with no capabilities.
+- stdout/stderr are captured (subprocesses too) and capped per call with a marker.
+- A timeout raises KeyboardInterrupt in the code and keeps the session; code that
+  ignores it is killed and the session restarts empty.
+- Writable: /workspace (working directory) and /tmp, in memory. No network.
+
+## Your MCP servers, as Python
+Each configured server is an object `mcp_<alias>` (also `from mcp.servers import <alias>`);
+its tools are methods taking keyword arguments. Nothing is loaded until you ask:
+
+    from mcp import runtime
+    runtime.list_servers()                      # aliases
+    runtime.search_tool_docs("read a file")     # best matches across ALL servers
+    runtime.query_tool_docs("github")           # signatures; detail="full" adds schemas
+    mcp_github.create_issue(owner="o", repo="r", title="t")   # plain code: returns the value
+    await mcp_github.create_issue(owner="o", repo="r", title="t")  # code that uses await
+    await asyncio.gather(mcp_a.x(), mcp_b.y())  # concurrent calls
+
+Results are plain Python: structured content, else parsed JSON text, else text; images
+are runtime.ToolImage(data, mime_type); raw=True returns the whole MCP result. A failing
+tool raises runtime.MCPToolError (a runtime.MCPError); wrap calls in try/except.
+runtime.discovered_servers(detailed=True) shows where each server came from and any
+configuration problems; runtime.capability_summary() is a short overview.
 """
 
 
@@ -2286,9 +2302,8 @@ def run_python_tool(config: BridgeConfig) -> types.Tool:
         name=TOOL_NAME,
         description=TOOL_DESCRIPTION,
         input_schema=_compact_schema(run_python_input_model(config).model_json_schema()),
-        annotations=types.ToolAnnotations(
-            title="Run Python", read_only_hint=False, destructive_hint=False, open_world_hint=False
-        ),
+        # No annotations: proxied tools may write or reach the network, so the
+        # protocol's defaults (not read-only, possibly destructive, open world) are honest.
     )
 
 
