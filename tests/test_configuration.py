@@ -281,3 +281,10 @@ def test_tool_result_cap_must_fit_in_a_frame() -> None:
         load_config(
             [], {"MCP_BRIDGE_MAX_FRAME_BYTES": "1000000", "MCP_BRIDGE_MAX_TOOL_RESULT_BYTES": "600000"}
         )
+
+
+def test_readme_documents_every_option() -> None:
+    # Docs are part of the product: a new setting must reach README's table.
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    missing = [option.env for option in OPTIONS if "`%s`" % option.env not in readme]
+    assert missing == []
