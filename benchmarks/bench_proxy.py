@@ -427,6 +427,16 @@ def token_rows(m: Measurements) -> list[Row]:
     return rows
 
 
+def show_docs(m: Measurements) -> None:
+    """--verbose: the two texts whose tokens are counted, on stderr."""
+    if m.summary_docs is not None:
+        signatures = "\n".join(str(doc.get("signature", "")) for doc in m.summary_docs)
+        print("signatures:\n%s\n" % signatures, file=sys.stderr)
+    if m.tools is not None:
+        print("schema JSON:\n%s\n" % compact_json([schema_view(t) for t in m.tools]), file=sys.stderr)
+    sys.stderr.flush()
+
+
 def render_table(rows: Sequence[Row]) -> str:
     cells = [["metric", "value", "unit", "note"], *([r.metric, r.value, r.unit, r.note] for r in rows)]
     widths = [max(len(line[i]) for line in cells) for i in range(4)]
@@ -471,6 +481,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="sandbox image (default: $MCP_BRIDGE_IMAGE or %s)" % DEFAULT_IMAGE,
     )
     parser.add_argument(
+        "--verbose", action="store_true", help="also print the signatures and the schema JSON to stderr"
+    )
+    parser.add_argument(
         "--cell-timeout",
         type=float,
         default=DEFAULT_CELL_TIMEOUT_S,
@@ -479,7 +492,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def bench(runtime: str, image: str, calls: int, batches: int, cell_timeout: float) -> None:
+async def bench(
+    runtime: str, image: str, calls: int, batches: int, cell_timeout: float, verbose: bool
+) -> None:
     out = Measurements()
     print("measuring run_python -> server-everything (%s) ..." % runtime, file=sys.stderr, flush=True)
     await measure_proxied(out, runtime, image, calls, batches, cell_timeout)
@@ -487,6 +502,8 @@ async def bench(runtime: str, image: str, calls: int, batches: int, cell_timeout
     await measure_direct(out, calls, batches)
 
     rows = [*latency_rows(out, calls), *throughput_rows(out, batches), *token_rows(out)]
+    if verbose:
+        show_docs(out)
     print(
         "runtime: %s   image: %s   sequential calls: %d   batches: %d x %d in flight"
         % (runtime, image, calls, batches, IN_FLIGHT)
@@ -521,7 +538,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         print("nothing measured:\n" + "\n".join("- " + line for line in missing))
         return 0
-    anyio.run(bench, args.runtime, args.image, calls, batches, cell_timeout)
+    anyio.run(bench, args.runtime, args.image, calls, batches, cell_timeout, args.verbose)
     return 0
 
 

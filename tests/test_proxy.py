@@ -416,3 +416,66 @@ async def test_a_timeout_cancels_the_runs_outstanding_tool_calls(
         after = await run_ok(client, "(kept, mcp_stub.pair(a=2))")
         assert time.monotonic() - started < 5
         assert after["value"] == "({'sum': 3, 'product': 2}, {'sum': 4, 'product': 4})"
+
+
+async def test_tool_list_changes_are_picked_up(proxy_engine: Engine, state_dir: Path, tmp_path: Path) -> None:
+    home = claude_desktop_home(tmp_path, {"stub": stub_entry()})
+    async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+        before = await run_ok(client, "[tool['tool'] for tool in runtime.list_tools('stub')]")
+        assert "fresh_tool" not in before["value"]
+        await run_ok(client, "mcp_stub.grow(name='fresh_tool')")
+        after = await run_ok(
+            client,
+            """
+            import time
+            for _ in range(50):  # the notification races the call's own result
+                if "fresh_tool" in [tool["tool"] for tool in runtime.list_tools("stub")]:
+                    break
+                time.sleep(0.1)
+            mcp_stub.fresh_tool()
+            """,
+        )
+        assert after["value"] == "'grown'"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_a_streamable_http_server_is_proxied(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, stub_entry()["args"][0], "--http", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        import socket
+
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            await anyio.sleep(0.2)
+        home = claude_desktop_home(
+            tmp_path, {"remote": {"type": "http", "url": "http://127.0.0.1:%d/mcp" % port}}
+        )
+        async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+            result = await run_ok(
+                client,
+                "(runtime.discovered_servers(detailed=True)['servers'][0]['transport'], mcp_remote.pair(a=4))",
+            )
+            assert result["value"] == "('http', {'sum': 6, 'product': 8})"
+    finally:
+        server.terminate()
+        server.wait(10)

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import sys
 
-from mcp.server.mcpserver import Image, MCPServer
+from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 server = MCPServer("stub")
@@ -55,5 +56,21 @@ def kebab_name() -> str:
     return "kebab"
 
 
+@server.tool()
+async def grow(name: str, ctx: Context) -> str:
+    """Add a tool called `name` (it answers "grown") and announce the new tool list."""
+
+    def grown() -> str:
+        return "grown"
+
+    server.add_tool(grown, name=name, description="Added at run time.")
+    await ctx.session.send_tool_list_changed()
+    return "added %s" % name
+
+
 if __name__ == "__main__":
-    server.run()
+    # `--http PORT` serves streamable HTTP on 127.0.0.1 instead of stdio.
+    if len(sys.argv) == 3 and sys.argv[1] == "--http":
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run()
