@@ -473,7 +473,8 @@ async def test_a_streamable_http_server_is_proxied(
         async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
             result = await run_ok(
                 client,
-                "(runtime.discovered_servers(detailed=True)['servers'][0]['transport'], mcp_remote.pair(a=4))",
+                "servers = runtime.discovered_servers(detailed=True)['servers']\n"
+                "(servers[0]['transport'], mcp_remote.pair(a=4))",
             )
             assert result["value"] == "('http', {'sum': 6, 'product': 8})"
     finally:
