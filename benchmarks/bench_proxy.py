@@ -73,7 +73,7 @@ SCHEMA_KEYS = ("name", "description", "inputSchema", "outputSchema")
 # Code run in the sandbox. Each cell's final expression is json.dumps(...) of its
 # measurements: run_python returns repr() of that string in structuredContent["value"].
 WARMUP_CELL = """
-import json, time
+import json
 _bench_first = mcp_{alias}.{tool}(message="warm")
 for _ in range({warmup}):
     mcp_{alias}.{tool}(message="warm")
@@ -90,14 +90,22 @@ json.dumps({{
 """
 
 # Plain code (no await anywhere in the cell), so every call is a blocking sync call.
+# Then the same number of runtime.discovered_servers() requests: answered by the bridge
+# itself, so they time the sandbox <-> bridge channel without any MCP server.
 SEQUENTIAL_CELL = """
 import json, time
+from mcp import runtime
 _bench_ms = []
 for _ in range({calls}):
     _bench_t = time.perf_counter()
     _bench_last = mcp_{alias}.{tool}(message="x")
     _bench_ms.append((time.perf_counter() - _bench_t) * 1000.0)
-json.dumps({{"ms": _bench_ms, "last": repr(_bench_last)}})
+_bench_host_ms = []
+for _ in range({calls}):
+    _bench_t = time.perf_counter()
+    runtime.discovered_servers()
+    _bench_host_ms.append((time.perf_counter() - _bench_t) * 1000.0)
+json.dumps({{"ms": _bench_ms, "host_ms": _bench_host_ms, "last": repr(_bench_last)}})
 """
 
 # Code that uses await: tool calls are awaitables, gathered IN_FLIGHT at a time.
@@ -130,6 +138,7 @@ class Samples:
 
     sequential_ms: list[float] | None = None
     batch_ms: list[float] | None = None
+    bridge_only_ms: list[float] | None = None  # proxied only: requests the bridge answers itself
 
 
 @dataclass
@@ -208,13 +217,13 @@ async def run_cell(session: ClientSession, template: str, cell_timeout: float, *
 
 def float_list(value: Any, what: str) -> list[float]:
     if not isinstance(value, list) or not all(isinstance(item, int | float) for item in value):
-        raise CellError("%s: expected a list of numbers, got %r" % (what, value)[:500])
+        raise CellError(("%s: expected a list of numbers, got %r" % (what, value))[:500])
     return [float(item) for item in value]
 
 
 def doc_list(value: Any, what: str) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
-        raise CellError("%s: expected a list of doc dicts, got %r" % (what, value)[:500])
+        raise CellError(("%s: expected a list of doc dicts, got %r" % (what, value))[:500])
     return value
 
 
@@ -252,6 +261,7 @@ async def _proxied_cells(
     try:
         sequential = await run_cell(session, SEQUENTIAL_CELL, cell_timeout, calls=calls)
         out.proxied.sequential_ms = float_list(sequential.get("ms"), "sequential")
+        out.proxied.bridge_only_ms = float_list(sequential.get("host_ms"), "discovered_servers")
         if "'Echo: x'" not in str(sequential.get("last")):
             out.problems.append("proxied echo returned %s, expected 'Echo: x'" % sequential.get("last"))
     except (CellError, AttributeError) as exc:
@@ -268,13 +278,15 @@ async def _proxied_cells(
 # --- the direct path: this process's own ClientSession -------------------------------
 
 
-async def echo(session: ClientSession, message: str) -> types.CallToolResult:
-    result = await session.call_tool(ECHO, {"message": message})
+def check_echo(result: types.CallToolResult, message: str) -> None:
     if not isinstance(result, types.CallToolResult) or result.is_error:
         raise CellError("direct echo failed: %r" % (result,))
     if message not in text_of(result):
         raise CellError("direct echo(%r) returned %r" % (message, text_of(result)))
-    return result
+
+
+async def echo(session: ClientSession, message: str) -> None:
+    check_echo(await session.call_tool(ECHO, {"message": message}), message)
 
 
 async def list_all_tools(session: ClientSession) -> list[types.Tool]:
@@ -314,8 +326,9 @@ async def measure_direct(out: Measurements, calls: int, batches: int) -> None:
                     sequential: list[float] = []
                     for _ in range(calls):
                         start = time.perf_counter()
-                        await echo(session, "x")
+                        result = await session.call_tool(ECHO, {"message": "x"})
                         sequential.append(ms_since(start))
+                        check_echo(result, "x")
                     out.direct.sequential_ms = sequential
                     await direct_batch(session)  # warm-up batch, not timed
                     out.direct.batch_ms = [await direct_batch(session) for _ in range(batches)]
@@ -356,6 +369,12 @@ def latency_rows(m: Measurements, calls: int) -> list[Row]:
         ms_row("direct round trip p95", d95, "same server executable, own stdio session"),
         ms_row("proxy overhead p50", difference(p50, d50), "proxied p50 - direct p50"),
         ms_row("proxy overhead p95", difference(p95, d95), "proxied p95 - direct p95"),
+        ms_row(
+            "sandbox -> bridge only p50",
+            pct(m.proxied.bridge_only_ms, 0.50),
+            "runtime.discovered_servers(): no MCP server involved",
+        ),
+        ms_row("sandbox -> bridge only p95", pct(m.proxied.bridge_only_ms, 0.95)),
     ]
 
 
@@ -379,52 +398,52 @@ def schema_view(tool: types.Tool) -> dict[str, Any]:
     return {key: dumped[key] for key in SCHEMA_KEYS if key in dumped}
 
 
+def count_or_none(value: Any) -> int | None:
+    """Tokens of a text, or of a value as compact JSON; None if it was not measured."""
+    if value is None:
+        return None
+    tokens: int = count_tokens(value if isinstance(value, str) else compact_json(value))
+    return tokens
+
+
+def int_row(metric: str, value: int | None, unit: str, note: str = "") -> Row:
+    return Row(metric, "ERROR" if value is None else "%d" % value, unit, note)
+
+
 def token_rows(m: Measurements) -> list[Row]:
-    rows: list[Row] = []
-    count = "ERROR" if m.tools is None else "%d" % len(m.tools)
-    rows.append(Row("server-everything tools", count, "tools", "tools/list on the direct session"))
-    signatures: int | None = None
-    if m.summary_docs is not None:
-        lines = [str(doc.get("signature", "")) for doc in m.summary_docs]
-        signatures = count_tokens("\n".join(lines))
-        rows.append(Row("tools in query_tool_docs", "%d" % len(lines), "tools", "runtime.query_tool_docs()"))
-        if m.tools is not None and len(lines) != len(m.tools):
-            m.problems.append("query_tool_docs lists %d tools, tools/list %d" % (len(lines), len(m.tools)))
-    rows.append(
-        Row(
-            "docs as Python signatures",
-            "ERROR" if signatures is None else "%d" % signatures,
-            "tokens",
-            '"\\n".join(signature of each query_tool_docs() entry)',
-        )
-    )
-    schemas: int | None = None
-    if m.tools is not None:
-        schemas = count_tokens(compact_json([schema_view(tool) for tool in m.tools]))
-    rows.append(
-        Row(
-            "docs as JSON schema",
-            "ERROR" if schemas is None else "%d" % schemas,
-            "tokens",
-            "tools/list tools: %s, compact JSON" % ", ".join(SCHEMA_KEYS),
-        )
+    tools = m.tools
+    summary = m.summary_docs
+    signatures_text = None if summary is None else "\n".join(str(d.get("signature", "")) for d in summary)
+    if tools is not None and summary is not None and len(summary) != len(tools):
+        m.problems.append("query_tool_docs lists %d tools, tools/list %d" % (len(summary), len(tools)))
+    signatures = count_or_none(signatures_text)
+    schemas = count_or_none(None if tools is None else [schema_view(tool) for tool in tools])
+    all_fields = count_or_none(
+        None
+        if tools is None
+        else [t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in tools]
     )
     ratio = "ERROR" if not signatures or schemas is None else "%.2f" % (schemas / signatures)
-    rows.append(Row("JSON schema / signatures", ratio, "x", "how many times larger the JSON is"))
-    if m.tools is not None:
-        dumped = [tool.model_dump(by_alias=True, exclude_none=True, mode="json") for tool in m.tools]
-        rows.append(
-            Row(
-                "tools/list tools, all fields",
-                "%d" % count_tokens(compact_json(dumped)),
-                "tokens",
-                "adds title, annotations, execution, ...",
-            )
-        )
-    if m.full_docs is not None:
-        full = count_tokens(compact_json(m.full_docs))
-        rows.append(Row("query_tool_docs(detail='full')", "%d" % full, "tokens", "compact JSON of the list"))
-    return rows
+    return [
+        int_row("server-everything tools", None if tools is None else len(tools), "tools", "tools/list"),
+        int_row(
+            "tools in query_tool_docs", None if summary is None else len(summary), "tools", "from the sandbox"
+        ),
+        int_row(
+            "docs as Python signatures", signatures, "tokens", '"\\n".join(query_tool_docs() signatures)'
+        ),
+        int_row(
+            "docs as JSON schema",
+            schemas,
+            "tokens",
+            "tools/list tools: %s, compact JSON" % ", ".join(SCHEMA_KEYS),
+        ),
+        Row("JSON schema / signatures", ratio, "x", "how many times larger the JSON is"),
+        int_row("tools/list tools, all fields", all_fields, "tokens", "adds title, annotations, execution"),
+        int_row(
+            "query_tool_docs(detail='full')", count_or_none(m.full_docs), "tokens", "compact JSON of the list"
+        ),
+    ]
 
 
 def show_docs(m: Measurements) -> None:
