@@ -113,6 +113,10 @@ class Channel:
         self._decoder = FrameDecoder(max_frame_bytes)
         self._pending: list[Frame] = []
         self._lock = threading.Lock()
+        # A KeyboardInterrupt between two partial writes would leave half a frame on the
+        # channel; while the main thread writes, the SIGINT handler only records it.
+        self.main_thread_writing = False
+        self.deferred_interrupt = False
 
     def send(self, frame: Frame) -> None:
         try:
@@ -122,11 +126,19 @@ class Channel:
             data = encode_frame(
                 {"type": "error", "id": frame.get("id"), "message": str(exc)}, self.max_frame_bytes
             )
+        in_main = threading.current_thread() is threading.main_thread()
         with self._lock:
-            view = memoryview(data)
-            while view:
-                written = os.write(self.out_fd, view)
-                view = view[written:]
+            self.main_thread_writing = in_main
+            try:
+                view = memoryview(data)
+                while view:
+                    written = os.write(self.out_fd, view)
+                    view = view[written:]
+            finally:
+                self.main_thread_writing = False
+        if in_main and self.deferred_interrupt:
+            self.deferred_interrupt = False
+            raise KeyboardInterrupt
 
     def receive(self) -> Frame | None:
         """The next frame, or None at end of input (the bridge has gone)."""
@@ -753,8 +765,12 @@ class Kernel:
 
     def _on_sigint(self, signum: int, stack: Any) -> None:
         # Only user code is interruptible; a late interrupt between executes is dropped.
-        if self.running_id is not None:
-            raise KeyboardInterrupt
+        if self.running_id is None:
+            return
+        if self.channel.main_thread_writing:
+            self.channel.deferred_interrupt = True  # raised once the frame is complete
+            return
+        raise KeyboardInterrupt
 
     # --- main loop ------------------------------------------------------------------
     def serve(self) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import fnmatch
+import inspect
 import json
 import keyword
 import logging
@@ -941,7 +942,7 @@ def _parse_entry(
         headers={key: expand(value) for key, value in raw.headers.items()},
         source=source.label,
     )
-    if spec.command and any(marker in part for part in (spec.command, *spec.args) for marker in self_markers):
+    if spec.command and launches_self((spec.command, *spec.args), self_markers):
         return None, ["%s: skipped %s: it launches this bridge itself" % (source.label, name)]
     return spec, [
         "%s: server %s: ${%s} is not set, so it expanded to an empty string" % (source.label, name, variable)
@@ -977,6 +978,18 @@ def assign_aliases(names: Iterable[str]) -> dict[str, str]:
             aliases[name] = "%s_%d" % (alias, suffix)
             taken.add(aliases[name])
     return aliases
+
+
+def launches_self(argv: Sequence[str], self_markers: tuple[str, ...]) -> bool:
+    """True when a command line runs this bridge: some word of it, taken as a program name
+    (base name, without .py/.exe or a version pin such as @latest or ==1.0), IS one of the
+    markers. A path that merely contains the project's name (a checkout directory) is not."""
+    for part in argv:
+        name = re.split(r"[@=<>~!\[]", part.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1], maxsplit=1)[0]
+        name = name.removesuffix(".exe").removesuffix(".py")
+        if name in self_markers:
+            return True
+    return False
 
 
 def discover_servers(
@@ -1116,6 +1129,7 @@ class PooledClient:
             )
 
     async def _own(self, ready: anyio.Event, closed: anyio.Event, stop: anyio.Event) -> None:
+        owned: ClientSession | None = None
         try:
             async with self._transport() as (read, write), anyio.create_task_group() as relays:
                 relayed_send, relayed_read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
@@ -1124,7 +1138,7 @@ class PooledClient:
                     with anyio.fail_after(self.config.server_start_timeout):
                         await session.initialize()
                         self.tools = await self._fetch_tools(session)
-                    self.session = session
+                    self.session = owned = session
                     ready.set()
                     await _first_of(stop, closed)
                     if closed.is_set() and not stop.is_set():
@@ -1139,7 +1153,9 @@ class PooledClient:
             self.failure = self.failure or _describe_exception(exc)
             logger.info("MCP server %s stopped: %s", self.spec.name, self.failure)
         finally:
-            self.session = None
+            # Only this owner's session: a restart may already have put a new one here.
+            if self.session is owned:
+                self.session = None
             closed.set()
             ready.set()
 
@@ -1156,7 +1172,10 @@ class PooledClient:
         finally:
             closed.set()
 
-    def _transport(self) -> Any:
+    @asynccontextmanager
+    async def _transport(self) -> AsyncIterator[Any]:
+        """The (read, write) streams of this server's transport, closed on exit
+        (including the HTTP client, which the SDK does not close when handed one)."""
         spec = self.spec
         if spec.transport == "stdio":
             assert spec.command is not None
@@ -1167,14 +1186,22 @@ class PooledClient:
                 cwd=spec.cwd,
                 encoding_error_handler="replace",  # a server's binary junk must not end the session
             )
-            return stdio_client(params)
+            async with stdio_client(params) as streams:
+                yield streams
+            return
         assert spec.url is not None
+        headers = dict(spec.headers) or None
         if spec.transport == "sse":
-            return sse_client(spec.url, headers=dict(spec.headers) or None)
-        http = create_mcp_http_client(headers=dict(spec.headers) or None)
-        return streamable_http_client(
-            spec.url, http_client=http, max_sse_event_size=self.config.max_frame_bytes
-        )
+            async with sse_client(spec.url, headers=headers) as streams:
+                yield streams
+            return
+        async with (
+            create_mcp_http_client(headers=headers) as http,
+            streamable_http_client(
+                spec.url, http_client=http, max_sse_event_size=self.config.max_frame_bytes
+            ) as streams,
+        ):
+            yield streams
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, types.ToolListChangedNotification):
@@ -1565,9 +1592,10 @@ class HostAPI:
         if handler is None or not isinstance(params, dict):
             raise ProxyError("Unknown sandbox request %r." % method)
         try:
-            return await handler(**params)
+            inspect.signature(handler).bind(**params)
         except TypeError as exc:
             raise ProxyError("Bad arguments for %s: %s" % (method, exc)) from None
+        return await handler(**params)
 
     async def discovered_servers(self, detailed: bool = False) -> Any:
         if not detailed:
@@ -1803,12 +1831,25 @@ class SandboxSession:
         )
 
     async def start(self, task_group: anyio.abc.TaskGroup) -> None:
-        self.prepare_ipc_dir()
+        try:
+            await self._start(task_group)
+        except BaseException:
+            await self.stop()  # cancelled or failed half-way: the container must not outlive it
+            raise
+
+    async def _start(self, task_group: anyio.abc.TaskGroup) -> None:
         argv = self.runtime.run_argv(self.launch_spec())
+        try:
+            self.prepare_ipc_dir()
+            self.process = await anyio.open_process(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+        except OSError as exc:
+            raise SandboxStartError(
+                "The sandbox could not be launched: %s (state directory %s). Check that "
+                "MCP_BRIDGE_STATE_DIR is a writable directory." % (exc, self.config.state_dir)
+            ) from None
         logger.debug("starting sandbox: %s", " ".join(argv))
-        self.process = await anyio.open_process(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
         self.task_group = task_group
         task_group.start_soon(self._read_frames)
         task_group.start_soon(self._read_stderr)
@@ -1816,14 +1857,12 @@ class SandboxSession:
             await _first_of(self.hello_received, self.exited)
         if self.hello is None:
             reason = self.death_reason or "no hello from the kernel within %gs" % self.config.start_timeout
-            await self.stop()
             raise SandboxStartError(
                 "The sandbox container did not start: %s. Check that the image %r exists (or can be "
                 "pulled) and has python3 >= 3.9; the server log has the runtime's output."
                 % (reason, self.config.image)
             )
         if self.hello.get("protocol") != PROTOCOL_VERSION:
-            await self.stop()
             raise SandboxStartError(
                 "The sandbox kernel speaks protocol %r, the bridge %d: reinstall the package."
                 % (self.hello.get("protocol"), PROTOCOL_VERSION)
@@ -1909,15 +1948,21 @@ class SandboxSession:
             finally:
                 self.requests.pop(request_id, None)
         if scope.cancelled_caught:
-            return  # the sandbox stopped waiting for it
+            # Answered anyway: a background thread or task in the sandbox may still wait.
+            message = "cancelled: the run_python call that made this request has ended"
+            response = {
+                "type": "response",
+                "id": request_id,
+                "error": {"type": "MCPError", "message": message},
+            }
         try:
-            await self.send(response)
-        except ProtocolError as exc:
-            await self.send(
-                {"type": "response", "id": request_id, "error": {"type": "MCPError", "message": str(exc)}}
-            )
+            try:
+                await self.send(response)
+            except ProtocolError as exc:
+                error = {"type": "MCPError", "message": str(exc)}
+                await self.send({"type": "response", "id": request_id, "error": error})
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
+            pass  # the sandbox is gone; its reader reports that
 
     def cancel_requests(self, request_id: str | None = None) -> None:
         """Cancel one outstanding sandbox request, or all of them (end of an execute)."""
@@ -2009,6 +2054,8 @@ class SandboxSession:
             error=result.get("error"),
             truncated={name: int(dropped.get(name, 0)) + pending.cut[name] for name in ("stdout", "stderr")},
         )
+        if timed_out and result.get("status") == "ok":
+            timed_out = False  # it finished during the grace period: an ordinary success
         if timed_out and interrupted:
             outcome.status = "timeout"
             outcome.detail = (
@@ -2093,7 +2140,10 @@ class SessionManager:
     async def _ensure_runtime(self) -> ContainerRuntime:
         if self.runtime is None:
             runtime = await self.locate_runtime(self.config.runtime)
-            await sweep_orphans(runtime, self.ipc_root)
+            try:
+                await sweep_orphans(runtime, self.ipc_root)
+            except (TimeoutError, OSError) as exc:  # leftovers stay for the next start to sweep
+                logger.warning("could not sweep leftover sandboxes: %s", exc)
             self.runtime = runtime
         return self.runtime
 
@@ -2122,6 +2172,8 @@ class SessionManager:
                 await self._ensure_session([])
             except BridgeError as exc:
                 logger.warning("pre-warm failed (run_python will retry): %s", exc)
+            except Exception:  # a background start-up step must never end the server
+                logger.exception("pre-warm failed (run_python will retry)")
 
     async def run(self, code: str, timeout: float, reset: bool) -> ExecutionOutcome:
         async with self._lock:

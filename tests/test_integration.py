@@ -126,6 +126,7 @@ HARDENING_CHECKS = textwrap.dedent(
         pathlib.Path(directory, 'probe.txt').write_text('ok')
         assert pathlib.Path(directory, 'probe.txt').read_text() == 'ok'
     assert outbound == 'blocked', outbound
+    assert sorted(os.listdir('/sys/class/net')) == ['lo'], os.listdir('/sys/class/net')
     assert usr == 'read-only', usr
     assert os.getuid() == 65534 and os.getgid() == 65534, (os.getuid(), os.getgid())
     assert int(status('CapEff'), 16) == 0, status('CapEff')
@@ -344,3 +345,15 @@ async def test_cancelled_call_stops_the_code(engine: Engine, state_dir: Path) ->
         after = await client.call_tool("run_python", {"code": "kept"})
         assert time.monotonic() - started < 10
         assert structured(after)["value"] == "1"
+
+
+async def test_an_unusable_state_directory_is_reported_not_fatal(engine: Engine, tmp_path: Path) -> None:
+    not_a_directory = tmp_path / "state-file"
+    not_a_directory.write_text("")
+    async with bridge_client(bridge_env(engine, not_a_directory)) as client:
+        await anyio.sleep(1)  # let the pre-warm fail in the background
+        result = await client.call_tool("run_python", {"code": "1"})
+        assert result.is_error
+        assert "MCP_BRIDGE_STATE_DIR" in text_of(result)
+        tools = await client.list_tools()  # the server is still up
+        assert [tool.name for tool in tools.tools] == ["run_python"]

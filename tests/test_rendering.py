@@ -376,3 +376,16 @@ def test_validation_message_lists_every_problem() -> None:
     assert "code:" in message
     assert "reset:" in message
     assert message.count(";") >= 1
+
+
+def test_tools_list_answer_stays_under_200_tokens() -> None:
+    # The whole point: the context cost of this server is small and constant.
+    import json
+
+    from anthropic_tokenizer import count_tokens
+
+    listing = types.ListToolsResult(tools=[bridge.run_python_tool(bridge.BridgeConfig())])
+    text = json.dumps(
+        listing.model_dump(by_alias=True, exclude_none=True, mode="json"), separators=(",", ":")
+    )
+    assert count_tokens(text) < 200

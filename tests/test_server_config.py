@@ -575,3 +575,36 @@ def test_server_spec_is_immutable_and_hashable() -> None:
     twin = ServerSpec("s", "s", "stdio", command="c", args=("x",), env={"A": "1"})
     assert spec == twin and hash(spec) == hash(twin)
     assert spec != ServerSpec("s", "s", "stdio", command="c", args=("x",), env={"A": "2"})
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["uvx", "mcp-server-code-execution-mode"],
+        ["uvx", "mcp-server-code-execution-mode@latest"],
+        ["pipx", "run", "mcp-server-code-execution-mode==0.1.0"],
+        ["/home/me/.local/bin/mcp-server-code-execution-mode"],
+        ["python", "-m", "mcp_server_code_execution_mode"],
+        ["python3", "/opt/bridge/mcp_server_code_execution_mode.py"],
+        ["C:\\Tools\\mcp-server-code-execution-mode.exe"],
+    ],
+)
+def test_launches_self_recognises_the_bridge_however_it_is_started(argv: list[str]) -> None:
+    from mcp_server_code_execution_mode import SELF_MARKERS, launches_self
+
+    assert launches_self(argv, SELF_MARKERS)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["python", "/src/mcp-server-code-execution-mode/tests/servers/stub_server.py"],
+        ["node", "/home/runner/work/mcp-server-code-execution-mode/server.js"],
+        ["uvx", "mcp-server-code-execution-mode-helper"],
+        ["mcp-server-time"],
+    ],
+)
+def test_launches_self_ignores_paths_that_merely_contain_the_name(argv: list[str]) -> None:
+    from mcp_server_code_execution_mode import SELF_MARKERS, launches_self
+
+    assert not launches_self(argv, SELF_MARKERS)
