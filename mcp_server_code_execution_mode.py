@@ -1841,8 +1841,14 @@ class SandboxSession:
         argv = self.runtime.run_argv(self.launch_spec())
         try:
             self.prepare_ipc_dir()
+            # cwd: Podman's conmon drops an "oom" marker file into the working directory
+            # when the container is OOM-killed; keep it in the session's private directory.
             self.process = await anyio.open_process(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=self.ipc_dir.parent,
             )
         except OSError as exc:
             raise SandboxStartError(
