@@ -88,9 +88,9 @@ def bridge_env(engine: Engine | None, state_dir: Path, **overrides: str) -> dict
 
 
 @asynccontextmanager
-async def bridge_client(env: dict[str, str]) -> AsyncIterator[ClientSession]:
+async def bridge_client(env: dict[str, str], cwd: Path | None = None) -> AsyncIterator[ClientSession]:
     """The installed console script behind the MCP SDK's own stdio client."""
-    params = StdioServerParameters(command=console_script(), env=env)
+    params = StdioServerParameters(command=console_script(), env=env, cwd=cwd)
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         yield session

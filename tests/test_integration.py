@@ -91,9 +91,13 @@ async def test_timeout_kills_code_that_ignores_the_interrupt(engine: Engine, sta
         assert len(engine.containers(owner_pid=owner)) == 1
 
 
-async def test_out_of_memory_is_reported_and_next_call_starts_fresh(engine: Engine, state_dir: Path) -> None:
+async def test_out_of_memory_is_reported_and_next_call_starts_fresh(
+    engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
     env = bridge_env(engine, state_dir, MCP_BRIDGE_MEMORY="128m")
-    async with bridge_client(env) as client:
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    async with bridge_client(env, cwd=workdir) as client:
         await client.call_tool("run_python", {"code": "kept = 1"})
         result = await client.call_tool("run_python", {"code": "blob = bytearray(256 * 1024 * 1024)"})
         assert structured(result)["status"] == "crashed", text_of(result)
@@ -103,6 +107,7 @@ async def test_out_of_memory_is_reported_and_next_call_starts_fresh(engine: Engi
         assert not after.is_error
         assert structured(after)["value"] == "False"
         assert "fresh sandbox session" in text_of(after) and "memory limit" in text_of(after)
+    assert list(workdir.iterdir()) == []  # nothing (e.g. conmon's "oom" marker) left in the cwd
 
 
 HARDENING_CHECKS = textwrap.dedent(
