@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import mcp_sandbox_kernel
 import mcp_server_code_execution_mode as bridge
 from mcp_server_code_execution_mode import (
     ContainerRuntime,
@@ -427,3 +428,27 @@ async def test_rootless_podman_on_cgroups_v1_warns_that_limits_are_not_enforced(
 
     assert len(runtime.warnings) == 1
     assert "NOT enforced" in runtime.warnings[0]
+
+
+def test_ipc_directory_is_private_and_read_only_content_is_readable(tmp_path: Path) -> None:
+    import json
+
+    class NoServers:
+        def server_list(self) -> list[dict[str, str]]:
+            return [{"alias": "time", "name": "time"}]
+
+    config = bridge.BridgeConfig(state_dir=tmp_path)
+    runtime = bridge.PodmanRuntime("/usr/bin/podman")
+    session = bridge.SandboxSession(runtime, config, tmp_path / "ipc", NoServers())  # type: ignore[arg-type]
+    session.prepare_ipc_dir()
+
+    def mode(path: Path) -> int:
+        return stat.S_IMODE(path.stat().st_mode)
+
+    assert mode(session.ipc_dir.parent) == 0o700  # other host users cannot reach the kernel or config
+    assert mode(session.ipc_dir) == 0o755  # the sandbox user (another uid) can read the mount
+    kernel = session.ipc_dir / bridge.KERNEL_FILENAME
+    assert kernel.read_bytes() == bridge.KERNEL_SOURCE.read_bytes() and mode(kernel) == 0o644
+    settings = json.loads((session.ipc_dir / bridge.SESSION_CONFIG_FILENAME).read_text())
+    assert settings["protocol"] == mcp_sandbox_kernel.PROTOCOL_VERSION
+    assert settings["servers"] == [{"alias": "time", "name": "time"}]

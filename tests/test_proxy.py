@@ -502,3 +502,19 @@ async def test_a_tool_call_that_outlives_its_timeout_fails_clearly(
         message, after = eval(result["value"])
         assert "did not answer the call to slow within 1s" in message and "MCP_BRIDGE_TOOL_TIMEOUT" in message
         assert after == {"sum": 3, "product": 2}
+
+
+async def test_a_timed_out_run_cancels_its_calls_on_the_server_too(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "finished.txt"
+    home = claude_desktop_home(tmp_path, {"stub": stub_entry()})
+    async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+        await run_ok(client, "mcp_stub.pair(a=1)")
+        code = "await mcp_stub.slow_then_mark(seconds=4, path=%r)" % str(marker)
+        result = await client.call_tool("run_python", {"code": code, "timeout": 1})
+        assert structured(result)["status"] == "timeout"
+        await anyio.sleep(6)
+        assert not marker.exists(), "the server finished a call whose run had timed out"
+        control = await run_ok(client, "mcp_stub.slow_then_mark(seconds=0.1, path=%r)" % str(marker))
+        assert control["value"] == "'marked'" and marker.exists()

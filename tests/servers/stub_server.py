@@ -27,6 +27,15 @@ async def slow(seconds: float) -> str:
 
 
 @server.tool()
+async def slow_then_mark(seconds: float, path: str) -> str:
+    """Sleep, then create the file `path`: proof that a cancelled call did not finish."""
+    await asyncio.sleep(seconds)
+    with open(path, "w") as marker:
+        marker.write("finished")
+    return "marked"
+
+
+@server.tool()
 def big(size: int) -> str:
     """Return a string of `size` characters."""
     return "x" * size
