@@ -1077,6 +1077,19 @@ def _describe_exception(exc: BaseException) -> str:
     return "%s: %s" % (type(exc).__name__, text[0]) if text else type(exc).__name__
 
 
+async def list_all_tools(session: ClientSession) -> list[types.Tool]:
+    """Every tool of a server, following tools/list pagination."""
+    tools: list[types.Tool] = []
+    cursor: str | None = None
+    while True:
+        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+        page = await session.list_tools(params=params)
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if not cursor:
+            return tools
+
+
 class PooledClient:
     """One configured MCP server behind a long-lived client session.
 
@@ -1137,7 +1150,7 @@ class PooledClient:
                 async with ClientSession(relayed_read, write, message_handler=self._on_message) as session:
                     with anyio.fail_after(self.config.server_start_timeout):
                         await session.initialize()
-                        self.tools = await self._fetch_tools(session)
+                        self.tools = await list_all_tools(session)
                     self.session = owned = session
                     ready.set()
                     await _first_of(stop, closed)
@@ -1209,24 +1222,12 @@ class PooledClient:
         elif isinstance(message, Exception):
             logger.info("MCP server %s sent something unreadable: %s", self.spec.name, message)
 
-    @staticmethod
-    async def _fetch_tools(session: ClientSession) -> list[types.Tool]:
-        tools: list[types.Tool] = []
-        cursor: str | None = None
-        while True:
-            params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-            page = await session.list_tools(params=params)
-            tools.extend(page.tools)
-            cursor = page.next_cursor
-            if not cursor:
-                return tools
-
     async def list_tools(self) -> list[types.Tool]:
         session = await self.ensure_running()
         if self.tools_stale:
             self.tools_stale = False
             with anyio.fail_after(self.config.tool_timeout):
-                self.tools = await self._fetch_tools(session)
+                self.tools = await list_all_tools(session)
         return self.tools
 
     async def call_tool(self, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:

@@ -56,6 +56,8 @@ from bench_core import (  # the sibling benchmark: same conventions, same helper
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
+from mcp_server_code_execution_mode import list_all_tools
+
 REPO = Path(__file__).resolve().parent.parent
 EVERYTHING = REPO / ".cache" / "mcp-servers" / "node_modules" / ".bin" / "mcp-server-everything"
 ALIAS = "everything"  # the server's name in the config: mcp_everything in the sandbox
@@ -287,18 +289,6 @@ def check_echo(result: types.CallToolResult, message: str) -> None:
 
 async def echo(session: ClientSession, message: str) -> None:
     check_echo(await session.call_tool(ECHO, {"message": message}), message)
-
-
-async def list_all_tools(session: ClientSession) -> list[types.Tool]:
-    tools: list[types.Tool] = []
-    cursor: str | None = None
-    while True:
-        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-        page = await session.list_tools(params=params)
-        tools.extend(page.tools)
-        cursor = page.next_cursor
-        if not cursor:
-            return tools
 
 
 async def direct_batch(session: ClientSession) -> float:
