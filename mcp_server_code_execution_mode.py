@@ -2437,6 +2437,16 @@ def build_server(
             )
         except BridgeError as exc:
             return render_error(exc)
+        except (
+            Exception
+        ) as exc:  # a bug of ours: one failed call, rendered for the model, never a dead server
+            logger.exception("run_python failed unexpectedly")
+            return render_error(
+                BridgeError(
+                    "The bridge hit an internal error (%s: %s); details are in the server log. Try the "
+                    "call again, or with reset: true." % (type(exc).__name__, exc)
+                )
+            )
         return render_outcome(outcome, config)
 
     async def list_resources(
