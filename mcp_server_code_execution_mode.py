@@ -1728,6 +1728,7 @@ def _tool_dict(tool: types.Tool) -> dict[str, Any]:
 # =============================================================================
 
 SIGKILL_EXIT = 128 + signal.SIGKILL
+MAX_REQUESTS_IN_FLIGHT = 256
 
 
 @dataclass
@@ -1781,6 +1782,7 @@ class SandboxSession:
         self.host = host
         self.task_group: anyio.abc.TaskGroup | None = None
         self.requests: dict[str, anyio.CancelScope] = {}
+        self.in_flight = 0
         self.name = container_name(os.getpid())
         self.ipc_dir = ipc_root / self.name / "ipc"
         self.process: anyio.abc.Process | None = None
@@ -1934,18 +1936,29 @@ class SandboxSession:
             }
             pending.done.set()
         elif kind == "request" and self.task_group is not None:
-            self.task_group.start_soon(self._serve_request, frame)
+            # Decided on arrival, so the first MAX_REQUESTS_IN_FLIGHT are served whatever
+            # the task scheduling order.
+            refuse = self.in_flight >= MAX_REQUESTS_IN_FLIGHT
+            self.in_flight += 1
+            self.task_group.start_soon(self._serve_request, frame, refuse)
         elif kind == "cancel":
             self.cancel_requests(str(frame.get("id")))
         else:
             logger.debug("sandbox %s: ignoring frame %s", self.name, str(frame)[:200])
 
-    async def _serve_request(self, frame: dict[str, Any]) -> None:
+    async def _serve_request(self, frame: dict[str, Any], refuse: bool) -> None:
         request_id = str(frame.get("id"))
         response: dict[str, Any] = {"type": "response", "id": request_id}
         with anyio.CancelScope() as scope:
             self.requests[request_id] = scope
             try:
+                if refuse:
+                    # Defense in depth: code that fires requests without bound must not
+                    # make the bridge hold unbounded tasks and server calls.
+                    raise ProxyError(
+                        "Too many MCP requests in flight (more than %d); await some before starting more."
+                        % MAX_REQUESTS_IN_FLIGHT
+                    )
                 response["result"] = await self.host.handle(str(frame.get("method")), frame.get("params"))
             except BridgeError as exc:
                 response["error"] = {"type": "MCPError", "message": str(exc)}
@@ -1954,6 +1967,7 @@ class SandboxSession:
                 response["error"] = {"type": "MCPError", "message": "internal bridge error: %s" % exc}
             finally:
                 self.requests.pop(request_id, None)
+                self.in_flight -= 1
         if scope.cancelled_caught:
             # Answered anyway: a background thread or task in the sandbox may still wait.
             message = "cancelled: the run_python call that made this request has ended"

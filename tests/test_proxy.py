@@ -518,3 +518,26 @@ async def test_a_timed_out_run_cancels_its_calls_on_the_server_too(
         assert not marker.exists(), "the server finished a call whose run had timed out"
         control = await run_ok(client, "mcp_stub.slow_then_mark(seconds=0.1, path=%r)" % str(marker))
         assert control["value"] == "'marked'" and marker.exists()
+
+
+async def test_requests_beyond_the_in_flight_limit_are_refused_not_queued(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    home = claude_desktop_home(tmp_path, {"stub": stub_entry()})
+    async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+        result = await run_ok(
+            client,
+            """
+            import asyncio
+            from mcp import runtime
+            calls = [mcp_stub.slow(seconds=1) for _ in range(300)]
+            outcomes = await asyncio.gather(*calls, return_exceptions=True)
+            refused = [o for o in outcomes if isinstance(o, runtime.MCPError)]
+            (outcomes.count("slept 1"), len(refused), str(refused[0]) if refused else "")
+            """,
+        )
+        served, refused, message = eval(result["value"])
+        assert (served, refused) == (256, 44)
+        assert refused > 0 and "Too many MCP requests in flight" in message
+        after = await run_ok(client, "mcp_stub.pair(a=1)")
+        assert after["value"] == "{'sum': 3, 'product': 2}"
