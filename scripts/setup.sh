@@ -7,7 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 IMAGE="${MCP_BRIDGE_IMAGE:-localhost/mcp-sandbox-python:bookworm}"
-ROOTFS_CACHE="${MCP_SANDBOX_ROOTFS_CACHE:-/var/cache/mcp-sandbox/rootfs-bookworm.tar}"
+# The oldest Python the kernel supports (3.9, Debian bullseye), for the first runtime only.
+OLDEST_IMAGE="${MCP_TEST_OLDEST_IMAGE:-localhost/mcp-sandbox-python:bullseye}"
+ROOTFS_CACHE_DIR="${MCP_SANDBOX_ROOTFS_CACHE:-/var/cache/mcp-sandbox}"
 RUNTIMES="${MCP_TEST_RUNTIMES:-podman,docker}"
 log() { printf '[setup] %s\n' "$*" >&2; }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -36,29 +38,33 @@ fi
 # --- sandbox image -----------------------------------------------------------
 # No registry on the dev/CI machines: debootstrap a minimal Debian with python3
 # once, cache the tarball, and import it into each runtime that lacks the image.
-build_rootfs() {
-  [ -s "$ROOTFS_CACHE" ] && return 0
-  local mirror dir
-  mirror=$(grep -hoE '^URIs: *\S+' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}' | grep -v security | head -n1 || true)
-  [ -n "$mirror" ] || mirror=$(grep -hoE '^deb +\S+' /etc/apt/sources.list 2>/dev/null | awk '{print $2}' | head -n1 || true)
-  [ -n "$mirror" ] || { log "cannot find an apt mirror in /etc/apt"; exit 1; }
-  dir=$(mktemp -d)
-  log "debootstrapping python3 rootfs from the machine's own mirror (about a minute)"
-  as_root debootstrap --variant=minbase --include=python3 bookworm "$dir" "$mirror" >/tmp/debootstrap.log 2>&1 \
-    || { log "debootstrap failed; see /tmp/debootstrap.log"; exit 1; }
-  as_root mkdir -p "$(dirname "$ROOTFS_CACHE")"
-  as_root tar -C "$dir" -cf "$ROOTFS_CACHE.tmp" . && as_root mv "$ROOTFS_CACHE.tmp" "$ROOTFS_CACHE"
-  as_root rm -rf "$dir"
+build_rootfs() {  # $1 = Debian suite; prints the cached tarball's path
+  local cache="$ROOTFS_CACHE_DIR/rootfs-$1.tar" mirror dir
+  if [ ! -s "$cache" ]; then
+    mirror=$(grep -hoE '^URIs: *\S+' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}' | grep -v security | head -n1 || true)
+    [ -n "$mirror" ] || mirror=$(grep -hoE '^deb +\S+' /etc/apt/sources.list 2>/dev/null | awk '{print $2}' | head -n1 || true)
+    [ -n "$mirror" ] || { log "cannot find an apt mirror in /etc/apt"; exit 1; }
+    dir=$(mktemp -d)
+    log "debootstrapping a python3 rootfs ($1) from the machine's own mirror (about a minute)"
+    as_root debootstrap --variant=minbase --include=python3 "$1" "$dir" "$mirror" >"/tmp/debootstrap-$1.log" 2>&1 \
+      || { log "debootstrap failed; see /tmp/debootstrap-$1.log"; exit 1; }
+    as_root mkdir -p "$ROOTFS_CACHE_DIR"
+    as_root tar -C "$dir" -cf "$cache.tmp" . && as_root mv "$cache.tmp" "$cache"
+    as_root rm -rf "$dir"
+  fi
+  printf '%s\n' "$cache"
 }
-ensure_image() {  # $1 = podman|docker
-  "$1" image inspect "$IMAGE" >/dev/null 2>&1 && return 0
-  if [ "$1" = podman ] && podman pull -q "$IMAGE" >/dev/null 2>&1; then return 0; fi
-  build_rootfs
-  log "importing $IMAGE into $1"
-  "$1" import "$ROOTFS_CACHE" "$IMAGE" >/dev/null
+ensure_image() {  # $1 = podman|docker, $2 = image, $3 = Debian suite to build it from
+  "$1" image inspect "$2" >/dev/null 2>&1 && return 0
+  if [ "$1" = podman ] && podman pull -q "$2" >/dev/null 2>&1; then return 0; fi
+  local tarball
+  tarball=$(build_rootfs "$3")
+  log "importing $2 into $1"
+  "$1" import "$tarball" "$2" >/dev/null
 }
 IFS=, read -ra wanted <<<"$RUNTIMES"
-for rt in "${wanted[@]}"; do ensure_image "$rt"; done
+for rt in "${wanted[@]}"; do ensure_image "$rt" "$IMAGE" bookworm; done
+ensure_image "${wanted[0]}" "$OLDEST_IMAGE" bullseye
 
 # --- podman OCI runtime --------------------------------------------------------
 # crun refuses cgroups in hybrid mode on some hosts; runc works there. Only touch
