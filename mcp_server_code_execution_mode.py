@@ -2226,7 +2226,8 @@ class SessionManager:
                 continue
             if time.monotonic() - self.last_used >= self.config.idle_timeout:
                 async with self._lock:
-                    if self.session is not None:
+                    idle = time.monotonic() - self.last_used >= self.config.idle_timeout
+                    if self.session is not None and idle:  # a call may have slipped in meanwhile
                         logger.info("stopping idle sandbox %s", self.session.name)
                         await self.session.stop()
                         self.session = None
