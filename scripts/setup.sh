@@ -56,7 +56,9 @@ build_rootfs() {  # $1 = Debian suite; prints the cached tarball's path
 }
 ensure_image() {  # $1 = podman|docker, $2 = image, $3 = Debian suite to build it from
   "$1" image inspect "$2" >/dev/null 2>&1 && return 0
-  if [ "$1" = podman ] && podman pull -q "$2" >/dev/null 2>&1; then return 0; fi
+  # A registry image (machines with a registry, e.g. GitHub Actions) is pulled; a
+  # localhost/ name is built here from Debian packages.
+  if [[ "$2" != localhost/* ]]; then "$1" pull -q "$2" >/dev/null && return 0; fi
   local tarball
   tarball=$(build_rootfs "$3")
   log "importing $2 into $1"
