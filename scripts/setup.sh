@@ -35,6 +35,31 @@ if [[ "$RUNTIMES" == *docker* ]] && ! docker info >/dev/null 2>&1; then
   docker info >/dev/null 2>&1 || { log "dockerd did not start; see /tmp/dockerd.log"; exit 1; }
 fi
 
+# --- python environment and real MCP servers (in the background) -----------------
+# Independent of the images, so they install while the rootfs is debootstrapped.
+prepare_tools() {
+  if [ ! -x .venv/bin/python ]; then
+    log "creating .venv"
+    python3 -m venv .venv
+  fi
+  if ! .venv/bin/python -c 'import mcp_server_code_execution_mode' >/dev/null 2>&1 \
+     || [ pyproject.toml -nt .venv/.installed ]; then
+    log "installing the project into .venv"
+    .venv/bin/pip install -q -e '.[dev]'
+    touch .venv/.installed
+  fi
+  # --- real third-party MCP servers for the proxy tests ---------------------------
+  NPM_SERVERS=(@modelcontextprotocol/server-everything @modelcontextprotocol/server-filesystem)
+  if [ ! -x .cache/mcp-servers/node_modules/.bin/mcp-server-everything ] \
+     || [ ! -x .cache/mcp-servers/node_modules/.bin/mcp-server-filesystem ]; then
+    log "installing ${NPM_SERVERS[*]} into .cache/mcp-servers"
+    mkdir -p .cache/mcp-servers
+    npm install --prefix .cache/mcp-servers --no-audit --no-fund --silent "${NPM_SERVERS[@]}" >/dev/null
+  fi
+}
+prepare_tools &
+tools_pid=$!
+
 # --- sandbox image -----------------------------------------------------------
 # No registry on the dev/CI machines: debootstrap a minimal Debian with python3
 # once, cache the tarball, and import it into each runtime that lacks the image.
@@ -65,6 +90,11 @@ ensure_image() {  # $1 = podman|docker, $2 = image, $3 = Debian suite to build i
   "$1" import "$tarball" "$2" >/dev/null
 }
 IFS=, read -ra wanted <<<"$RUNTIMES"
+# Both root filesystems are debootstrapped at once (network- and disk-bound) when needed.
+suite_pids=()
+[[ "$IMAGE" == localhost/* ]] && { build_rootfs bookworm >/dev/null & suite_pids+=($!); }
+[[ "$OLDEST_IMAGE" == localhost/* ]] && { build_rootfs bullseye >/dev/null & suite_pids+=($!); }
+for pid in "${suite_pids[@]}"; do wait "$pid"; done
 for rt in "${wanted[@]}"; do ensure_image "$rt" "$IMAGE" bookworm; done
 ensure_image "${wanted[0]}" "$OLDEST_IMAGE" bullseye
 
@@ -81,23 +111,5 @@ if [[ "$RUNTIMES" == *podman* ]]; then
   fi
 fi
 
-# --- python environment --------------------------------------------------------
-if [ ! -x .venv/bin/python ]; then
-  log "creating .venv"
-  python3 -m venv .venv
-fi
-if ! .venv/bin/python -c 'import mcp_server_code_execution_mode' >/dev/null 2>&1 \
-   || [ pyproject.toml -nt .venv/.installed ]; then
-  log "installing the project into .venv"
-  .venv/bin/pip install -q -e '.[dev]'
-  touch .venv/.installed
-fi
-# --- real third-party MCP servers for the proxy tests ---------------------------
-NPM_SERVERS=(@modelcontextprotocol/server-everything @modelcontextprotocol/server-filesystem)
-if [ ! -x .cache/mcp-servers/node_modules/.bin/mcp-server-everything ] \
-   || [ ! -x .cache/mcp-servers/node_modules/.bin/mcp-server-filesystem ]; then
-  log "installing ${NPM_SERVERS[*]} into .cache/mcp-servers"
-  mkdir -p .cache/mcp-servers
-  npm install --prefix .cache/mcp-servers --no-audit --no-fund --silent "${NPM_SERVERS[@]}" >/dev/null
-fi
+wait "$tools_pid" || { log "setting up .venv or the npm MCP servers failed (output above)"; exit 1; }
 log "ready: image $IMAGE on ${RUNTIMES}"
