@@ -452,3 +452,38 @@ def test_ipc_directory_is_private_and_read_only_content_is_readable(tmp_path: Pa
     settings = json.loads((session.ipc_dir / bridge.SESSION_CONFIG_FILENAME).read_text())
     assert settings["protocol"] == mcp_sandbox_kernel.PROTOCOL_VERSION
     assert settings["servers"] == [{"alias": "time", "name": "time"}]
+
+
+FAKE_PODMAN = """#!/bin/sh
+echo "$*" >> "{log}"
+case "$*" in
+  "machine list --format json")
+    echo '[{{"Name": "other", "Running": false}},'
+    echo ' {{"Name": "podman-machine-default", "Running": {running}, "Default": true}}]' ;;
+  info*) echo "false v2" ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("running", [False, True])
+@pytest.mark.anyio
+async def test_macos_podman_machine_is_started_and_only_a_started_one_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, running: bool
+) -> None:
+    log = tmp_path / "calls.log"
+    fake = tmp_path / "podman"
+    fake.write_text(FAKE_PODMAN.format(log=log, running="true" if running else "false"))
+    fake.chmod(0o755)
+    monkeypatch.setattr("mcp_server_code_execution_mode.sys.platform", "darwin")
+
+    runtime = bridge.PodmanRuntime(str(fake))
+    await runtime.check_ready()
+    await runtime.release()
+
+    calls = log.read_text().splitlines()
+    if running:
+        assert "machine start podman-machine-default" not in calls
+        assert not any(call.startswith("machine stop") for call in calls)  # never stop the user's machine
+    else:
+        assert "machine start podman-machine-default" in calls  # the default one, not the first listed
+        assert calls[-1] == "machine stop podman-machine-default"
