@@ -182,8 +182,8 @@ class OutputLimiter:
 class OutputPump(threading.Thread):
     """Reads one capture pipe and turns it into ``stream`` frames.
 
-    ``sync()`` lets the executing thread wait until everything written to the pipe
-    before the call has been forwarded: it writes a random marker through the pipe
+    ``start_sync()`` + ``wait_synced()`` let the executing thread wait until everything
+    written to the pipe before the call has been forwarded: it writes a random marker through the pipe
     itself, so ordering holds for every writer, including subprocesses. The pump keeps
     a private write end, so ``reattach()`` can repair ``target_fd`` after user code
     closed or redirected it."""
@@ -205,9 +205,11 @@ class OutputPump(threading.Thread):
     def reattach(self) -> None:
         os.dup2(self.write_fd, self.target_fd)
 
-    def sync(self, timeout: float = 5.0) -> None:
+    def start_sync(self) -> None:
         self._synced.clear()
         os.write(self.write_fd, self.marker)
+
+    def wait_synced(self, timeout: float = 5.0) -> None:
         self._synced.wait(timeout)
 
     def run(self) -> None:
@@ -821,8 +823,11 @@ class Kernel:
                 stream.flush()
             except Exception:  # user code may have closed or replaced it (even with None)
                 pass
+        # Both markers first, then both waits: the pumps drain concurrently.
         for pump in self.pumps:
-            pump.sync()
+            pump.start_sync()
+        for pump in self.pumps:
+            pump.wait_synced()
 
 
 # =============================================================================
