@@ -65,7 +65,10 @@ class KernelProcess:
         decoder = FrameDecoder(MAX_FRAME)
         fd = self.process.stdout.fileno()
         while True:
-            data = os.read(fd, 1 << 16)
+            try:
+                data = os.read(fd, 1 << 16)
+            except OSError:  # the test closed the pipe under us
+                data = b""
             if not data:
                 self.frames.put(None)
                 return
