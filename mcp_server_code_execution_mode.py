@@ -1642,7 +1642,7 @@ class HostAPI:
             {
                 "name": python_identifier(tool.name),
                 "tool": tool.name,
-                "description": _first_line(tool.description),
+                "description": _summary_line(tool.description),
             }
             for tool in await self._allowed_tools(client)
         ]
@@ -1713,10 +1713,6 @@ class HostAPI:
                 % len(self.pool.discovery.problems)
             )
         return "\n".join(lines)
-
-
-def _first_line(text: str | None) -> str:
-    return (text or "").strip().split("\n", 1)[0][:200]
 
 
 def _tool_dict(tool: types.Tool) -> dict[str, Any]:
