@@ -35,7 +35,7 @@ import sys
 import threading
 import traceback
 import types
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 # =============================================================================
 # wire protocol
@@ -48,7 +48,139 @@ Frame = dict[str, Any]
 
 
 class ProtocolError(Exception):
-    """A frame that cannot be accepted: not JSON, not an object, or over the size cap."""
+    """A frame that cannot be accepted: not JSON, not an object, over the size cap, or
+    with a field of the wrong type or size."""
+
+
+# --- frame schemas -------------------------------------------------------------------
+# Every frame is checked against its type's fields before anyone uses it: the bridge
+# checks what comes out of the sandbox (hostile code may write frames of its own), the
+# kernel what comes from the bridge. Unknown fields are ignored; unknown types refused.
+
+MAX_ID_CHARS = 64  # ids are short strings or integers: a reply echoes the id
+MAX_NAME_CHARS = 200  # method names, error type names
+STREAM_NAMES = ("stdout", "stderr")
+RESULT_STATUSES = ("ok", "error", "interrupted")
+
+
+class FieldRule(NamedTuple):
+    check: Callable[[Any], bool]
+    expected: str  # completes "field X must be ..."
+    required: bool = True
+
+
+def is_frame_id(value: Any) -> bool:
+    if isinstance(value, str):
+        return 0 < len(value) <= MAX_ID_CHARS
+    return type(value) is int and abs(value) < 2**53
+
+
+def _is_name(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_NAME_CHARS
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_optional_text(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _is_object(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _is_stream_counts(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        name in STREAM_NAMES and _is_count(count) for name, count in value.items()
+    )
+
+
+def _is_error_info(value: Any) -> bool:
+    """{"type": name, "message": text, "traceback": text (optional)}"""
+    return (
+        isinstance(value, dict)
+        and _is_name(value.get("type"))
+        and _is_text(value.get("message"))
+        and _is_optional_text(value.get("traceback"))
+    )
+
+
+def _is_optional_error_info(value: Any) -> bool:
+    return value is None or _is_error_info(value)
+
+
+def _one_of(*choices: str) -> Callable[[Any], bool]:
+    return lambda value: isinstance(value, str) and value in choices
+
+
+_ID = FieldRule(is_frame_id, "a string of 1-%d characters or an integer" % MAX_ID_CHARS)
+_ERROR_INFO = "null or an object with string fields type, message (and traceback)"
+
+FRAME_SCHEMAS: dict[str, dict[str, FieldRule]] = {
+    # bridge -> kernel
+    "execute": {"id": _ID, "code": FieldRule(_is_text, "a string")},
+    "interrupt": {"id": _ID},
+    "response": {
+        "id": _ID,
+        "error": FieldRule(_is_optional_error_info, _ERROR_INFO, required=False),
+    },
+    # kernel -> bridge
+    "hello": {
+        "protocol": FieldRule(_is_count, "a non-negative integer"),
+        "python": FieldRule(_is_name, "a version string"),
+    },
+    "stream": {
+        "id": _ID,
+        "name": FieldRule(_one_of(*STREAM_NAMES), " or ".join(STREAM_NAMES)),
+        "text": FieldRule(_is_text, "a string"),
+    },
+    "result": {
+        "id": _ID,
+        "status": FieldRule(_one_of(*RESULT_STATUSES), ", ".join(RESULT_STATUSES)),
+        "value": FieldRule(_is_optional_text, "null or a string", required=False),
+        "error": FieldRule(_is_optional_error_info, _ERROR_INFO, required=False),
+        "dropped": FieldRule(_is_stream_counts, "an object of stdout/stderr counts", required=False),
+    },
+    "error": {
+        "id": FieldRule(lambda value: value is None or is_frame_id(value), "null or an id", required=False),
+        "message": FieldRule(_is_text, "a string"),
+    },
+    "request": {
+        "id": _ID,
+        "method": FieldRule(_is_name, "a method name of 1-%d characters" % MAX_NAME_CHARS),
+        "params": FieldRule(_is_object, "an object"),
+    },
+    "cancel": {"id": _ID},
+}
+BRIDGE_FRAME_TYPES = frozenset({"execute", "interrupt", "response"})
+KERNEL_FRAME_TYPES = frozenset({"hello", "stream", "result", "error", "request", "cancel"})
+
+
+def validate_frame(frame: Frame, accepted: frozenset[str]) -> Frame:
+    """``frame`` itself when its type is one of ``accepted`` and every field has the
+    right type and size; else ProtocolError saying which field is wrong."""
+    kind = frame.get("type")
+    if kind not in accepted:
+        known = "unexpected" if kind in FRAME_SCHEMAS else "unknown"
+        raise ProtocolError("%s frame type %s" % (known, _preview(kind)))
+    for name, rule in FRAME_SCHEMAS[kind].items():
+        if name not in frame:
+            if rule.required:
+                raise ProtocolError("%s frame has no field %r" % (kind, name))
+        elif not rule.check(frame[name]):
+            raise ProtocolError("%s frame: field %r must be %s" % (kind, name, rule.expected))
+    return frame
+
+
+def _preview(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def encode_frame(frame: Frame, max_frame_bytes: int) -> bytes:
@@ -119,13 +251,9 @@ class Channel:
         self.deferred_interrupt = False
 
     def send(self, frame: Frame) -> None:
-        try:
-            data = encode_frame(frame, self.max_frame_bytes)
-        except ProtocolError as exc:
-            # Report instead of sending; the id lets the bridge fail the right request.
-            data = encode_frame(
-                {"type": "error", "id": frame.get("id"), "message": str(exc)}, self.max_frame_bytes
-            )
+        """Send one frame whole; ProtocolError (nothing sent) when it is over the cap,
+        so the sender can tell its own caller at once."""
+        data = encode_frame(frame, self.max_frame_bytes)
         in_main = threading.current_thread() is threading.main_thread()
         with self._lock:
             self.main_thread_writing = in_main
@@ -169,6 +297,11 @@ class OutputLimiter:
             self.execute_id = execute_id
             self.sent = {"stdout": 0, "stderr": 0}
             self.dropped = {"stdout": 0, "stderr": 0}
+
+    def uncount(self, name: str, chars: int) -> None:
+        with self._lock:
+            self.sent[name] -= chars
+            self.dropped[name] += chars
 
     def admit(self, name: str, text: str) -> str:
         with self._lock:
@@ -235,9 +368,11 @@ class OutputPump(threading.Thread):
             return
         text = self.limiter.admit(self.stream_name, self._decoder.decode(data))
         if text:
-            self.channel.send(
-                {"type": "stream", "id": self.limiter.execute_id, "name": self.stream_name, "text": text}
-            )
+            frame = {"type": "stream", "id": self.limiter.execute_id, "name": self.stream_name, "text": text}
+            try:
+                self.channel.send(frame)
+            except ProtocolError:  # only with a frame cap below the chunk size: count it as cut
+                self.limiter.uncount(self.stream_name, len(text))
 
 
 def _partial_suffix(buffer: bytes, marker: bytes) -> int:
@@ -356,7 +491,7 @@ def describe_user_exception(exc: BaseException, limit: int) -> dict[str, str]:
         text = "%s: %s\n" % (type(exc).__name__, message)
     if len(text) > limit:
         text = "[... %d characters of the traceback cut ...]\n%s" % (len(text) - limit, text[-limit:])
-    return {"type": type(exc).__name__, "message": message[:2000], "traceback": text}
+    return {"type": type(exc).__name__[:MAX_NAME_CHARS], "message": message[:2000], "traceback": text}
 
 
 def safe_repr(value: Any, limit: int) -> str:
@@ -421,6 +556,22 @@ class HostRequests:
             self._waiting[request_id] = deliver
         return request_id
 
+    def _send_request(self, request_id: str, method: str, params: dict[str, Any]) -> None:
+        try:
+            self.channel.send({"type": "request", "id": request_id, "method": method, "params": params})
+        except ProtocolError as exc:
+            self._forget(request_id, cancel=False)  # never sent: nothing to cancel
+            raise MCPError(
+                "%s: the arguments are too large to send to the host (%s). Pass less data per call, "
+                "or write it to a file in /workspace and pass the path." % (method, exc)
+            ) from None
+        except (TypeError, ValueError) as exc:  # not JSON-serializable
+            self._forget(request_id, cancel=False)
+            raise TypeError(
+                "%s: arguments must be JSON values (str, int, float, bool, None, list, dict): %s"
+                % (method, exc)
+            ) from None
+
     def _forget(self, request_id: str, cancel: bool) -> None:
         with self._lock:
             pending = self._waiting.pop(request_id, None)
@@ -444,7 +595,7 @@ class HostRequests:
 
         request_id = self._register(deliver)
         try:
-            self.channel.send({"type": "request", "id": request_id, "method": method, "params": params})
+            self._send_request(request_id, method, params)
             done.wait()  # interruptible: a timeout's KeyboardInterrupt lands here
         finally:
             self._forget(request_id, cancel=not box)
@@ -459,7 +610,7 @@ class HostRequests:
 
         request_id = self._register(deliver)
         try:
-            self.channel.send({"type": "request", "id": request_id, "method": method, "params": params})
+            self._send_request(request_id, method, params)
             frame = await future
         finally:
             self._forget(request_id, cancel=not future.done())
@@ -749,14 +900,17 @@ class Kernel:
                 frame = self.channel.receive()
                 if frame is None:
                     break
-                handler = self.handlers.get(frame["type"])
-                if handler is None:
-                    message = "unknown frame type %r" % frame["type"]
-                    self.channel.send({"type": "error", "message": message})
-                else:
-                    handler(frame)
-        except ProtocolError as exc:
-            self.channel.send({"type": "error", "message": str(exc)})
+                try:
+                    validate_frame(frame, BRIDGE_FRAME_TYPES)
+                except ProtocolError as exc:  # one bad frame is reported; the channel is intact
+                    if frame["type"] == "execute" and is_frame_id(frame.get("id")):
+                        self.executes.put(frame)  # every execute gets its result, in order: an error
+                    else:
+                        self.channel.send({"type": "error", "message": "kernel ignored a frame: %s" % exc})
+                    continue
+                self.handlers[frame["type"]](frame)
+        except ProtocolError as exc:  # the byte stream itself is broken: nothing later can be trusted
+            self.channel.send({"type": "error", "message": "kernel stopped: %s" % exc})
         finally:
             os._exit(0)
 
@@ -789,7 +943,13 @@ class Kernel:
             frame = self.executes.get()
             if frame is None:
                 return
-            self.channel.send(self.execute(frame))
+            result = self.execute(frame)
+            try:
+                self.channel.send(result)
+            except ProtocolError as exc:  # only with a tiny frame cap; exactly one result still goes out
+                result.update(value=None, error={"type": "ProtocolError", "message": str(exc), "traceback": ""})
+                result["status"] = "error"
+                self.channel.send(result)
 
     def execute(self, frame: Frame) -> Frame:
         execute_id = frame.get("id")

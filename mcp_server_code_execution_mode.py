@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import fnmatch
-import inspect
+import hashlib
 import json
 import keyword
 import logging
@@ -55,8 +55,9 @@ import mcp_types as types
 import toon_format
 from mcp.client.session import ClientSession
 from mcp.client.sse import sse_client
-from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
@@ -67,7 +68,15 @@ from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import mcp_sandbox_kernel
-from mcp_sandbox_kernel import PROTOCOL_VERSION, FrameDecoder, ProtocolError, encode_frame
+from mcp_sandbox_kernel import (
+    KERNEL_FRAME_TYPES,
+    PROTOCOL_VERSION,
+    FrameDecoder,
+    ProtocolError,
+    encode_frame,
+    is_frame_id,
+    validate_frame,
+)
 
 __version__ = "0.1.0"
 SERVER_NAME = "mcp-server-code-execution-mode"
@@ -375,6 +384,16 @@ class InvalidRequestError(BridgeError):
     """The model's arguments to run_python are unusable."""
 
 
+class ShuttingDownError(BridgeError):
+    """The bridge received SIGTERM/SIGINT while the call was in flight."""
+
+
+SHUTTING_DOWN = (
+    "The MCP server is shutting down (it received a stop signal), so this call was not completed. "
+    "If the client restarts the server, call run_python again; earlier state is gone."
+)
+
+
 # =============================================================================
 # wire protocol
 # =============================================================================
@@ -392,6 +411,10 @@ WORKDIR = "/workspace"
 # =============================================================================
 
 CONTAINER_LABEL = "io.github.mcp-server-code-execution-mode"
+OWNER_PID_LABEL = CONTAINER_LABEL + ".owner-pid"
+OWNER_START_LABEL = CONTAINER_LABEL + ".owner-start"
+OWNER_HOST_LABEL = CONTAINER_LABEL + ".owner-host"
+UNKNOWN = "unknown"  # label value / directory name where a part of the identity cannot be read
 CONTAINER_PREFIX = "mcp-code-exec"
 # Modest explicit ulimits: good hardening, and rootful Podman's defaults exceed the
 # hard limits of some hosts ("setrlimit ... operation not permitted").
@@ -417,13 +440,110 @@ async def run_command(
 
 
 @dataclass(frozen=True)
+class OwnerIdentity:
+    """Which bridge process owns a sandbox, told apart from every other machine, pid
+    namespace and later process that shares the container engine or the state directory.
+
+    `host_key`: 16 hex digits naming the space in which `pid` means something. Linux: a
+    hash of the boot id and the pid namespace (a dev container, a remote engine's host
+    or the next boot each get another key; a toolbox or snap sharing the host's pids gets
+    the same one). macOS: a hash of the host name and the boot time. None where neither
+    can be read (Windows, ...): such a bridge labels its containers but never sweeps.
+    `start_time`: the process's start time in clock ticks since boot (Linux, field 22 of
+    /proc/<pid>/stat), None elsewhere; it tells a reused pid from the original owner."""
+
+    host_key: str | None
+    pid: int
+    start_time: int | None
+
+    @property
+    def host(self) -> str:
+        return self.host_key or UNKNOWN
+
+    def labels(self) -> list[str]:
+        start = UNKNOWN if self.start_time is None else str(self.start_time)
+        return [
+            "%s=1" % CONTAINER_LABEL,
+            "%s=%d" % (OWNER_PID_LABEL, self.pid),
+            "%s=%s" % (OWNER_START_LABEL, start),
+            "%s=%s" % (OWNER_HOST_LABEL, self.host),
+        ]
+
+
+def _host_digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def linux_host_key(boot_id: str, pid_namespace: str) -> str | None:
+    """From /proc/sys/kernel/random/boot_id and readlink(/proc/self/ns/pid)."""
+    boot_id = boot_id.strip()
+    if not re.fullmatch(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", boot_id):
+        return None
+    if not re.fullmatch(r"pid:\[\d+\]", pid_namespace):
+        return None
+    return _host_digest("linux", boot_id, pid_namespace)
+
+
+def darwin_host_key(hostname: str, boottime: str) -> str | None:
+    """From the host name and `sysctl -n kern.boottime` ("{ sec = 1700000000, usec = ...")."""
+    match = re.match(r"\{ sec = (\d+), usec = \d+ \}", boottime.strip())
+    if not hostname or match is None:
+        return None
+    return _host_digest("darwin", hostname, match.group(1))
+
+
+def parse_start_time(stat: str) -> int | None:
+    """Field 22 (starttime) of a /proc/<pid>/stat line. Field 2, the command name in
+    parentheses, may itself contain spaces and parentheses, so count from the last ')'."""
+    head, paren, tail = stat.rpartition(")")
+    fields = tail.split()
+    if not paren or " (" not in head or len(fields) < 20 or not fields[19].isdigit():
+        return None
+    return int(fields[19])
+
+
+def process_start_time(pid: int) -> int | None:
+    try:
+        return parse_start_time(Path("/proc/%d/stat" % pid).read_text(errors="replace"))
+    except OSError:
+        return None
+
+
+def _read_host_key() -> str | None:
+    if sys.platform.startswith("linux"):
+        try:
+            boot_id = Path("/proc/sys/kernel/random/boot_id").read_text()
+            return linux_host_key(boot_id, os.readlink("/proc/self/ns/pid"))
+        except OSError:
+            return None
+    if sys.platform == "darwin":
+        try:
+            result = subprocess.run(
+                ["sysctl", "-n", "kern.boottime"], capture_output=True, text=True, timeout=5, check=False
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return darwin_host_key(os.uname().nodename, result.stdout)
+    # Elsewhere (Windows) no sweep: there os.kill(pid, 0) would even terminate the process.
+    return None
+
+
+@lru_cache(maxsize=1)
+def bridge_owner() -> OwnerIdentity:
+    """This bridge process's identity, read once on first use (never at import)."""
+    pid = os.getpid()
+    start = process_start_time(pid) if sys.platform.startswith("linux") else None
+    return OwnerIdentity(_read_host_key(), pid, start)
+
+
+@dataclass(frozen=True)
 class LaunchSpec:
     """What one sandbox container needs; the argv is derived from it by a pure function."""
 
     name: str
     image: str
     ipc_dir: Path
-    owner_pid: int
+    owner: OwnerIdentity
     memory: str
     pids: int
     cpus: float
@@ -447,13 +567,14 @@ class ContainerRuntime:
     def kill_argv(self, container: str) -> list[str]:
         return [self.executable, "rm", "--force", container]
 
-    def list_argv(self) -> list[str]:
+    def list_argv(self, host_key: str) -> list[str]:
+        """Names of the sandbox containers of one host key (one machine + pid namespace)."""
         return [
             self.executable,
             "ps",
             "--all",
             "--filter",
-            "label=" + CONTAINER_LABEL,
+            "label=%s=%s" % (OWNER_HOST_LABEL, host_key),
             "--format",
             "{{.Names}}",
         ]
@@ -571,8 +692,7 @@ def build_run_argv(executable: str, spec: LaunchSpec) -> list[str]:
         "--interactive",  # the kernel's stdin is the frame channel; EOF ends the container
         "--rm",
         "--name", spec.name,
-        "--label", "%s=1" % CONTAINER_LABEL,
-        "--label", "%s.owner-pid=%d" % (CONTAINER_LABEL, spec.owner_pid),
+        *(item for label in spec.owner.labels() for item in ("--label", label)),
         "--network", "none",
         "--read-only",
         "--cap-drop", "ALL",
@@ -600,14 +720,25 @@ def build_run_argv(executable: str, spec: LaunchSpec) -> list[str]:
     ]  # fmt: skip
 
 
-def container_name(owner_pid: int) -> str:
-    return "%s-%d-%s" % (CONTAINER_PREFIX, owner_pid, secrets.token_hex(4))
+def container_name(owner: OwnerIdentity) -> str:
+    """`mcp-code-exec-<pid>.<start time>-<random>` (`mcp-code-exec-<pid>-<random>` when the
+    start time is unknown); the session's IPC directory is named after it."""
+    token = "%d" % owner.pid if owner.start_time is None else "%d.%d" % (owner.pid, owner.start_time)
+    return "%s-%s-%s" % (CONTAINER_PREFIX, token, secrets.token_hex(4))
 
 
-def owner_of(name: str) -> int | None:
-    """The bridge pid encoded in a sandbox container or IPC directory name."""
-    match = re.fullmatch(re.escape(CONTAINER_PREFIX) + r"-(\d+)-[0-9a-f]+", name)
-    return int(match.group(1)) if match else None
+def session_dir_name(owner: OwnerIdentity, name: str) -> str:
+    """`<host key>.<container name>`: the session's private directory under STATE_DIR/ipc,
+    named so that a sweep can tell this host's directories from other hosts'."""
+    return "%s.%s" % (owner.host, name)
+
+
+def owner_of(name: str) -> tuple[int, int | None] | None:
+    """(pid, start time or None) of the bridge named in a container or IPC directory name."""
+    match = re.fullmatch(re.escape(CONTAINER_PREFIX) + r"-(\d+)(?:\.(\d+))?-[0-9a-f]+", name)
+    if match is None:
+        return None
+    return int(match.group(1)), None if match.group(2) is None else int(match.group(2))
 
 
 def process_alive(pid: int) -> bool:
@@ -620,20 +751,50 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+def owner_gone(
+    pid: int,
+    start_time: int | None,
+    alive: Callable[[int], bool] = process_alive,
+    start_time_of: Callable[[int], int | None] = process_start_time,
+) -> bool:
+    """True only when provably gone: no such process, or one with another start time (the
+    pid was reused). A live pid whose start time cannot be compared counts as the owner."""
+    if not alive(pid):
+        return True
+    if start_time is None:
+        return False
+    current = start_time_of(pid)
+    return current is not None and current != start_time
+
+
 async def sweep_orphans(
-    runtime: ContainerRuntime, ipc_root: Path, alive: Callable[[int], bool] = process_alive
+    runtime: ContainerRuntime,
+    ipc_root: Path,
+    owner: OwnerIdentity,
+    alive: Callable[[int], bool] = process_alive,
+    start_time_of: Callable[[int], int | None] = process_start_time,
 ) -> list[str]:
-    """Remove sandbox containers and IPC directories whose bridge process is gone."""
-    result = await run_command(runtime.list_argv())
-    names = result.stdout.decode().split() if result.returncode == 0 else []
-    orphans = [name for name in names if (pid := owner_of(name)) is not None and not alive(pid)]
+    """Remove the sandbox containers and IPC directories of THIS host key whose bridge is
+    provably gone. Other machines', other pid namespaces' and unparseable ones stay: their
+    pids mean nothing here."""
+    if owner.host_key is None:
+        logger.info("this host cannot be identified, so leftover sandboxes are not swept")
+        return []
+
+    def orphaned(name: str) -> bool:
+        parsed = owner_of(name)
+        return parsed is not None and owner_gone(*parsed, alive=alive, start_time_of=start_time_of)
+
+    result = await run_command(runtime.list_argv(owner.host_key))
+    names = result.stdout.decode(errors="replace").split() if result.returncode == 0 else []
+    orphans = [name for name in names if orphaned(name)]
     for name in orphans:
         logger.info("removing orphaned sandbox container %s", name)
         await run_command(runtime.kill_argv(name))
     if ipc_root.is_dir():
         for entry in ipc_root.iterdir():
-            pid = owner_of(entry.name)
-            if pid is not None and not alive(pid):
+            host, _, name = entry.name.partition(".")
+            if host == owner.host_key and entry.is_dir() and not entry.is_symlink() and orphaned(name):
                 shutil.rmtree(entry, ignore_errors=True)
     return orphans
 
@@ -1077,6 +1238,23 @@ def _describe_exception(exc: BaseException) -> str:
     return "%s: %s" % (type(exc).__name__, text[0]) if text else type(exc).__name__
 
 
+def _leaves(exc: BaseException) -> Iterable[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
+
+
+# What a dropped connection raises, bare or grouped by a task group. (TimeoutError is an
+# OSError too: callers test for it first, a timeout is not a dropped connection.)
+_TRANSPORT_FAILURES = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError)
+
+
+def _is_transport_failure(exc: BaseException) -> bool:
+    return all(isinstance(leaf, _TRANSPORT_FAILURES) for leaf in _leaves(exc))
+
+
 async def list_all_tools(session: ClientSession) -> list[types.Tool]:
     """Every tool of a server, following tools/list pagination."""
     tools: list[types.Tool] = []
@@ -1090,6 +1268,196 @@ async def list_all_tools(session: ClientSession) -> list[types.Tool]:
             return tools
 
 
+# --- stdio transport with a size cap ---------------------------------------------------
+# The SDK's stdio_client re-joins its whole line buffer on every 64 KiB read: a 50 MB
+# result line costs about 11 s of the bridge's CPU (100 MB: about 55 s) before the cap
+# in HostAPI.call_tool can refuse it. This transport splits lines in linear time and
+# discards a line over the cap as it arrives, answering the request it belonged to.
+
+RESULT_ENVELOPE_SLACK = 64 * 1024  # JSON-RPC envelope around a capped tool result
+_READ_CHUNK = 1 << 20
+_LINE_EDGE = 1024  # bytes kept of each end of a discarded line: enough to find its id
+_SERVER_EXIT_GRACE = 2.0  # seconds per shutdown step: stdin closed, SIGTERM, SIGKILL
+OVERSIZED = "mcp-bridge:oversized"  # marks the error the bridge answers in place of a discarded line
+
+
+@dataclass(frozen=True)
+class OversizedLine:
+    """A line over the cap, discarded as it arrived: its size and its two ends."""
+
+    size: int
+    head: bytes
+    tail: bytes
+
+
+class LineSplitter:
+    """Splits a byte stream into lines in linear time, holding at most `max_line` bytes
+    of one line; a longer line is dropped as it arrives and comes out as an
+    OversizedLine."""
+
+    def __init__(self, max_line: int) -> None:
+        self.max_line = max_line
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._head: bytes | None = None  # set while a line is being discarded
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> list[bytes | OversizedLine]:
+        lines: list[bytes | OversizedLine] = []
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            self._add(chunk[start:end])
+            lines.append(self._finish())
+            start = end + 1
+        self._add(chunk[start:])
+        return lines
+
+    def _add(self, piece: bytes) -> None:
+        if self._head is None and self._size + len(piece) <= self.max_line:
+            self._parts.append(piece)
+        elif self._head is None:
+            line = b"".join(self._parts) + piece
+            self._head, self._tail, self._parts = line[:_LINE_EDGE], line[-_LINE_EDGE:], []
+        else:
+            self._tail = (self._tail + piece[-_LINE_EDGE:])[-_LINE_EDGE:]
+        self._size += len(piece)
+
+    def _finish(self) -> bytes | OversizedLine:
+        line: bytes | OversizedLine
+        if self._head is None:
+            line = b"".join(self._parts)
+        else:
+            line = OversizedLine(self._size, self._head, self._tail)
+        self._parts, self._size, self._head, self._tail = [], 0, None, b""
+        return line
+
+
+# The top level of a JSON-RPC message whose large member was discarded: the simple
+# members before it (head) and after it (tail). Sound for valid JSON: an unescaped quote
+# right after "{" or "," cannot be inside a string.
+_JSON_SCALAR = rb'-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|"[^"\\]*"|true|false|null'
+_JSON_MEMBER = rb'\s*"[^"\\]*"\s*:\s*(?:' + _JSON_SCALAR + rb")\s*"
+_JSON_MEMBER_PARTS = re.compile(rb'"([^"\\]*)"\s*:\s*(' + _JSON_SCALAR + rb")")
+_JSON_HEAD = re.compile(rb"\s*\{((?:" + _JSON_MEMBER + rb',)*)\s*"([^"\\]*)"\s*:')
+_JSON_TAIL = re.compile(rb"((?:," + _JSON_MEMBER + rb")*)\}\s*$")
+
+
+def oversized_response_id(line: OversizedLine) -> int | str | None:
+    """The id of the JSON-RPC response a discarded line carried (its "result" or
+    "error" was the large member), or None when it is not a response or its id was not
+    in the kept ends."""
+    head = _JSON_HEAD.match(line.head)
+    tail = _JSON_TAIL.search(line.tail)
+    if head is None or head.group(2) not in (b"result", b"error"):
+        return None
+    members = _JSON_MEMBER_PARTS.findall(head.group(1) + (tail.group(1) if tail else b""))
+    for key, value in members:
+        if key == b"id":
+            found = json.loads(value)
+            return found if isinstance(found, int | str) and not isinstance(found, bool) else None
+    return None
+
+
+class OversizedMessageError(Exception):
+    """A server sent a message over the size cap; it was discarded unread."""
+
+
+def _server_item(line: bytes | OversizedLine, cap: int) -> SessionMessage | Exception | None:
+    """What the ClientSession receives for one line from a stdio server."""
+    if isinstance(line, OversizedLine):
+        request_id = oversized_response_id(line)
+        text = (
+            "the server sent a %d-byte message, over the %d-byte cap (MCP_BRIDGE_MAX_TOOL_RESULT_BYTES); "
+            "it was discarded unread" % (line.size, cap)
+        )
+        if request_id is None:
+            return OversizedMessageError(text)
+        error = types.ErrorData(code=types.INTERNAL_ERROR, message=text, data={OVERSIZED: line.size})
+        return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error))
+    if not line.strip():
+        return None
+    try:
+        message = types.jsonrpc_message_adapter.validate_json(line.decode("utf-8", "replace"), by_name=False)
+    except ValueError as exc:  # junk on stdout: the session reports it, the connection stays
+        return exc
+    return SessionMessage(message)
+
+
+@asynccontextmanager
+async def capped_stdio_transport(params: StdioServerParameters, cap: int) -> AsyncIterator[Any]:
+    """The SDK's stdio transport for POSIX, with a linear, capped reader: a line over
+    `cap` + RESULT_ENVELOPE_SLACK bytes is never held. If it answered one of our
+    requests, that request gets an error naming the cap and the connection stays;
+    otherwise (no id found) the connection is ended so the server is restarted."""
+    process = await anyio.open_process(
+        [params.command, *params.args],
+        env=get_default_environment() | (params.env or {}),
+        stderr=sys.stderr,  # the server's log joins the bridge's; never its stdout
+        cwd=params.cwd,
+        start_new_session=True,  # its own process group, killed as a whole at the end
+    )
+    stdin, stdout = process.stdin, process.stdout
+    assert stdin is not None and stdout is not None
+    read_send, read_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_send, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
+
+    async def read_stdout() -> None:
+        splitter = LineSplitter(cap + RESULT_ENVELOPE_SLACK)
+        delivering = True  # after the session is gone, the rest is read and dropped
+        with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            async with read_send:
+                while True:
+                    chunk = await stdout.receive(_READ_CHUNK)
+                    for line in splitter.feed(chunk):
+                        item = _server_item(line, cap) if delivering else None
+                        if item is None:
+                            continue
+                        try:
+                            await read_send.send(item)
+                        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                            delivering = False
+                        if isinstance(item, OversizedMessageError):
+                            read_send.close()  # the session sees the end; its requests fail now
+                            delivering = False
+
+    async def write_stdin() -> None:
+        try:
+            async with write_receive:
+                async for message in write_receive:
+                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    await stdin.send(data.encode() + b"\n")
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            read_send.close()  # the server stopped reading: end the session, do not hang it
+
+    async with anyio.create_task_group() as pipes:
+        pipes.start_soon(read_stdout)
+        pipes.start_soon(write_stdin)
+        try:
+            yield read_receive, write_send
+        finally:
+            with anyio.CancelScope(shield=True):
+                write_send.close()
+                read_receive.close()
+                await _stop_server_process(process)
+            pipes.cancel_scope.cancel()
+
+
+async def _stop_server_process(process: anyio.abc.Process) -> None:
+    """The MCP shutdown sequence, every step bounded: close stdin, wait, SIGTERM then
+    SIGKILL the server's whole process group, release the pipes."""
+    assert process.stdin is not None
+    with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        await process.stdin.aclose()
+    with anyio.move_on_after(_SERVER_EXIT_GRACE):
+        await process.wait()
+    if process.returncode is None:
+        await terminate_posix_process_tree(process, _SERVER_EXIT_GRACE)
+    with anyio.move_on_after(_SERVER_EXIT_GRACE):
+        await process.aclose()
+    if process.returncode is None:
+        logger.warning("MCP server process %d survived SIGKILL; abandoning it", process.pid)
+
+
 class PooledClient:
     """One configured MCP server behind a long-lived client session.
 
@@ -1097,7 +1465,9 @@ class PooledClient:
     them: the SDK's cancel scopes break when a session is entered in one task and
     exited in another. Callers in any task use the session while it is up. A relay
     between the transport and the session notices when the server goes away, so the
-    next use restarts it instead of failing."""
+    next use restarts it instead of failing. A server that misses a deadline or whose
+    connection fails is stopped the same way (a wedged server would make every later
+    call wait out the timeout); the model is told when it is restarted."""
 
     def __init__(self, spec: ServerSpec, config: BridgeConfig, task_group: anyio.abc.TaskGroup) -> None:
         self.spec = spec
@@ -1115,7 +1485,7 @@ class PooledClient:
 
     @property
     def running(self) -> bool:
-        return self.session is not None and not self._closed.is_set()
+        return self.session is not None and not self._closed.is_set() and not self._stop.is_set()
 
     async def ensure_running(self) -> ClientSession:
         async with self._start_lock:
@@ -1154,17 +1524,18 @@ class PooledClient:
                     self.session = owned = session
                     ready.set()
                     await _first_of(stop, closed)
-                    if closed.is_set() and not stop.is_set():
-                        self.failure = "exited or closed its connection"
+                    if closed.is_set() and not stop.is_set() and stop is self._stop:
+                        self.failure = self.failure or "exited or closed its connection"
                 relays.cancel_scope.cancel()
         except Exception as exc:  # any failure of a user-configured server is reported, never fatal
+            reason = _describe_exception(exc)
             if isinstance(_innermost(exc), TimeoutError) and not ready.is_set():
-                self.failure = (
-                    "it did not finish initializing within %gs (MCP_BRIDGE_SERVER_START_TIMEOUT)"
-                    % (self.config.server_start_timeout)
+                reason = "it did not finish initializing within %gs (MCP_BRIDGE_SERVER_START_TIMEOUT)" % (
+                    self.config.server_start_timeout
                 )
-            self.failure = self.failure or _describe_exception(exc)
-            logger.info("MCP server %s stopped: %s", self.spec.name, self.failure)
+            if stop is self._stop:  # else a restart already owns `failure`
+                self.failure = self.failure or reason
+            logger.info("MCP server %s stopped: %s", self.spec.name, reason)
         finally:
             # Only this owner's session: a restart may already have put a new one here.
             if self.session is owned:
@@ -1199,8 +1570,12 @@ class PooledClient:
                 cwd=spec.cwd,
                 encoding_error_handler="replace",  # a server's binary junk must not end the session
             )
-            async with stdio_client(params) as streams:
-                yield streams
+            if sys.platform == "win32":  # the SDK's transport: results are capped only after arrival
+                async with stdio_client(params) as streams:
+                    yield streams
+            else:
+                async with capped_stdio_transport(params, self.config.max_tool_result_bytes) as streams:
+                    yield streams
             return
         assert spec.url is not None
         headers = dict(spec.headers) or None
@@ -1219,37 +1594,80 @@ class PooledClient:
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, types.ToolListChangedNotification):
             self.tools_stale = True
+        elif isinstance(message, OversizedMessageError):
+            logger.warning("MCP server %s %s; the connection is restarted", self.spec.name, message)
+            self.failure = self.failure or str(message)
         elif isinstance(message, Exception):
             logger.info("MCP server %s sent something unreadable: %s", self.spec.name, message)
 
     async def list_tools(self) -> list[types.Tool]:
         session = await self.ensure_running()
         if self.tools_stale:
-            self.tools_stale = False
-            with anyio.fail_after(self.config.tool_timeout):
-                self.tools = await list_all_tools(session)
+            self.tools_stale = False  # a tools/list_changed arriving during the refresh sets it again
+            try:
+                with anyio.fail_after(self.config.tool_timeout):
+                    self.tools = await list_all_tools(session)
+            except Exception as exc:
+                self.tools_stale = True  # not refreshed: the next use asks again
+                error = self._request_error(session, exc, "tools/list")
+                if error is None:
+                    raise
+                raise error from None
+            except BaseException:  # cancelled: not refreshed either
+                self.tools_stale = True
+                raise
         return self.tools
 
     async def call_tool(self, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
         session = await self.ensure_running()
         try:
-            result = await session.call_tool(tool, arguments, read_timeout_seconds=self.config.tool_timeout)
-        except McpProtocolError as exc:
-            if exc.code == CONNECTION_CLOSED:
-                self.failure = "closed its connection during a call to %s" % tool
-                raise ProxyError(
-                    "MCP server %r went away during the call to %s (it crashed or exited); it will be "
-                    "restarted on the next call." % (self.spec.name, tool)
-                ) from None
-            if exc.code == REQUEST_TIMEOUT:
-                raise ProxyError(
-                    "MCP server %r did not answer the call to %s within %gs (MCP_BRIDGE_TOOL_TIMEOUT)."
-                    % (self.spec.name, tool, self.config.tool_timeout)
-                ) from None
-            raise ProxyError(
-                "MCP server %r rejected the call to %s: %s" % (self.spec.name, tool, exc.message)
-            ) from None
-        return result
+            return await session.call_tool(tool, arguments, read_timeout_seconds=self.config.tool_timeout)
+        except Exception as exc:
+            hint = " Ask the tool for less (a filter, a page, a limit)."
+            error = self._request_error(session, exc, "the call to %s" % tool, hint)
+            if error is None:
+                raise
+            raise error from None
+
+    def _request_error(
+        self, session: ClientSession, exc: Exception, request: str, hint: str = ""
+    ) -> ProxyError | None:
+        """What the sandbox is told when `request` ("tools/list", "the call to X") failed.
+        A server that missed the deadline (it may be wedged) or whose connection failed
+        is stopped, so the next use restarts it. None: not the server's failure."""
+        name, leaf = self.spec.name, _innermost(exc)
+        code = leaf.code if isinstance(leaf, McpProtocolError) else None
+        if isinstance(leaf, McpProtocolError) and isinstance(leaf.data, dict) and OVERSIZED in leaf.data:
+            return ProxyError(
+                "MCP server %r answered %s with %s bytes, over the %d-byte cap "
+                "(MCP_BRIDGE_MAX_TOOL_RESULT_BYTES); the bridge discarded the answer unread.%s"
+                % (name, request, leaf.data[OVERSIZED], self.config.max_tool_result_bytes, hint)
+            )
+        if code == REQUEST_TIMEOUT or isinstance(leaf, TimeoutError):
+            limit = "within %gs (MCP_BRIDGE_TOOL_TIMEOUT)" % self.config.tool_timeout
+            self._fail(session, "did not answer %s %s" % (request, limit))
+            return ProxyError(
+                "MCP server %r did not answer %s %s; it was stopped and will be restarted on the next call."
+                % (name, request, limit)
+            )
+        if code == CONNECTION_CLOSED or (code is None and _is_transport_failure(exc)):
+            cause = self.failure if code == CONNECTION_CLOSED else None
+            cause = cause or "its connection failed: %s" % _describe_exception(exc)
+            self._fail(session, "went away during %s (%s)" % (request, cause))
+            return ProxyError(
+                "MCP server %r went away during %s (%s); it will be restarted on the next call."
+                % (name, request, cause)
+            )
+        if code is not None:
+            return ProxyError("MCP server %r rejected %s: %s" % (name, request, _describe_exception(leaf)))
+        return None
+
+    def _fail(self, session: ClientSession, reason: str) -> None:
+        """Stop the client serving `session`, unless a restart has already replaced it:
+        its owner closes it, and the next use restarts the server and reports `reason`."""
+        if self.session is session and not self._stop.is_set():
+            self.failure = reason
+            self._stop.set()
 
     async def aclose(self) -> None:
         self._stop.set()
@@ -1289,7 +1707,8 @@ class ClientPool:
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as group:
                 for client in self.clients.values():
-                    group.start_soon(client.aclose)
+                    if client.starts:  # a client never started has no owner task to wait for
+                        group.start_soon(client.aclose)
 
 
 def _matches(name: str, patterns: Sequence[str]) -> bool:
@@ -1479,7 +1898,13 @@ _KEEP_ENDINGS = ("eed", "ss", "us", "is")  # speed, process, status, analysis
 _NAME_WEIGHT, _SERVER_WEIGHT, _TEXT_WEIGHT = 3.0, 1.5, 1.0  # parameter names and descriptions: text
 
 
-@lru_cache(maxsize=16384)
+# Bounds on what the sandbox may ask of a search (defense in depth: the ranking runs on
+# the host, outside the container's CPU limit).
+MAX_SEARCH_QUERY_CHARS = 500
+MAX_SEARCH_TERMS = 16
+MAX_SEARCH_LIMIT = 50
+
+
 def _stem(word: str) -> str:
     """Light stemming so word forms meet: timezones/timezone, reading/read, created/create."""
     if word.endswith(_KEEP_ENDINGS):
@@ -1492,8 +1917,9 @@ def _stem(word: str) -> str:
     return word[:-1] if len(word) >= 5 and word.endswith("e") else word  # write/writ(ing)
 
 
-@lru_cache(maxsize=16384)  # tool texts repeat on every search: tokenize each once
 def _tokens(text: str) -> tuple[str, ...]:
+    # No cache keyed by text: queries come from the sandbox. Tool texts are tokenized once
+    # per tool list instead (index_tools, kept by the caller).
     words = (word.lower() for word in _WORD.findall(text))
     return tuple(_stem(word) for word in words if len(word) > 1 and word not in _STOP_WORDS)
 
@@ -1504,7 +1930,6 @@ def _transposed(a: str, b: str) -> bool:
     return len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]]
 
 
-@lru_cache(maxsize=65536)
 def _similarity(term: str, token: str) -> float:
     """1.0 same stem; 0.7 one a prefix of the other; less for a shared start, swapped letters
     or a near spelling (difflib ratio >= 0.8)."""
@@ -1535,9 +1960,20 @@ def _tool_tokens(server_alias: str, tool: Mapping[str, Any]) -> dict[str, float]
     return {token: weight for text, weight in reversed(fields) for token in _tokens(_text(text))}
 
 
-def search_tools(
-    query: str, tools: Sequence[tuple[str, Mapping[str, Any]]], limit: int = 5
-) -> list[tuple[float, str, Mapping[str, Any]]]:
+# (server alias, tool, the tool's weighted stems): what the ranking reads.
+IndexedTool = tuple[str, Mapping[str, Any], dict[str, float]]
+
+
+def index_tools(tools: Iterable[tuple[str, Mapping[str, Any]]]) -> list[IndexedTool]:
+    return [(alias, tool, _tool_tokens(alias, tool)) for alias, tool in tools]
+
+
+def search_terms(query: str) -> list[str]:
+    """The distinct stems of a query, at most MAX_SEARCH_TERMS of them (the first ones)."""
+    return list(dict.fromkeys(_tokens(_text(query))))[:MAX_SEARCH_TERMS]
+
+
+def rank_tools(query: str, indexed: Sequence[IndexedTool], limit: int = 5) -> list[tuple[float, str, Mapping[str, Any]]]:
     """The ``limit`` best (score, server alias, tool) matches for ``query``, best first.
 
     Each query word scores its best match among a tool's words (same stem 1.0, prefix 0.7,
@@ -1545,10 +1981,9 @@ def search_tools(
     names and descriptions 1); the sum is divided by the number of query words. Ties go to
     the shorter tool name, then alphabetical order, so results are deterministic.
     """
-    terms = list(dict.fromkeys(_tokens(_text(query))))
+    terms = search_terms(query)
     if not terms or limit <= 0:
         return []
-    indexed = [(alias, tool, _tool_tokens(alias, tool)) for alias, tool in tools]
     vocabulary = {token for _, _, tokens in indexed for token in tokens}
     matches = [{t: s for t in vocabulary if (s := _similarity(term, t)) > 0} for term in terms]
     ranked: list[tuple[float, str, Mapping[str, Any]]] = []
@@ -1560,9 +1995,62 @@ def search_tools(
     return ranked[:limit]
 
 
+def search_tools(
+    query: str, tools: Sequence[tuple[str, Mapping[str, Any]]], limit: int = 5
+) -> list[tuple[float, str, Mapping[str, Any]]]:
+    """rank_tools over tools not indexed yet."""
+    return rank_tools(query, index_tools(tools), limit)
+
+
 # =============================================================================
 # sandbox API (host side)
 # =============================================================================
+
+
+# One input model per sandbox request method: the validation and the error text the
+# sandbox code sees come from it. Strict: the sandbox must send the right JSON types.
+class _SandboxParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+_ServerName = Field(min_length=1, max_length=200)
+
+
+class DiscoveredServersParams(_SandboxParams):
+    detailed: bool = False
+
+
+class ListToolsParams(_SandboxParams):
+    server: str = _ServerName
+
+
+class QueryToolDocsParams(_SandboxParams):
+    server: str = _ServerName
+    tool: str | None = Field(default=None, min_length=1, max_length=1000)
+    detail: Literal["summary", "full"] = "summary"
+
+
+class SearchToolDocsParams(_SandboxParams):
+    query: str = Field(max_length=MAX_SEARCH_QUERY_CHARS)
+    limit: int = Field(default=5, ge=1, le=MAX_SEARCH_LIMIT)
+
+
+class CallToolParams(_SandboxParams):
+    server: str = _ServerName
+    tool: str = Field(min_length=1, max_length=1000)
+    arguments: dict[str, Any] | None = None
+
+
+class CapabilitySummaryParams(_SandboxParams):
+    pass
+
+
+def describe_params_error(method: str, exc: ValidationError) -> str:
+    problems = "; ".join(
+        "%s: %s" % (".".join(str(part) for part in error["loc"]) or "arguments", error["msg"])
+        for error in exc.errors(include_url=False, include_input=False)[:5]
+    )
+    return "Bad arguments for runtime.%s: %s." % (method, problems)
 
 
 class HostAPI:
@@ -1573,14 +2061,19 @@ class HostAPI:
     def __init__(self, pool: ClientPool, config: BridgeConfig) -> None:
         self.pool = pool
         self.config = config
-        self.methods: dict[str, Callable[..., Awaitable[Any]]] = {
-            "discovered_servers": self.discovered_servers,
-            "list_tools": self.list_tools,
-            "query_tool_docs": self.query_tool_docs,
-            "search_tool_docs": self.search_tool_docs,
-            "call_tool": self.call_tool,
-            "capability_summary": self.capability_summary,
+        self.methods: dict[str, tuple[type[_SandboxParams], Callable[..., Awaitable[Any]]]] = {
+            "discovered_servers": (DiscoveredServersParams, self.discovered_servers),
+            "list_tools": (ListToolsParams, self.list_tools),
+            "query_tool_docs": (QueryToolDocsParams, self.query_tool_docs),
+            "search_tool_docs": (SearchToolDocsParams, self.search_tool_docs),
+            "call_tool": (CallToolParams, self.call_tool),
+            "capability_summary": (CapabilitySummaryParams, self.capability_summary),
         }
+        # One search ranks at a time, in a worker thread: it is CPU-bound and must not
+        # stall the event loop (which also answers the MCP client's pings).
+        self._search_limiter = anyio.CapacityLimiter(1)
+        # alias -> (the tool list it was built from, its search index); one per server.
+        self._search_index: dict[str, tuple[list[types.Tool], list[IndexedTool]]] = {}
 
     def server_list(self) -> list[dict[str, str]]:
         """What the kernel needs at start-up to create the ``mcp_<alias>`` objects."""
@@ -1588,15 +2081,18 @@ class HostAPI:
             {"alias": alias, "name": client.spec.name} for alias, client in sorted(self.pool.clients.items())
         ]
 
-    async def handle(self, method: str, params: Any) -> Any:
-        handler = self.methods.get(method)
-        if handler is None or not isinstance(params, dict):
-            raise ProxyError("Unknown sandbox request %r." % method)
+    async def handle(self, method: str, params: dict[str, Any]) -> Any:
+        entry = self.methods.get(method)
+        if entry is None:
+            raise ProxyError(
+                "Unknown sandbox request %r; the host serves %s." % (method[:100], ", ".join(self.methods))
+            )
+        model, handler = entry
         try:
-            inspect.signature(handler).bind(**params)
-        except TypeError as exc:
-            raise ProxyError("Bad arguments for %s: %s" % (method, exc)) from None
-        return await handler(**params)
+            arguments = model.model_validate(params)
+        except ValidationError as exc:
+            raise ProxyError(describe_params_error(method, exc)) from None
+        return await handler(**dict(arguments))
 
     async def discovered_servers(self, detailed: bool = False) -> Any:
         if not detailed:
@@ -1658,12 +2154,11 @@ class HostAPI:
     async def search_tool_docs(self, query: str, limit: int = 5) -> list[dict[str, Any]]:
         # Every configured server is searched, so those not started yet are started
         # here (concurrently); a server that fails is left out of the ranking.
-        catalogue: list[tuple[str, Mapping[str, Any]]] = []
+        catalogue: list[IndexedTool] = []
 
         async def collect(client: PooledClient) -> None:
             try:
-                for tool in await self._allowed_tools(client):
-                    catalogue.append((client.spec.alias, _tool_dict(tool)))
+                catalogue.extend(await self._indexed_tools(client))
             except BridgeError as exc:
                 logger.info("search skipped %s: %s", client.spec.alias, exc)
 
@@ -1671,22 +2166,31 @@ class HostAPI:
             for client in self.pool.clients.values():
                 group.start_soon(collect, client)
         catalogue.sort(key=lambda entry: (entry[0], str(entry[1].get("name"))))
-        ranked = search_tools(query, catalogue, limit=max(1, min(int(limit), 50)))
+        ranked = await anyio.to_thread.run_sync(
+            rank_tools, query, catalogue, limit, limiter=self._search_limiter, abandon_on_cancel=True
+        )
         return [
             dict(render_tool_doc(alias, tool, "summary"), score=round(score, 3))
             for score, alias, tool in ranked
         ]
 
-    async def call_tool(self, server: str, tool: str, arguments: Any = None) -> dict[str, Any]:
-        if arguments is not None and not isinstance(arguments, dict):
-            raise ProxyError(
-                "Tool arguments must be a dict of keyword arguments, not %s." % type(arguments).__name__
-            )
+    async def _indexed_tools(self, client: PooledClient) -> list[IndexedTool]:
+        """The server's allowed tools, tokenized once per tool list (not per search)."""
+        tools = await client.list_tools()
+        cached = self._search_index.get(client.spec.alias)
+        if cached is None or cached[0] is not tools:
+            allowed = [tool for tool in tools if tool_allowed(client.spec.name, tool.name, self.config)]
+            cached = (tools, index_tools((client.spec.alias, _tool_dict(tool)) for tool in allowed))
+            self._search_index[client.spec.alias] = cached
+        return cached[1]
+
+    async def call_tool(self, server: str, tool: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
         client = self.pool.client(server)
         found = await self._find_tool(client, tool)
         result = await client.call_tool(found.name, arguments or {})
         payload: dict[str, Any] = result.model_dump(by_alias=True, exclude_none=True, mode="json")
-        size = len(json.dumps(payload, ensure_ascii=False).encode())
+        # surrogatepass: a server may send lone surrogates; they are measured, not fatal.
+        size = len(json.dumps(payload, ensure_ascii=False).encode("utf-8", "surrogatepass"))
         if size > self.config.max_tool_result_bytes:
             raise ProxyError(
                 "The result of %s.%s is %d bytes, over the %d-byte cap (MCP_BRIDGE_MAX_TOOL_RESULT_BYTES). "
@@ -1758,12 +2262,40 @@ class PendingExecute:
     def add_stream(self, name: str, text: str) -> None:
         # The kernel caps output already; this is the host's own cap (defense in depth
         # against code that writes frames to the channel itself).
-        if name not in self.streams:
-            return
         room = max(0, self.max_chars - self.kept[name])
-        self.streams[name].append(text[:room])
+        if room:
+            self.streams[name].append(text[:room])
         self.kept[name] += min(room, len(text))
         self.cut[name] += max(0, len(text) - room)
+
+    def complete(self, result: dict[str, Any]) -> None:
+        """The first result ends the execute; anything later is ignored."""
+        if self.result is None:
+            self.result = result
+            self.done.set()
+
+
+def sandbox_error_result(kind: str, message: str) -> dict[str, Any]:
+    """A result frame for an execute the kernel could not run to its own result."""
+    return {"type": "result", "status": "error", "error": {"type": kind, "message": message, "traceback": ""}}
+
+
+class ProblemLog:
+    """Logs the first problem of each kind and counts the rest: the sandbox can cause
+    these at will and must not be able to flood the bridge's log. Kinds are fixed
+    strings of ours (or exception class names), so the table stays small."""
+
+    MAX_KINDS = 64
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def report(self, kind: str, message: str, *args: Any, exc_info: bool = False) -> None:
+        seen = self.counts.get(kind, 0)
+        if seen or len(self.counts) < self.MAX_KINDS:
+            self.counts[kind] = seen + 1
+        if not seen:
+            logger.warning(message + " (further problems of this kind are not logged)", *args, exc_info=exc_info)
 
 
 class SandboxSession:
@@ -1771,7 +2303,12 @@ class SandboxSession:
     serving its requests to the host (many may be in flight at once)."""
 
     def __init__(
-        self, runtime: ContainerRuntime, config: BridgeConfig, ipc_root: Path, host: HostAPI
+        self,
+        runtime: ContainerRuntime,
+        config: BridgeConfig,
+        ipc_root: Path,
+        host: HostAPI,
+        owner: OwnerIdentity | None = None,
     ) -> None:
         self.runtime = runtime
         self.config = config
@@ -1779,8 +2316,9 @@ class SandboxSession:
         self.task_group: anyio.abc.TaskGroup | None = None
         self.requests: dict[str, anyio.CancelScope] = {}
         self.in_flight = 0
-        self.name = container_name(os.getpid())
-        self.ipc_dir = ipc_root / self.name / "ipc"
+        self.owner = owner or bridge_owner()
+        self.name = container_name(self.owner)
+        self.ipc_dir = ipc_root / session_dir_name(self.owner, self.name) / "ipc"
         self.process: anyio.abc.Process | None = None
         self.hello: dict[str, Any] | None = None
         self.hello_received = anyio.Event()
@@ -1789,6 +2327,10 @@ class SandboxSession:
         self.killed_by_bridge = False
         self.death_reason: str | None = None
         self.stderr_tail: list[str] = []
+        self.kernel_errors: list[str] = []  # the last few id-less error frames, for the exit reason
+        self.malformed_frames = 0
+        self.first_malformed: str | None = None
+        self.problems = ProblemLog()
         self._write_lock = anyio.Lock()
         self._reader_scopes: list[anyio.CancelScope] = []
 
@@ -1822,7 +2364,7 @@ class SandboxSession:
             name=self.name,
             image=self.config.image,
             ipc_dir=self.ipc_dir,
-            owner_pid=os.getpid(),
+            owner=self.owner,
             memory=self.config.memory,
             pids=self.config.pids,
             cpus=self.config.cpus,
@@ -1888,7 +2430,7 @@ class SandboxSession:
             try:
                 async for chunk in self.process.stdout:
                     for frame in decoder.feed(chunk):
-                        self._dispatch(frame)
+                        await self._dispatch(frame)
             except ProtocolError as exc:
                 logger.error("sandbox %s broke the frame protocol: %s", self.name, exc)
                 await self._kill("broke the frame protocol (%s)" % exc)
@@ -1904,7 +2446,7 @@ class SandboxSession:
                 async for chunk in self.process.stderr:
                     text = chunk.decode(errors="replace")
                     logger.info("sandbox %s stderr: %s", self.name, text.rstrip())
-                    self.stderr_tail = (self.stderr_tail + text.splitlines())[-20:]
+                    self.stderr_tail = (self.stderr_tail + [line[:500] for line in text.splitlines()])[-20:]
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass
 
@@ -1913,75 +2455,116 @@ class SandboxSession:
         self._reader_scopes.append(scope)
         return scope
 
-    def _dispatch(self, frame: dict[str, Any]) -> None:
+    async def _dispatch(self, frame: dict[str, Any]) -> None:
+        """One frame from the sandbox, validated before any field is used. Runs in the
+        reader task: what it awaits slows the sandbox's sender, never the bridge."""
+        try:
+            validate_frame(frame, KERNEL_FRAME_TYPES)
+        except ProtocolError as exc:
+            await self._on_malformed(frame, exc)
+            return
         kind = frame["type"]
         pending = self.pending
         matches = pending is not None and frame.get("id") == pending.id
         if kind == "hello":
-            self.hello = frame
-            self.hello_received.set()
-        elif kind == "stream" and matches and pending is not None:
-            pending.add_stream(str(frame.get("name")), str(frame.get("text", "")))
-        elif kind == "result" and matches and pending is not None:
-            pending.result = frame
-            pending.done.set()
-        elif kind == "error" and matches and pending is not None:
-            pending.result = {
-                "status": "error",
-                "error": {"type": "SandboxError", "message": str(frame.get("message")), "traceback": ""},
-            }
-            pending.done.set()
-        elif kind == "request" and self.task_group is not None:
-            # Decided on arrival, so the first MAX_REQUESTS_IN_FLIGHT are served whatever
-            # the task scheduling order.
-            refuse = self.in_flight >= MAX_REQUESTS_IN_FLIGHT
-            self.in_flight += 1
-            self.task_group.start_soon(self._serve_request, frame, refuse)
+            if self.hello is None:
+                self.hello = frame
+                self.hello_received.set()
+        elif kind == "stream":
+            if matches and pending is not None:
+                pending.add_stream(frame["name"], frame["text"])
+        elif kind == "result":
+            if matches and pending is not None:
+                pending.complete(frame)
+        elif kind == "error":
+            if matches and pending is not None:
+                pending.complete(sandbox_error_result("SandboxError", frame["message"]))
+            else:
+                self._note_kernel_error(frame["message"])
+        elif kind == "request":
+            await self._accept_request(frame)
         elif kind == "cancel":
-            self.cancel_requests(str(frame.get("id")))
-        else:
-            logger.debug("sandbox %s: ignoring frame %s", self.name, str(frame)[:200])
+            self.cancel_requests(frame["id"])
 
-    async def _serve_request(self, frame: dict[str, Any], refuse: bool) -> None:
-        request_id = str(frame.get("id"))
-        response: dict[str, Any] = {"type": "response", "id": request_id}
-        with anyio.CancelScope() as scope:
-            self.requests[request_id] = scope
-            try:
-                if refuse:
-                    # Defense in depth: code that fires requests without bound must not
-                    # make the bridge hold unbounded tasks and server calls.
-                    raise ProxyError(
-                        "Too many MCP requests in flight (more than %d); await some before starting more."
-                        % MAX_REQUESTS_IN_FLIGHT
+    async def _on_malformed(self, frame: dict[str, Any], exc: ProtocolError) -> None:
+        self.malformed_frames += 1
+        self.first_malformed = self.first_malformed or str(exc)
+        self.problems.report("malformed frame", "sandbox %s sent a malformed frame: %s", self.name, exc)
+        kind, frame_id, pending = frame.get("type"), frame.get("id"), self.pending
+        if kind == "result" and pending is not None and frame_id == pending.id:
+            # Fail the call now rather than let it wait for a result that may never come.
+            pending.complete(sandbox_error_result("ProtocolError", "the sandbox sent a malformed result: %s" % exc))
+        elif kind == "request" and is_frame_id(frame_id):
+            await self._respond(frame_id, error="the request was malformed: %s" % exc)
+
+    def _note_kernel_error(self, message: str) -> None:
+        """An error the kernel reports with no execute to end (e.g. why it is stopping)."""
+        self.kernel_errors = [*self.kernel_errors[-4:], message[:500]]
+        self.problems.report("kernel error", "sandbox %s kernel: %s", self.name, message[:500])
+
+    async def _accept_request(self, frame: dict[str, Any]) -> None:
+        request_id = frame["id"]
+        if request_id in self.requests:
+            self.problems.report("duplicate id", "sandbox %s reused request id %r", self.name, request_id)
+            return
+        if self.in_flight >= MAX_REQUESTS_IN_FLIGHT or self.task_group is None:
+            # Defense in depth: code that fires requests without bound must not make the
+            # bridge hold unbounded tasks and server calls. Refused from the reader, so
+            # a flood is paced by the channel.
+            await self._respond(
+                request_id,
+                error="Too many MCP requests in flight (more than %d); await some before starting more."
+                % MAX_REQUESTS_IN_FLIGHT,
+            )
+            return
+        self.in_flight += 1
+        scope = self.requests[request_id] = anyio.CancelScope()
+        self.task_group.start_soon(self._serve_request, frame, scope)
+
+    async def _serve_request(self, frame: dict[str, Any], scope: anyio.CancelScope) -> None:
+        """Serve one request and answer it exactly once; nothing raises out of here."""
+        request_id = frame["id"]
+        result: Any = None
+        error: str | None = None
+        try:
+            with scope:
+                try:
+                    result = await self.host.handle(frame["method"], frame["params"])
+                except BridgeError as exc:
+                    error = str(exc)
+                except Exception as exc:  # a bug here must fail one request, not the bridge
+                    self.problems.report(
+                        "internal " + type(exc).__name__, "sandbox request %s failed", frame["method"], exc_info=True
                     )
-                response["result"] = await self.host.handle(str(frame.get("method")), frame.get("params"))
-            except BridgeError as exc:
-                response["error"] = {"type": "MCPError", "message": str(exc)}
-            except Exception as exc:  # a bug here must fail one request, not the bridge
-                logger.exception("sandbox request %s failed", frame.get("method"))
-                response["error"] = {"type": "MCPError", "message": "internal bridge error: %s" % exc}
-            finally:
-                self.requests.pop(request_id, None)
-                self.in_flight -= 1
-        if scope.cancelled_caught:
-            # Answered anyway: a background thread or task in the sandbox may still wait.
-            message = "cancelled: the run_python call that made this request has ended"
-            response = {
-                "type": "response",
-                "id": request_id,
-                "error": {"type": "MCPError", "message": message},
-            }
+                    error = "internal bridge error (%s); the server log has details" % type(exc).__name__
+            if scope.cancelled_caught:
+                # Answered anyway: a background thread or task in the sandbox may still wait.
+                error = "cancelled: the run_python call that made this request has ended"
+        finally:
+            self.requests.pop(request_id, None)
+            self.in_flight -= 1
+        await self._respond(request_id, result=result, error=error)
+
+    async def _respond(self, request_id: Any, result: Any = None, error: str | None = None) -> None:
+        """Send the one response to ``request_id``; a response too large for a frame
+        becomes an error response. Never raises: the sandbox may be gone already."""
+        response: dict[str, Any] = {"type": "response", "id": request_id}
+        if error is None:
+            response["result"] = result
+        else:
+            response["error"] = {"type": "MCPError", "message": error}
         try:
             try:
                 await self.send(response)
-            except ProtocolError as exc:
-                error = {"type": "MCPError", "message": str(exc)}
-                await self.send({"type": "response", "id": request_id, "error": error})
+            except (ProtocolError, TypeError, ValueError) as exc:
+                message = "the answer could not be sent into the sandbox: %s" % exc
+                await self.send({"type": "response", "id": request_id, "error": {"type": "MCPError", "message": message[:2000]}})
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass  # the sandbox is gone; its reader reports that
+        except Exception:
+            self.problems.report("respond", "sandbox %s: could not answer request %r", self.name, request_id, exc_info=True)
 
-    def cancel_requests(self, request_id: str | None = None) -> None:
+    def cancel_requests(self, request_id: str | int | None = None) -> None:
         """Cancel one outstanding sandbox request, or all of them (end of an execute)."""
         for key, scope in list(self.requests.items()):
             if request_id is None or key == request_id:
@@ -2005,12 +2588,15 @@ class SandboxSession:
                 "was killed (SIGKILL), almost certainly by the out-of-memory killer: the code "
                 "exceeded the sandbox's %s memory limit" % self.config.memory
             )
+        if self.kernel_errors:
+            return "stopped (exit code %s); the kernel reported: %s" % (code, self.kernel_errors[-1])
         tail = " Last kernel output: %s" % " | ".join(self.stderr_tail[-3:]) if self.stderr_tail else ""
         return "exited unexpectedly with code %s.%s" % (code, tail)
 
     # --- execute ---------------------------------------------------------------------
     async def execute(self, code: str, timeout: float) -> ExecutionOutcome:
         started = time.monotonic()
+        malformed_before, self.first_malformed = self.malformed_frames, None
         pending = PendingExecute(secrets.token_hex(8), self.config.max_output_chars)
         self.pending = pending
         try:
@@ -2041,7 +2627,19 @@ class SandboxSession:
             self.cancel_requests()
         outcome = self._outcome(pending, timeout, timed_out, interrupted)
         outcome.duration = time.monotonic() - started
+        if self.malformed_frames > malformed_before:
+            outcome.notices.append(
+                "The sandbox sent %d malformed frame(s) to the bridge, which ignored them (first: %s)."
+                % (self.malformed_frames - malformed_before, self.first_malformed)
+            )
         return outcome
+
+    def abandon(self, reason: str) -> None:
+        """End the running execute now, without its result (the bridge is shutting down);
+        ``reason`` completes "The sandbox ..." for the model."""
+        if self.pending is not None:
+            self.death_reason = self.death_reason or reason
+            self.pending.done.set()
 
     async def _stop_running(self, pending: PendingExecute, when: str) -> bool:
         """Interrupt the running code; kill the container if it does not stop within
@@ -2153,12 +2751,16 @@ class SessionManager:
         self.lost_reason: str | None = None
         self.last_used = time.monotonic()
         self._lock = anyio.Lock()
+        self.closing = anyio.Event()  # set when the bridge begins to shut down
+        self.active_calls = 0
+        self._no_calls = anyio.Event()  # set while active_calls is 0
+        self._no_calls.set()
 
     async def _ensure_runtime(self) -> ContainerRuntime:
         if self.runtime is None:
             runtime = await self.locate_runtime(self.config.runtime)
             try:
-                await sweep_orphans(runtime, self.ipc_root)
+                await sweep_orphans(runtime, self.ipc_root, await anyio.to_thread.run_sync(bridge_owner))
             except (TimeoutError, OSError) as exc:  # leftovers stay for the next start to sweep
                 logger.warning("could not sweep leftover sandboxes: %s", exc)
             self.runtime = runtime
@@ -2192,8 +2794,56 @@ class SessionManager:
             except Exception:  # a background start-up step must never end the server
                 logger.exception("pre-warm failed (run_python will retry)")
 
+    async def answer(self, code: str, timeout: float, reset: bool) -> ExecutionOutcome:
+        """run() for one tool call, answered with ShuttingDownError as soon as the bridge
+        begins to shut down, so no call is left without a response. The work runs in
+        the manager's task group; cancelling the call (the client gave up) cancels it."""
+        if self.closing.is_set():
+            raise ShuttingDownError(SHUTTING_DOWN)
+        self.active_calls += 1
+        if self._no_calls.is_set():
+            self._no_calls = anyio.Event()
+        finished = anyio.Event()
+        holder: list[ExecutionOutcome | Exception] = []
+        work_scope = anyio.CancelScope()
+
+        async def work() -> None:
+            with work_scope:
+                try:
+                    holder.append(await self.run(code, timeout, reset))
+                except Exception as exc:  # re-raised in the caller's task below
+                    holder.append(exc)
+            finished.set()
+
+        try:
+            self.task_group.start_soon(work)
+            await _first_of(finished, self.closing)
+        except BaseException:
+            work_scope.cancel()
+            raise
+        finally:
+            self.active_calls -= 1
+            if not self.active_calls:
+                self._no_calls.set()
+        if not holder:
+            raise ShuttingDownError(SHUTTING_DOWN)
+        if isinstance(holder[0], Exception):
+            raise holder[0]
+        return holder[0]
+
+    async def begin_shutdown(self, grace: float) -> None:
+        """Answer every call in flight (the running code is abandoned, the container
+        removed afterwards by aclose()); waits at most ``grace`` seconds for that."""
+        self.closing.set()
+        if self.session is not None:
+            self.session.abandon("was stopped because the MCP server is shutting down")
+        with anyio.move_on_after(grace):
+            await self._no_calls.wait()
+
     async def run(self, code: str, timeout: float, reset: bool) -> ExecutionOutcome:
         async with self._lock:
+            if self.closing.is_set():
+                raise ShuttingDownError(SHUTTING_DOWN)
             notices: list[str] = []
             if reset and self.session is not None:
                 await self.session.stop()
@@ -2291,17 +2941,39 @@ def render_toon(outcome: ExecutionOutcome) -> str:
     return str(toon_format.encode(data))
 
 
-def render_outcome(outcome: ExecutionOutcome, config: BridgeConfig) -> types.CallToolResult:
-    text = render_toon(outcome) if config.output_mode == "toon" else render_compact(outcome, config)
+def valid_unicode(value: Any) -> Any:
+    """``value`` with every string made encodable as UTF-8: lone surrogates (from a
+    ``repr``, a non-UTF-8 file name, a proxied server) become ``\\udcff`` escapes. JSON
+    cannot carry them, and the SDK's writer would fail on them and end the server."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return value
+    if isinstance(value, list):
+        return [valid_unicode(item) for item in value]
+    if isinstance(value, dict):
+        return {valid_unicode(key): valid_unicode(item) for key, item in value.items()}
+    return value
+
+
+def tool_result(text: str, structured: dict[str, Any] | None, is_error: bool) -> types.CallToolResult:
+    """The one place a run_python result is built: every string in it is valid Unicode."""
     return types.CallToolResult(
-        content=[types.TextContent(text=text)],
-        structured_content=structured_result(outcome),
-        is_error=outcome.status != "ok",
+        content=[types.TextContent(text=valid_unicode(text))],
+        structured_content=valid_unicode(structured),
+        is_error=is_error,
     )
 
 
+def render_outcome(outcome: ExecutionOutcome, config: BridgeConfig) -> types.CallToolResult:
+    text = render_toon(outcome) if config.output_mode == "toon" else render_compact(outcome, config)
+    return tool_result(text, structured_result(outcome), outcome.status != "ok")
+
+
 def render_error(exc: BridgeError) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(text=str(exc))], is_error=True)
+    return tool_result(str(exc), None, is_error=True)
 
 
 # =============================================================================
@@ -2407,7 +3079,10 @@ def build_server(
     config: BridgeConfig,
     discovery: DiscoveryResult,
     locate_runtime: Callable[[RuntimeName | None], Any] = detect_runtime,
+    on_start: Callable[[SessionManager], None] | None = None,
 ) -> Server[BridgeState]:
+    """The MCP server. ``on_start`` receives the session manager once the lifespan has
+    created it (serve() needs it to answer calls in flight on a stop signal)."""
     input_model = run_python_input_model(config)
     tool = run_python_tool(config)
 
@@ -2416,6 +3091,8 @@ def build_server(
         async with anyio.create_task_group() as group:
             pool = ClientPool(discovery, config, group)
             sessions = SessionManager(config, group, HostAPI(pool, config), locate_runtime)
+            if on_start is not None:
+                on_start(sessions)
             if config.prewarm:
                 group.start_soon(sessions.prewarm)
             group.start_soon(sessions.watch_idle)
@@ -2441,16 +3118,15 @@ def build_server(
         except ValidationError as exc:
             return render_error(InvalidRequestError(describe_validation_error(exc)))
         try:
-            outcome = await ctx.lifespan_context.sessions.run(
+            outcome = await ctx.lifespan_context.sessions.answer(
                 request.code,  # type: ignore[attr-defined]
                 request.timeout,  # type: ignore[attr-defined]
                 request.reset,  # type: ignore[attr-defined]
             )
+            return render_outcome(outcome, config)
         except BridgeError as exc:
             return render_error(exc)
-        except (
-            Exception
-        ) as exc:  # a bug of ours: one failed call, rendered for the model, never a dead server
+        except Exception as exc:  # a bug of ours: one failed call, rendered for the model, never a dead server
             logger.exception("run_python failed unexpectedly")
             return render_error(
                 BridgeError(
@@ -2458,7 +3134,6 @@ def build_server(
                     "call again, or with reset: true." % (type(exc).__name__, exc)
                 )
             )
-        return render_outcome(outcome, config)
 
     async def list_resources(
         ctx: ServerRequestContext[BridgeState], params: Any
@@ -2501,7 +3176,8 @@ def build_server(
 async def serve(config: BridgeConfig, discovery: DiscoveryResult) -> None:
     """Serve MCP on stdio until stdin closes or SIGTERM/SIGINT arrives; the lifespan
     removes the sandbox either way."""
-    server = build_server(config, discovery)
+    managers: list[SessionManager] = []
+    server = build_server(config, discovery, on_start=managers.append)
     async with anyio.create_task_group() as group, stdio_server() as (read_stream, write_stream):
         with anyio.CancelScope() as run_scope:
 
@@ -2509,6 +3185,9 @@ async def serve(config: BridgeConfig, discovery: DiscoveryResult) -> None:
                 with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                     async for signum in signals:
                         logger.info("received signal %d; shutting down", signum)
+                        if managers:
+                            await managers[0].begin_shutdown(grace=1.0)
+                            await anyio.sleep(0.05)  # lets the SDK's writer flush those answers
                         run_scope.cancel()
                         return
 

@@ -16,16 +16,20 @@ from mcp_server_code_execution_mode import (
     ContainerRuntime,
     DockerRuntime,
     LaunchSpec,
+    OwnerIdentity,
     PodmanRuntime,
     RuntimeUnavailableError,
     build_run_argv,
     container_name,
     detect_runtime,
+    owner_gone,
     owner_of,
     sweep_orphans,
 )
 
 LABEL = "io.github.mcp-server-code-execution-mode"
+HOST = "0123456789abcdef"
+OWNER = OwnerIdentity(HOST, 4242, 987654)
 
 
 @pytest.fixture
@@ -35,10 +39,10 @@ def anyio_backend() -> str:
 
 def spec(**overrides: object) -> LaunchSpec:
     values: dict[str, object] = {
-        "name": "mcp-code-exec-4242-0badcafe",
+        "name": "mcp-code-exec-4242.987654-0badcafe",
         "image": "python:3.13-slim",
-        "ipc_dir": Path("/home/u/MCPs/ipc/mcp-code-exec-4242-0badcafe/ipc"),
-        "owner_pid": 4242,
+        "ipc_dir": Path("/home/u/MCPs/ipc/0123456789abcdef.mcp-code-exec-4242.987654-0badcafe/ipc"),
+        "owner": OWNER,
         "memory": "512m",
         "pids": 128,
         "cpus": 1.5,
@@ -66,9 +70,11 @@ def test_run_argv_is_exactly_the_hardened_command() -> None:
         "/usr/bin/podman", "run",
         "--interactive",
         "--rm",
-        "--name", "mcp-code-exec-4242-0badcafe",
+        "--name", "mcp-code-exec-4242.987654-0badcafe",
         "--label", "io.github.mcp-server-code-execution-mode=1",
         "--label", "io.github.mcp-server-code-execution-mode.owner-pid=4242",
+        "--label", "io.github.mcp-server-code-execution-mode.owner-start=987654",
+        "--label", "io.github.mcp-server-code-execution-mode.owner-host=0123456789abcdef",
         "--network", "none",
         "--read-only",
         "--cap-drop", "ALL",
@@ -82,7 +88,7 @@ def test_run_argv_is_exactly_the_hardened_command() -> None:
         "--ulimit", "nproc=512:512",
         "--tmpfs", "/tmp:rw,nosuid,nodev,noexec,size=256m,mode=1777",
         "--tmpfs", "/workspace:rw,nosuid,nodev,noexec,size=256m,mode=1777",
-        "--volume", "/home/u/MCPs/ipc/mcp-code-exec-4242-0badcafe/ipc:/ipc:ro",
+        "--volume", "/home/u/MCPs/ipc/0123456789abcdef.mcp-code-exec-4242.987654-0badcafe/ipc:/ipc:ro",
         "--env", "HOME=/workspace",
         "--env", "PYTHONDONTWRITEBYTECODE=1",
         "--env", "PYTHONIOENCODING=utf-8",
@@ -169,9 +175,27 @@ def test_run_argv_mounts_the_ipc_directory_read_only() -> None:
 
 
 def test_run_argv_labels_the_container_with_its_owner() -> None:
-    labels = values_of(build_run_argv("docker", spec(owner_pid=77)), "--label")
+    labels = values_of(
+        build_run_argv("docker", spec(owner=OwnerIdentity("feedfacefeedface", 77, 12))), "--label"
+    )
 
-    assert labels == [LABEL + "=1", LABEL + ".owner-pid=77"]
+    assert labels == [
+        LABEL + "=1",
+        LABEL + ".owner-pid=77",
+        LABEL + ".owner-start=12",
+        LABEL + ".owner-host=feedfacefeedface",
+    ]
+
+
+def test_run_argv_labels_an_unreadable_identity_as_unknown() -> None:
+    labels = values_of(build_run_argv("docker", spec(owner=OwnerIdentity(None, 77, None))), "--label")
+
+    assert labels == [
+        LABEL + "=1",
+        LABEL + ".owner-pid=77",
+        LABEL + ".owner-start=unknown",
+        LABEL + ".owner-host=unknown",
+    ]
 
 
 def test_run_argv_runs_the_kernel_isolated_from_the_image_environment() -> None:
@@ -190,12 +214,13 @@ def test_run_argv_is_the_same_for_podman_and_docker() -> None:
     assert docker[0] == "/bin/docker"
 
 
-def test_kill_and_list_argv_target_only_labelled_containers() -> None:
+def test_kill_and_list_argv_target_only_this_hosts_labelled_containers() -> None:
     runtime = DockerRuntime("/bin/docker")
 
     assert runtime.kill_argv("c1") == ["/bin/docker", "rm", "--force", "c1"]
-    assert runtime.list_argv() == [
-        "/bin/docker", "ps", "--all", "--filter", "label=" + LABEL, "--format", "{{.Names}}",
+    assert runtime.list_argv(HOST) == [
+        "/bin/docker", "ps", "--all", "--filter", "label=%s.owner-host=%s" % (LABEL, HOST),
+        "--format", "{{.Names}}",
     ]  # fmt: skip
 
 
@@ -205,18 +230,160 @@ def test_runtime_classes_map_names_to_strategies() -> None:
     assert DockerRuntime.name == "docker"
 
 
+# --- owner identity -------------------------------------------------------------------
+
+BOOT_ID = "6f1c1d2e-3a4b-4c5d-8e9f-0a1b2c3d4e5f"
+
+
+def test_linux_host_key_is_16_hex_digits_and_stable() -> None:
+    key = bridge.linux_host_key(BOOT_ID + "\n", "pid:[4026531836]")
+
+    assert key is not None and len(key) == 16 and int(key, 16) >= 0
+    assert bridge.linux_host_key(BOOT_ID, "pid:[4026531836]") == key
+
+
+def test_linux_host_key_differs_per_pid_namespace_and_per_boot() -> None:
+    key = bridge.linux_host_key(BOOT_ID, "pid:[4026531836]")
+    other_boot = "0" + BOOT_ID[1:]
+
+    assert bridge.linux_host_key(BOOT_ID, "pid:[4026532999]") != key  # a dev container, same kernel
+    assert bridge.linux_host_key(other_boot, "pid:[4026531836]") != key  # the next boot, or another machine
+
+
+@pytest.mark.parametrize(
+    ("boot_id", "pid_namespace"),
+    [
+        ("", "pid:[4026531836]"),
+        ("not-a-boot-id", "pid:[4026531836]"),
+        (BOOT_ID.upper() + "x", "pid:[4026531836]"),
+        (BOOT_ID, ""),
+        (BOOT_ID, "net:[4026531836]"),
+        (BOOT_ID, "pid:[]"),
+        (BOOT_ID, "/proc/self/ns/pid"),
+    ],
+)
+def test_linux_host_key_refuses_unparseable_sources(boot_id: str, pid_namespace: str) -> None:
+    assert bridge.linux_host_key(boot_id, pid_namespace) is None
+
+
+def test_darwin_host_key_reads_the_boot_second_not_the_microseconds() -> None:
+    booted = "{ sec = 1700000000, usec = 123456 } Tue Nov 14 22:13:20 2023\n"
+    key = bridge.darwin_host_key("mac.local", booted)
+
+    assert key is not None and len(key) == 16
+    assert bridge.darwin_host_key("mac.local", booted.replace("123456", "999")) == key
+    assert bridge.darwin_host_key("mac.local", booted.replace("1700000000", "1700000001")) != key
+    assert bridge.darwin_host_key("other.local", booted) != key
+
+
+@pytest.mark.parametrize(
+    ("hostname", "boottime"),
+    [("mac.local", ""), ("mac.local", "sysctl: unknown oid 'kern.boottime'"), ("", "{ sec = 1, usec = 2 }")],
+)
+def test_darwin_host_key_refuses_unparseable_sources(hostname: str, boottime: str) -> None:
+    assert bridge.darwin_host_key(hostname, boottime) is None
+
+
+def stat_line(command: str, start_time: str) -> str:
+    """A /proc/<pid>/stat line: pid, (comm), then fields 3..21, starttime (22), more."""
+    fields_3_to_21 = ["S"] + [str(number) for number in range(4, 22)]
+    return "4242 (%s) %s %s 18000000 250 0\n" % (command, " ".join(fields_3_to_21), start_time)
+
+
+def test_parse_start_time_reads_field_22_even_when_the_command_name_has_spaces_and_parens() -> None:
+    assert bridge.parse_start_time(stat_line("python3", "555")) == 555
+    assert bridge.parse_start_time(stat_line("evil) 1 2 (x) 3", "31337")) == 31337
+
+
+@pytest.mark.parametrize(
+    "stat",
+    [
+        "",
+        "4242 python3 S 1 2 3",
+        "4242 (python3) S 1 2 3",
+        "(x) " + "1 " * 30,
+        stat_line("python3", "-5"),
+        stat_line("python3", "x"),
+        stat_line("python3", "555").replace("(", ""),
+    ],
+)
+def test_parse_start_time_refuses_unparseable_lines(stat: str) -> None:
+    assert bridge.parse_start_time(stat) is None
+
+
+def test_process_start_time_tells_a_reused_pid_from_its_first_owner() -> None:
+    mine = bridge.process_start_time(os.getpid())
+    child = subprocess.Popen(["sleep", "5"])
+    try:
+        assert mine is not None and mine == bridge.process_start_time(os.getpid())
+        child_start = bridge.process_start_time(child.pid)
+        assert child_start is not None and child_start >= mine
+    finally:
+        child.kill()
+        child.wait()
+    assert bridge.process_start_time(child.pid) is None
+
+
+def test_bridge_owner_on_linux_names_this_boot_namespace_and_process() -> None:
+    owner = bridge.bridge_owner()
+
+    boot_id = Path("/proc/sys/kernel/random/boot_id").read_text()
+    assert owner.host_key == bridge.linux_host_key(boot_id, os.readlink("/proc/self/ns/pid"))
+    assert owner.host_key is not None
+    assert owner.pid == os.getpid()
+    assert owner.start_time == bridge.process_start_time(os.getpid())
+    assert bridge.bridge_owner() is owner  # read once
+
+
+LIVE_PID, DEAD_PID = 1111, 2222
+LIVE_START = 500
+
+
+def alive(pid: int) -> bool:
+    return pid == LIVE_PID
+
+
+def start_time_of(pid: int) -> int | None:
+    return LIVE_START if pid == LIVE_PID else None
+
+
+@pytest.mark.parametrize(
+    ("pid", "start", "gone"),
+    [
+        (DEAD_PID, None, True),  # no such process
+        (DEAD_PID, 7, True),
+        (LIVE_PID, LIVE_START, False),  # the owner itself
+        (LIVE_PID, LIVE_START + 1, True),  # the pid now belongs to a later process
+        (LIVE_PID, None, False),  # start time unknown: the alive check decides
+    ],
+)
+def test_owner_gone_only_when_provably_dead(pid: int, start: int | None, gone: bool) -> None:
+    assert owner_gone(pid, start, alive=alive, start_time_of=start_time_of) is gone
+
+
+def test_owner_gone_keeps_a_live_pid_whose_start_time_cannot_be_read() -> None:
+    assert owner_gone(LIVE_PID, 7, alive=alive, start_time_of=lambda pid: None) is False
+
+
 # --- naming ---------------------------------------------------------------------------
 
 
 def test_container_name_round_trips_through_owner_of() -> None:
-    name = container_name(31337)
+    name = container_name(OwnerIdentity(HOST, 31337, 9001))
+
+    assert name.startswith("mcp-code-exec-31337.9001-")
+    assert owner_of(name) == (31337, 9001)
+
+
+def test_container_name_without_a_start_time_round_trips_through_owner_of() -> None:
+    name = container_name(OwnerIdentity(None, 31337, None))
 
     assert name.startswith("mcp-code-exec-31337-")
-    assert owner_of(name) == 31337
+    assert owner_of(name) == (31337, None)
 
 
 def test_container_names_are_unique_per_call() -> None:
-    assert len({container_name(1) for _ in range(50)}) == 50
+    assert len({container_name(OWNER) for _ in range(50)}) == 50
 
 
 @pytest.mark.parametrize(
@@ -227,6 +394,11 @@ def test_container_names_are_unique_per_call() -> None:
         "mcp-code-exec-123-",
         "mcp-code-exec-123-XYZ",
         "mcp-code-exec--0badcafe",
+        "mcp-code-exec-123.-0badcafe",
+        "mcp-code-exec-.5-0badcafe",
+        "mcp-code-exec-123.x-0badcafe",
+        "mcp-code-exec-123.5.6-0badcafe",
+        "mcp-code-exec-123-5-0badcafe",
         "other-mcp-code-exec-123-0badcafe",
         "mcp-code-exec-123-0badcafe-extra",
         "mcp-code-exec-123-0badcafe\n",
@@ -258,9 +430,11 @@ class FakeRuntime(ContainerRuntime):
         super().__init__("fake-runtime")
         self.names = names
         self.list_fails = list_fails
+        self.listed_hosts: list[str] = []
         self.killed: list[str] = []
 
-    def list_argv(self) -> list[str]:
+    def list_argv(self, host_key: str) -> list[str]:
+        self.listed_hosts.append(host_key)
         if self.list_fails:
             return ["false"]
         return ["printf", "%s\\n", *self.names]
@@ -273,51 +447,72 @@ class FakeRuntime(ContainerRuntime):
         pass
 
 
-LIVE_PID, DEAD_PID = 1111, 2222
-
-
-def alive(pid: int) -> bool:
-    return pid == LIVE_PID
-
-
-def make_ipc_dir(root: Path, name: str) -> Path:
-    path = root / name / "ipc"
+def make_ipc_dir(root: Path, name: str, host: str | None = HOST) -> Path:
+    path = root / (name if host is None else "%s.%s" % (host, name)) / "ipc"
     path.mkdir(parents=True)
     (path / "session.json").write_text("{}")
     return path.parent
 
 
+async def sweep(runtime: FakeRuntime, ipc_root: Path, owner: OwnerIdentity = OWNER) -> list[str]:
+    return await sweep_orphans(runtime, ipc_root, owner, alive=alive, start_time_of=start_time_of)
+
+
 @pytest.mark.anyio
-async def test_sweep_reports_only_dead_owners_containers() -> None:
+async def test_sweep_lists_only_this_hosts_containers_and_removes_only_provably_dead_owners() -> None:
     names = [
-        "mcp-code-exec-%d-0000aaaa" % LIVE_PID,
-        "mcp-code-exec-%d-0000bbbb" % DEAD_PID,
+        "mcp-code-exec-%d.%d-0000aaaa" % (LIVE_PID, LIVE_START),  # live owner
+        "mcp-code-exec-%d-0000abab" % LIVE_PID,  # live pid, start time unknown
+        "mcp-code-exec-%d.%d-0000bbbb" % (DEAD_PID, 40),  # dead owner
         "unrelated-container",
-        "mcp-code-exec-%d-0000cccc" % DEAD_PID,
+        "mcp-code-exec-%d.%d-0000cccc" % (LIVE_PID, LIVE_START - 1),  # pid reused
+        "mcp-code-exec-%d-0000dddd" % DEAD_PID,  # dead owner, start time unknown
     ]
     runtime = FakeRuntime(names)
 
-    orphans = await sweep_orphans(runtime, Path("/nonexistent/ipc-root"), alive=alive)
+    orphans = await sweep(runtime, Path("/nonexistent/ipc-root"))
 
-    assert orphans == ["mcp-code-exec-%d-0000bbbb" % DEAD_PID, "mcp-code-exec-%d-0000cccc" % DEAD_PID]
+    assert runtime.listed_hosts == [HOST]
+    assert orphans == [names[2], names[4], names[5]]
     assert runtime.killed == orphans
 
 
 @pytest.mark.anyio
-async def test_sweep_removes_only_dead_owners_ipc_dirs(tmp_path: Path) -> None:
-    live = make_ipc_dir(tmp_path, "mcp-code-exec-%d-0000aaaa" % LIVE_PID)
-    dead = make_ipc_dir(tmp_path, "mcp-code-exec-%d-0000bbbb" % DEAD_PID)
-    foreign = make_ipc_dir(tmp_path, "my-notes")
-    stray_file = tmp_path / ("mcp-code-exec-%d-0000dddd.txt" % DEAD_PID)
-    stray_file.write_text("not a session directory name")
+async def test_sweep_without_a_host_key_touches_nothing(tmp_path: Path) -> None:
+    dead = make_ipc_dir(tmp_path, "mcp-code-exec-%d-0000bbbb" % DEAD_PID, host="unknown")
+    runtime = FakeRuntime(["mcp-code-exec-%d-0000cccc" % DEAD_PID])
 
-    orphans = await sweep_orphans(FakeRuntime([]), tmp_path, alive=alive)
+    assert await sweep(runtime, tmp_path, OwnerIdentity(None, os.getpid(), None)) == []
+    assert runtime.listed_hosts == []
+    assert runtime.killed == []
+    assert dead.is_dir()
+
+
+@pytest.mark.anyio
+async def test_sweep_removes_only_this_hosts_dead_owners_ipc_dirs(tmp_path: Path) -> None:
+    live = make_ipc_dir(tmp_path, "mcp-code-exec-%d.%d-0000aaaa" % (LIVE_PID, LIVE_START))
+    dead = make_ipc_dir(tmp_path, "mcp-code-exec-%d.%d-0000bbbb" % (DEAD_PID, 40))
+    reused = make_ipc_dir(tmp_path, "mcp-code-exec-%d.%d-0000cccc" % (LIVE_PID, LIVE_START + 9))
+    foreign = make_ipc_dir(tmp_path, "my-notes")
+    other_host = make_ipc_dir(
+        tmp_path, "mcp-code-exec-%d.%d-0000eeee" % (DEAD_PID, 40), host="fedcba9876543210"
+    )
+    old_layout = make_ipc_dir(tmp_path, "mcp-code-exec-%d-0000ffff" % DEAD_PID, host=None)  # host unknown
+    no_host = make_ipc_dir(tmp_path, "mcp-code-exec-%d-0000abcd" % DEAD_PID, host="")
+    stray_file = tmp_path / ("%s.mcp-code-exec-%d-0000dddd" % (HOST, DEAD_PID))
+    stray_file.write_text("a file, not a session directory")
+
+    orphans = await sweep(FakeRuntime([]), tmp_path)
 
     assert orphans == []
     assert live.is_dir()
     assert (live / "ipc" / "session.json").is_file()
     assert not dead.exists()
+    assert not reused.exists()
     assert foreign.is_dir()
+    assert other_host.is_dir()
+    assert old_layout.is_dir()
+    assert no_host.is_dir()
     assert stray_file.is_file()
 
 
@@ -326,7 +521,7 @@ async def test_sweep_still_cleans_ipc_dirs_when_listing_containers_fails(tmp_pat
     dead = make_ipc_dir(tmp_path, "mcp-code-exec-%d-0000bbbb" % DEAD_PID)
     runtime = FakeRuntime(["mcp-code-exec-%d-0000cccc" % DEAD_PID], list_fails=True)
 
-    orphans = await sweep_orphans(runtime, tmp_path, alive=alive)
+    orphans = await sweep(runtime, tmp_path)
 
     assert orphans == []
     assert runtime.killed == []
@@ -335,7 +530,7 @@ async def test_sweep_still_cleans_ipc_dirs_when_listing_containers_fails(tmp_pat
 
 @pytest.mark.anyio
 async def test_sweep_with_missing_ipc_root_does_not_fail(tmp_path: Path) -> None:
-    assert await sweep_orphans(FakeRuntime([]), tmp_path / "missing", alive=alive) == []
+    assert await sweep(FakeRuntime([]), tmp_path / "missing") == []
 
 
 # --- detect_runtime -------------------------------------------------------------------
@@ -446,6 +641,9 @@ def test_ipc_directory_is_private_and_read_only_content_is_readable(tmp_path: Pa
         return stat.S_IMODE(path.stat().st_mode)
 
     assert mode(session.ipc_dir.parent) == 0o700  # other host users cannot reach the kernel or config
+    assert mode(tmp_path / "ipc") == 0o700
+    # Named with this host's key, so a sweep can tell this host's directories from others'.
+    assert session.ipc_dir.parent == tmp_path / "ipc" / ("%s.%s" % (bridge.bridge_owner().host, session.name))
     assert mode(session.ipc_dir) == 0o755  # the sandbox user (another uid) can read the mount
     kernel = session.ipc_dir / bridge.KERNEL_FILENAME
     assert kernel.read_bytes() == bridge.KERNEL_SOURCE.read_bytes() and mode(kernel) == 0o644

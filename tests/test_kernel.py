@@ -3,6 +3,7 @@ its frame channel exactly as the bridge drives it inside the container."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import os
@@ -31,13 +32,16 @@ KERNEL_PATH = Path(mcp_sandbox_kernel.__file__).resolve()
 MAX_FRAME = 8 * 1024 * 1024
 MAX_OUTPUT = 1000
 WAIT = 10.0  # generous upper bound for one frame; tests normally finish in milliseconds
+RECENT_FRAMES = 8  # frames shown in a failure message
 
 Frame = dict[str, Any]
 
 
 class KernelProcess:
-    """The bridge's side of one kernel: sends frames on its stdin, decodes its stdout
-    on a reader thread into a queue (None marks end of output)."""
+    """The bridge's side of one kernel: sends frames on its stdin, decodes its stdout on
+    a reader thread into a queue (None marks the end of the frames) and collects its
+    stderr on a second thread, so every failure can show what the kernel said so far
+    without waiting for it to exit."""
 
     def __init__(self, workdir: Path, max_output_chars: int = MAX_OUTPUT) -> None:
         config_path = workdir / "session.json"
@@ -56,37 +60,99 @@ class KernelProcess:
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONDONTWRITEBYTECODE": "1"},
         )
         self.frames: queue.Queue[Frame | None] = queue.Queue()
+        self.recent: collections.deque[Frame] = collections.deque(maxlen=RECENT_FRAMES)
+        self.reader_error: BaseException | None = None
+        self._ended = False  # the test has been handed the end of the frames
         self._ids = itertools.count(1)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self._stderr = bytearray()
+        self._stderr_lock = threading.Lock()
+        self._stdout_reader = threading.Thread(target=self._read_frames, name="kernel-stdout", daemon=True)
+        self._stderr_reader = threading.Thread(target=self._read_stderr, name="kernel-stderr", daemon=True)
+        self._stdout_reader.start()
+        self._stderr_reader.start()
 
-    def _read(self) -> None:
+    # --- reader threads: each reads its pipe until end of file, and only close() ---------
+    # --- closes the pipes, after joining them (a pipe closed under a blocked os.read() ---
+    # --- gets its fd number reused by the next test's kernel, whose frames it steals) ----
+
+    def _read_frames(self) -> None:
         assert self.process.stdout is not None
-        decoder = FrameDecoder(MAX_FRAME)
         fd = self.process.stdout.fileno()
-        while True:
+        decoder = FrameDecoder(MAX_FRAME)
+        try:
+            while data := os.read(fd, 1 << 16):
+                for frame in decoder.feed(data):
+                    self.frames.put(frame)
+        except Exception as exc:  # e.g. ProtocolError: shown by the next failure
+            self.reader_error = exc
+            self.frames.put(None)
             try:
-                data = os.read(fd, 1 << 16)
-            except OSError:  # the test closed the pipe under us
-                data = b""
-            if not data:
-                self.frames.put(None)
-                return
-            for frame in decoder.feed(data):
-                self.frames.put(frame)
+                while os.read(fd, 1 << 16):  # drain to end of file, so close() can join us
+                    pass
+            except OSError:
+                pass
+        else:
+            self.frames.put(None)
+
+    def _read_stderr(self) -> None:
+        assert self.process.stderr is not None
+        fd = self.process.stderr.fileno()
+        while data := os.read(fd, 1 << 16):
+            with self._stderr_lock:
+                self._stderr += data
+
+    def stderr_text(self) -> str:
+        """What the kernel wrote to its stderr so far (never blocks on the kernel)."""
+        with self._stderr_lock:
+            return self._stderr.decode(errors="replace")
+
+    def _end_reason(self) -> str:
+        if self.reader_error is not None:
+            return "the kernel's output is not a valid frame stream"
+        return "the kernel closed its channel"
+
+    def failure(self, message: str) -> str:
+        """``message`` with everything that explains it: the kernel's state and stderr,
+        the frame reader's state and the last frames the test received."""
+        if self.process.poll() is not None:
+            self._stderr_reader.join(timeout=2)  # the kernel is gone: its stderr is complete soon
+        returncode = self.process.poll()
+        state = "running" if returncode is None else "exited with code %d" % returncode
+        reader = "reading" if self._stdout_reader.is_alive() else "at end of file"
+        if self.reader_error is not None:
+            reader = "failed: %r" % (self.reader_error,)
+        lines = [
+            message,
+            "kernel pid %d: %s; frame reader: %s" % (self.process.pid, state, reader),
+            "last %d frames received:" % len(self.recent),
+            *("  " + _cut(repr(frame), 300) for frame in self.recent),
+            "kernel stderr so far: %s" % (_cut(self.stderr_text(), 4000) or "(empty)"),
+        ]
+        return "\n".join(lines)
+
+    # --- the bridge's side of the protocol -------------------------------------------------
 
     def send(self, frame: Frame) -> None:
         assert self.process.stdin is not None
-        self.process.stdin.write(encode_frame(frame, MAX_FRAME))
-        self.process.stdin.flush()
+        try:
+            self.process.stdin.write(encode_frame(frame, MAX_FRAME))
+            self.process.stdin.flush()
+        except OSError as exc:
+            raise AssertionError(self.failure("could not send %r: %r" % (frame, exc))) from exc
 
-    def next_frame(self, timeout: float = WAIT) -> Frame:
+    def next_frame(self, timeout: float = WAIT, expecting: str = "a frame") -> Frame:
+        if self._ended:
+            raise AssertionError(self.failure("waiting for %s after the kernel's channel ended" % expecting))
         try:
             frame = self.frames.get(timeout=timeout)
         except queue.Empty:
-            raise AssertionError("no frame from the kernel within %gs" % timeout) from None
+            raise AssertionError(
+                self.failure("no frame from the kernel within %.1fs (waiting for %s)" % (timeout, expecting))
+            ) from None
         if frame is None:
-            raise AssertionError("the kernel closed its channel; stderr: %r" % self.stderr_text())
+            self._ended = True
+            raise AssertionError(self.failure("%s (waiting for %s)" % (self._end_reason(), expecting)))
+        self.recent.append(frame)
         return frame
 
     def assert_no_frame(self, within: float) -> None:
@@ -94,7 +160,11 @@ class KernelProcess:
             frame = self.frames.get(timeout=within)
         except queue.Empty:
             return
-        raise AssertionError("unexpected frame: %r" % (frame,))
+        if frame is None:
+            self._ended = True
+            raise AssertionError(self.failure(self._end_reason()))
+        self.recent.append(frame)
+        raise AssertionError(self.failure("unexpected frame: %r" % (frame,)))
 
     def start(self, code: str, execute_id: str | None = None) -> str:
         """Send an execute frame; return its id."""
@@ -102,11 +172,14 @@ class KernelProcess:
         self.send({"type": "execute", "id": execute_id, "code": code})
         return execute_id
 
-    def collect(self, execute_id: str) -> tuple[list[Frame], Frame]:
-        """Frames up to and including the result for execute_id."""
+    def collect(self, execute_id: str, timeout: float = WAIT) -> tuple[list[Frame], Frame]:
+        """Frames up to and including the result for execute_id, which must come within
+        ``timeout`` (so a kernel that keeps talking cannot hold the test forever)."""
+        deadline = time.monotonic() + timeout
         before: list[Frame] = []
         while True:
-            frame = self.next_frame()
+            remaining = max(0.0, deadline - time.monotonic())
+            frame = self.next_frame(remaining, expecting="the result of %s" % execute_id)
             if frame["type"] == "result" and frame.get("id") == execute_id:
                 return before, frame
             before.append(frame)
@@ -120,36 +193,63 @@ class KernelProcess:
         assert result["status"] == "ok", result
         return result
 
-    def wait_for_text(self, execute_id: str, text: str) -> None:
-        """Wait until a stream frame of execute_id carries `text` (the code is running)."""
+    def wait_for_text(self, execute_id: str, text: str, timeout: float = WAIT) -> None:
+        """Wait until stream frames of execute_id carry `text` (the code is running)."""
+        deadline = time.monotonic() + timeout
         seen = ""
         while text not in seen:
-            frame = self.next_frame()
-            assert frame["type"] == "stream" and frame["id"] == execute_id, frame
+            remaining = max(0.0, deadline - time.monotonic())
+            frame = self.next_frame(remaining, expecting="%r on the output of %s" % (text, execute_id))
+            assert frame["type"] == "stream" and frame["id"] == execute_id, self.failure(
+                "expected output of %s, got %r" % (execute_id, frame)
+            )
             seen += frame["text"]
 
-    def stderr_text(self) -> str:
-        try:
-            self.process.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            return "(still running)"
-        assert self.process.stderr is not None
-        return self.process.stderr.read().decode(errors="replace")
+    def barrier(self, timeout: float = WAIT) -> list[Frame]:
+        """Return once the kernel's frame reader has handled every frame sent before
+        (it answers an unknown frame type with an error frame, in order with the
+        others); returns the frames that came before that error frame."""
+        self.send({"type": "barrier"})
+        deadline = time.monotonic() + timeout
+        before: list[Frame] = []
+        while True:
+            remaining = max(0.0, deadline - time.monotonic())
+            frame = self.next_frame(remaining, expecting="the error frame answering the barrier")
+            if frame["type"] == "error" and "barrier" in frame.get("message", ""):
+                return before
+            before.append(frame)
 
     def close(self) -> None:
-        if self.process.stdin is not None and not self.process.stdin.closed:
+        """End the kernel (closing its stdin is how the bridge stops it), wait for both
+        readers to reach end of file, and only then close the pipes they read."""
+        stdin = self.process.stdin
+        if stdin is not None:
             try:
-                self.process.stdin.close()
-            except BrokenPipeError:
+                stdin.close()
+            except OSError:  # BrokenPipeError: the kernel is already gone
                 pass
+        killed = False
         try:
-            self.process.wait(timeout=5)
+            self.process.wait(timeout=WAIT)
         except subprocess.TimeoutExpired:
+            killed = True
             self.process.kill()
             self.process.wait()
+        for reader in (self._stdout_reader, self._stderr_reader):
+            reader.join(timeout=WAIT)
+        stuck = [reader.name for reader in (self._stdout_reader, self._stderr_reader) if reader.is_alive()]
+        if stuck:
+            # Closing now would bring the race back: leave these fds open, and say so.
+            raise AssertionError(self.failure("%s saw no end of file after the kernel exited" % stuck))
         for stream in (self.process.stdout, self.process.stderr):
             if stream is not None:
                 stream.close()
+        if killed:
+            raise AssertionError(self.failure("the kernel did not exit within %gs of stdin closing" % WAIT))
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "... [%d more characters]" % (len(text) - limit)
 
 
 def stream_text(frames: list[Frame], name: str) -> str:
@@ -521,15 +621,28 @@ def test_interrupt_stops_awaited_code(kernel: KernelProcess) -> None:
     assert kernel.run("await asyncio.sleep(0, result='loop still usable')")["value"] == "'loop still usable'"
 
 
-def test_interrupt_for_a_different_id_is_ignored(kernel: KernelProcess) -> None:
-    execute_id = kernel.start("import time\nprint('started', flush=True)\ntime.sleep(0.5)\n'finished'")
+def test_interrupt_for_a_different_id_is_ignored(kernel: KernelProcess, tmp_path: Path) -> None:
+    # The code runs until the test creates `go`, which it does only after the barrier
+    # shows the kernel has handled the interrupt: so the interrupt met running code.
+    code = (
+        "import os, time\n"
+        "print('started', flush=True)\n"
+        "deadline = time.monotonic() + %r\n"
+        "while not os.path.exists('go') and time.monotonic() < deadline:\n"
+        "    time.sleep(0.005)\n"
+        "'finished' if os.path.exists('go') else 'gave up waiting for go'"
+    )
+    execute_id = kernel.start(code % WAIT)
     kernel.wait_for_text(execute_id, "started")
 
     kernel.send({"type": "interrupt", "id": "someone-else"})
+    early = kernel.barrier()
+    (tmp_path / "go").touch()
     _, result = kernel.collect(execute_id)
 
-    assert result["status"] == "ok"
+    assert result["status"] == "ok", result
     assert result["value"] == "'finished'"
+    assert all(frame["type"] == "stream" and frame["id"] == execute_id for frame in early), early
 
 
 def test_late_interrupt_between_executes_does_not_hit_the_next_one(kernel: KernelProcess) -> None:
@@ -537,6 +650,7 @@ def test_late_interrupt_between_executes_does_not_hit_the_next_one(kernel: Kerne
     kernel.collect(finished)
 
     kernel.send({"type": "interrupt", "id": finished})
+    assert kernel.barrier() == []  # the interrupt has been handled, with nothing running
     result = kernel.run("import time\ntime.sleep(0.2)\n'unharmed'")
 
     assert result["value"] == "'unharmed'"
@@ -552,20 +666,20 @@ def test_closing_stdin_ends_the_kernel_even_while_code_spins(kernel: KernelProce
     assert kernel.process.stdin is not None
     kernel.process.stdin.close()
 
-    assert kernel.process.wait(timeout=3) == 0
+    assert kernel.process.wait(timeout=WAIT) == 0
 
 
 def test_closing_stdin_when_idle_ends_the_kernel(kernel: KernelProcess) -> None:
     assert kernel.process.stdin is not None
     kernel.process.stdin.close()
 
-    assert kernel.process.wait(timeout=3) == 0
+    assert kernel.process.wait(timeout=WAIT) == 0
 
 
 def test_sigterm_ends_the_kernel(kernel: KernelProcess) -> None:
     kernel.process.send_signal(signal.SIGTERM)
 
-    assert kernel.process.wait(timeout=3) == 0
+    assert kernel.process.wait(timeout=WAIT) == 0
 
 
 # --- robustness against user code touching the capture fds ---------------------------------

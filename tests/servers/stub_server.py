@@ -1,17 +1,38 @@
 """A small real MCP server (built on the SDK's MCPServer) for the failure modes and
 timings that third-party servers do not offer on demand: slow calls, huge results, tool
-errors, structured and image results, and a changing tool list."""
+errors, structured and image results, a changing tool list, and hostile behaviour: a
+wedged event loop, a crash mid-call, a tools/list that fails, crashes or hangs once."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import sys
+import time
 
 from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import Tool
 
-server = MCPServer("stub")
+
+class StubServer(MCPServer):
+    """An MCPServer whose next tools/list can be made to misbehave once."""
+
+    listing_trouble: str | None = None
+
+    async def list_tools(self) -> list[Tool]:
+        trouble, self.listing_trouble = self.listing_trouble, None
+        if trouble == "fail":
+            raise ToolError("tools/list failed on purpose")
+        if trouble == "exit":
+            os._exit(3)
+        if trouble == "hang":
+            time.sleep(3600)  # blocks the event loop: the server answers nothing any more
+        return await super().list_tools()
+
+
+server = StubServer("stub")
 
 # A 1x1 transparent PNG.
 PIXEL = base64.b64decode(
@@ -39,6 +60,36 @@ async def slow_then_mark(seconds: float, path: str) -> str:
 def big(size: int) -> str:
     """Return a string of `size` characters."""
     return "x" * size
+
+
+@server.tool(structured_output=False)
+def blob(size: int) -> str:
+    """One text block of `size` characters and no structured copy: a known size on the wire."""
+    return "x" * size
+
+
+@server.tool()
+async def wedge(seconds: float) -> str:
+    """Block the server's event loop for `seconds` (time.sleep in an async tool)."""
+    time.sleep(seconds)
+    return "unwedged"
+
+
+@server.tool()
+def exit_now() -> str:
+    """End the server process at once, in the middle of this call (a crash)."""
+    os._exit(3)
+
+
+@server.tool()
+async def trouble_next_listing(mode: str, ctx: Context, add: str = "") -> str:
+    """Make the next tools/list "fail", "exit" or "hang" once, optionally add a tool called
+    `add` (it answers "grown"), and announce a changed tool list."""
+    if add:
+        server.add_tool(lambda: "grown", name=add, description="Added at run time.")
+    server.listing_trouble = mode
+    await ctx.session.send_tool_list_changed()
+    return "the next tools/list will %s" % mode
 
 
 @server.tool()
