@@ -562,8 +562,8 @@ class HostRequests:
         except ProtocolError as exc:
             self._forget(request_id, cancel=False)  # never sent: nothing to cancel
             raise MCPError(
-                "%s: the arguments are too large to send to the host (%s). Pass less data per call, "
-                "or write it to a file in /workspace and pass the path." % (method, exc)
+                "%s: the arguments are too large to send to the host (%s). Pass less data per call "
+                "(split it over several calls)." % (method, exc)
             ) from None
         except (TypeError, ValueError) as exc:  # not JSON-serializable
             self._forget(request_id, cancel=False)

@@ -602,6 +602,11 @@ class PodmanRuntime(ContainerRuntime):
         super().__init__(executable)
         self.started_machine: str | None = None
 
+    def kill_argv(self, container: str) -> list[str]:
+        # --time 0: kill at once. Podman otherwise sends SIGTERM and waits 10 s, which code
+        # stuck in a C call (signal handlers wait for it) turns into a 10 s stall.
+        return [self.executable, "rm", "--force", "--time", "0", container]
+
     async def check_ready(self) -> None:
         if sys.platform == "darwin":
             await self._start_machine_if_stopped()
@@ -1269,10 +1274,11 @@ async def list_all_tools(session: ClientSession) -> list[types.Tool]:
 
 
 # --- stdio transport with a size cap ---------------------------------------------------
-# The SDK's stdio_client re-joins its whole line buffer on every 64 KiB read: a 50 MB
-# result line costs about 11 s of the bridge's CPU (100 MB: about 55 s) before the cap
-# in HostAPI.call_tool can refuse it. This transport splits lines in linear time and
-# discards a line over the cap as it arrives, answering the request it belonged to.
+# The SDK's stdio_client re-joins its whole line buffer on every 64 KiB read, so a line
+# costs quadratic time: measured through the bridge, a 20 MB result line took 2 s, 50 MB
+# 11 s, 100 MB 66 s (41 s of CPU, 650 MB peak memory) before the cap in HostAPI.call_tool
+# refused it. This transport splits lines in linear time and drops a line over the cap
+# as it arrives (a 200 MB line: 0.1 s of CPU), answering the request it belonged to.
 
 RESULT_ENVELOPE_SLACK = 64 * 1024  # JSON-RPC envelope around a capped tool result
 _READ_CHUNK = 1 << 20
@@ -1313,14 +1319,16 @@ class LineSplitter:
         return lines
 
     def _add(self, piece: bytes) -> None:
-        if self._head is None and self._size + len(piece) <= self.max_line:
-            self._parts.append(piece)
-        elif self._head is None:
-            line = b"".join(self._parts) + piece
-            self._head, self._tail, self._parts = line[:_LINE_EDGE], line[-_LINE_EDGE:], []
-        else:
-            self._tail = (self._tail + piece[-_LINE_EDGE:])[-_LINE_EDGE:]
         self._size += len(piece)
+        if self._head is None and self._size <= self.max_line:
+            self._parts.append(piece)
+            return
+        pieces = [piece]
+        if self._head is None:  # over the cap: from now on only the two ends are kept
+            pieces, self._parts, self._head = [*self._parts, piece], [], b""
+        for part in pieces:
+            self._head += part[: _LINE_EDGE - len(self._head)]
+            self._tail = (self._tail + part[-_LINE_EDGE:])[-_LINE_EDGE:]
 
     def _finish(self) -> bytes | OversizedLine:
         line: bytes | OversizedLine
@@ -1367,8 +1375,8 @@ def _server_item(line: bytes | OversizedLine, cap: int) -> SessionMessage | Exce
     if isinstance(line, OversizedLine):
         request_id = oversized_response_id(line)
         text = (
-            "the server sent a %d-byte message, over the %d-byte cap (MCP_BRIDGE_MAX_TOOL_RESULT_BYTES); "
-            "it was discarded unread" % (line.size, cap)
+            "sent a %d-byte message, over the %d-byte cap (MCP_BRIDGE_MAX_TOOL_RESULT_BYTES), which the "
+            "bridge discarded unread" % (line.size, cap)
         )
         if request_id is None:
             return OversizedMessageError(text)
@@ -1651,11 +1659,13 @@ class PooledClient:
                 % (name, request, limit)
             )
         if code == CONNECTION_CLOSED or (code is None and _is_transport_failure(exc)):
-            cause = self.failure if code == CONNECTION_CLOSED else None
-            cause = cause or "its connection failed: %s" % _describe_exception(exc)
-            self._fail(session, "went away during %s (%s)" % (request, cause))
+            if code == CONNECTION_CLOSED:  # the reason may be known: a crash, a stop, a discarded message
+                cause = self.failure or "exited or closed its connection"
+            else:
+                cause = "lost its connection: %s" % _describe_exception(exc)
+            self._fail(session, cause)
             return ProxyError(
-                "MCP server %r went away during %s (%s); it will be restarted on the next call."
+                "MCP server %r went away during %s (it %s); it will be restarted on the next call."
                 % (name, request, cause)
             )
         if code is not None:

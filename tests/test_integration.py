@@ -228,32 +228,6 @@ def test_sigterm_removes_the_container(engine: Engine, state_dir: Path) -> None:
     assert engine.containers(running_only=False, owner_pid=bridge.pid) == []
 
 
-def test_startup_sweeps_containers_of_dead_bridges(engine: Engine, state_dir: Path) -> None:
-    dead_pid = 2**22 - 3  # above the usual pid_max range in use; not a live process
-    assert not os.path.exists("/proc/%d" % dead_pid)
-    name = "mcp-code-exec-%d-deadbeef" % dead_pid
-    label = "io.github.mcp-server-code-execution-mode"
-    subprocess.run(
-        [engine.name, "run", "-d", "--name", name, "--label", label + "=1", "--ulimit", "nofile=1024:1024",
-         "--ulimit", "nproc=512:512", "--network", "none", "--entrypoint", "sleep", engine.image, "300"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    orphan_ipc = state_dir / "ipc" / name
-    orphan_ipc.mkdir(parents=True)
-    try:
-
-        async def start_and_call() -> None:
-            async with bridge_client(bridge_env(engine, state_dir)) as client:
-                result = await client.call_tool("run_python", {"code": "1"})
-                assert not result.is_error
-
-        anyio.run(start_and_call)
-        assert name not in engine.containers(running_only=False)
-        assert not orphan_ipc.exists()
-    finally:
-        subprocess.run([engine.name, "rm", "-f", name], capture_output=True, check=False)
-
-
 async def test_without_a_runtime_the_server_starts_and_explains(state_dir: Path, tmp_path: Path) -> None:
     empty_bin = tmp_path / "bin"
     empty_bin.mkdir()

@@ -1,0 +1,226 @@
+"""Proxied servers that misbehave: a wedged event loop, a crash in the middle of a call
+or of tools/list, a tools/list that fails once, a result far over the cap. Driven like
+tests/test_proxy.py (the real bridge, a real MCP client, a real container and the stub
+server), plus unit tests of the capped stdio reader's line splitting."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+import mcp_server_code_execution_mode as bridge
+from tests.conftest import Engine, bridge_client, bridge_pids, stub_entry
+from tests.test_proxy import _children_running, claude_desktop_home, proxy_env, run_ok
+
+pytestmark = pytest.mark.anyio
+
+
+async def _wait_until_gone(parent: int, pid: int, marker: str, seconds: float = 30) -> bool:
+    deadline = time.monotonic() + seconds
+    while pid in _children_running(parent, marker):
+        if time.monotonic() > deadline:
+            return False
+        await anyio.sleep(0.2)
+    return True
+
+
+async def test_a_wedged_server_is_restarted_after_a_tool_timeout(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    home = claude_desktop_home(tmp_path, {"stub": stub_entry()})
+    env = proxy_env(proxy_engine, state_dir, home, MCP_BRIDGE_TOOL_TIMEOUT="2")
+    async with bridge_client(env) as client:
+        await run_ok(client, "mcp_stub.pair(a=1)")
+        bridge_pid = bridge_pids(state_dir)[0]
+        (wedged,) = _children_running(bridge_pid, "stub_server.py")
+        # wedge() blocks the server's event loop for 10 minutes: without a restart, the
+        # call after it would wait out the tool timeout too.
+        result = await run_ok(
+            client,
+            """
+            from mcp import runtime
+            try:
+                mcp_stub.wedge(seconds=600)
+            except runtime.MCPError as exc:
+                message = str(exc)
+            (message, mcp_stub.pair(a=1))
+            """,
+        )
+        message, after = eval(result["value"])
+        assert "did not answer the call to wedge within 2s (MCP_BRIDGE_TOOL_TIMEOUT)" in message
+        assert "restarted on the next call" in message
+        assert after == {"sum": 3, "product": 2}
+        assert any("wedge" in notice and "restarted" in notice for notice in result["notices"]), result
+        assert await _wait_until_gone(bridge_pid, wedged, "stub_server.py"), (
+            "the wedged server is still running"
+        )
+
+
+async def test_a_failed_tool_list_refresh_is_retried(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    home = claude_desktop_home(tmp_path, {"stub": stub_entry()})
+    async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+        result = await run_ok(
+            client,
+            """
+            import time
+            from mcp import runtime
+            # Adds fresh_tool, makes the next tools/list fail, announces a changed list.
+            mcp_stub.trouble_next_listing(mode="fail", add="fresh_tool")
+            errors = []
+            for _ in range(100):  # the notification races the call's own result
+                try:
+                    names = [tool["tool"] for tool in runtime.list_tools("stub")]
+                except runtime.MCPError as exc:
+                    errors.append(str(exc))
+                    continue
+                if "fresh_tool" in names:
+                    break
+                time.sleep(0.1)
+            (errors, mcp_stub.fresh_tool())
+            """,
+        )
+        errors, fresh = eval(result["value"])
+        assert fresh == "grown"
+        assert len(errors) == 1, errors
+        assert "rejected tools/list" in errors[0] and "failed on purpose" in errors[0], errors
+
+
+async def test_a_dropped_transport_is_a_clear_error_and_the_server_restarts(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    home = claude_desktop_home(tmp_path, {"stub": stub_entry()})
+    async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+        listing = await run_ok(
+            client,
+            """
+            import time
+            from mcp import runtime
+            mcp_stub.trouble_next_listing(mode="exit")  # the next tools/list ends the process
+            message = "no error"
+            for _ in range(100):
+                try:
+                    runtime.list_tools("stub")
+                except runtime.MCPError as exc:
+                    message = str(exc)
+                    break
+                time.sleep(0.1)
+            (message, mcp_stub.pair(a=1))
+            """,
+        )
+        message, after = eval(listing["value"])
+        assert "MCP server 'stub' went away during tools/list" in message, message
+        assert "restarted on the next call" in message
+        assert after == {"sum": 3, "product": 2}
+        assert any("restarted" in notice for notice in listing["notices"]), listing
+        crash = await run_ok(
+            client,
+            """
+            import asyncio
+            from mcp import runtime
+            outcomes = await asyncio.gather(
+                mcp_stub.exit_now(), *(mcp_stub.slow(seconds=0.5) for _ in range(20)), return_exceptions=True
+            )
+            errors = [o for o in outcomes if isinstance(o, Exception)]
+            failures = [(isinstance(error, runtime.MCPError), str(error)) for error in errors]
+            served = [o for o in outcomes if not isinstance(o, Exception)]
+            (failures, served, mcp_stub.pair(a=2))
+            """,
+        )
+        failures, served, after = eval(crash["value"])
+        assert failures[0][1].startswith("MCP server 'stub' went away during the call to exit_now"), failures
+        # Calls in flight at the crash fail clearly; calls made after it reach the restarted server.
+        for is_mcp_error, text in failures:
+            assert is_mcp_error, failures
+            assert "went away" in text and "restarted on the next call" in text, failures
+        assert set(served) <= {"slept 0.5"} and len(failures) + len(served) == 21
+        assert after == {"sum": 4, "product": 4}
+
+
+async def test_an_oversized_result_is_refused_while_reading(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    home = claude_desktop_home(tmp_path, {"stub": stub_entry()})
+    env = proxy_env(proxy_engine, state_dir, home, MCP_BRIDGE_MAX_TOOL_RESULT_BYTES="1000000")
+    async with bridge_client(env) as client:
+        await run_ok(client, "mcp_stub.pair(a=1)")
+        bridge_pid = bridge_pids(state_dir)[0]
+        (server,) = _children_running(bridge_pid, "stub_server.py")
+        peak_before = _peak_rss_mib(bridge_pid)
+        result = await run_ok(
+            client,
+            """
+            from mcp import runtime
+            try:
+                mcp_stub.blob(size=100_000_000)
+            except runtime.MCPError as exc:
+                refused = str(exc)
+            (refused, mcp_stub.blob(size=900_000) == "x" * 900_000, mcp_stub.pair(a=2))
+            """,
+            timeout=120,
+        )
+        refused, small_ok, after = eval(result["value"])
+        assert "over the 1000000-byte cap (MCP_BRIDGE_MAX_TOOL_RESULT_BYTES)" in refused, refused
+        assert "100000" in refused and "blob" in refused
+        assert small_ok and after == {"sum": 4, "product": 4}
+        # Refused while reading: the 100 MB line never sat in the bridge's memory, and the
+        # connection survived (the server was answered, not restarted).
+        growth = _peak_rss_mib(bridge_pid) - peak_before
+        assert growth < 64, "the bridge's peak memory grew by %d MiB" % growth
+        assert _children_running(bridge_pid, "stub_server.py") == [server]
+        assert not result.get("notices"), result
+
+
+def _peak_rss_mib(pid: int) -> int:
+    for line in Path("/proc/%d/status" % pid).read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) // 1024
+    raise AssertionError("no VmHWM for %d" % pid)
+
+
+# --- the capped reader's line splitting ------------------------------------------------
+
+
+def _split(data: bytes, cap: int, step: int) -> list[bytes | bridge.OversizedLine]:
+    splitter = bridge.LineSplitter(cap)
+    lines: list[bytes | bridge.OversizedLine] = []
+    for start in range(0, len(data), step):
+        lines += splitter.feed(data[start : start + step])
+    return lines
+
+
+@pytest.mark.parametrize("step", [1, 7, 4096])
+def test_the_line_splitter_keeps_lines_under_the_cap_and_the_ends_of_longer_ones(step: int) -> None:
+    long = b"<" + b"x" * 5000 + b">"
+    lines = _split(b"one\n" + long + b"\n\ntwo\npartial", cap=4000, step=step)
+    assert lines[0] == b"one" and lines[2:] == [b"", b"two"]
+    oversized = lines[1]
+    assert isinstance(oversized, bridge.OversizedLine) and oversized.size == len(long)
+    assert oversized.head == long[: len(oversized.head)] and oversized.head.startswith(b"<x")
+    assert oversized.tail == long[-len(oversized.tail) :] and oversized.tail.endswith(b"x>")
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        # Python SDK servers: the id before the result.
+        (b'{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"%s"}]}}', 7),
+        # TypeScript SDK servers: the id after the result.
+        (b'{"result":{"content":[{"type":"text","text":"%s"}]},"jsonrpc":"2.0","id":"req-7"}', "req-7"),
+        (b'{"jsonrpc": "2.0", "id": 8, "error": {"code": 1, "message": "%s"}}', 8),
+        # Not a response: a request from the server, or no id in the kept ends.
+        (b'{"jsonrpc":"2.0","id":7,"method":"sampling/createMessage","params":{"x":"%s"}}', None),
+        (b'{"jsonrpc":"2.0","result":{"text":"%s","id":3}}', None),
+        (b"not json at all %s", None),
+    ],
+)
+def test_a_discarded_line_is_answered_only_when_it_is_a_response_with_an_id(
+    line: bytes, expected: int | str | None
+) -> None:
+    (oversized,) = _split(line % (b"y" * 10_000) + b"\n", cap=1000, step=3000)
+    assert isinstance(oversized, bridge.OversizedLine)
+    assert bridge.oversized_response_id(oversized) == expected
