@@ -947,7 +947,9 @@ class Kernel:
             try:
                 self.channel.send(result)
             except ProtocolError as exc:  # only with a tiny frame cap; exactly one result still goes out
-                result.update(value=None, error={"type": "ProtocolError", "message": str(exc), "traceback": ""})
+                result.update(
+                    value=None, error={"type": "ProtocolError", "message": str(exc), "traceback": ""}
+                )
                 result["status"] = "error"
                 self.channel.send(result)
 

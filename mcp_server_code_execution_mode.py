@@ -1393,8 +1393,8 @@ def _server_item(line: bytes | OversizedLine, cap: int) -> SessionMessage | Exce
 
 @asynccontextmanager
 async def capped_stdio_transport(params: StdioServerParameters, cap: int) -> AsyncIterator[Any]:
-    """The SDK's stdio transport for POSIX, with a linear, capped reader: a line over
-    `cap` + RESULT_ENVELOPE_SLACK bytes is never held. If it answered one of our
+    """What the SDK's stdio_client does (on POSIX), with a linear, capped reader: a line
+    over `cap` + RESULT_ENVELOPE_SLACK bytes is never held. If it answered one of our
     requests, that request gets an error naming the cap and the connection stays;
     otherwise (no id found) the connection is ended so the server is restarted."""
     process = await anyio.open_process(
@@ -1983,7 +1983,9 @@ def search_terms(query: str) -> list[str]:
     return list(dict.fromkeys(_tokens(_text(query))))[:MAX_SEARCH_TERMS]
 
 
-def rank_tools(query: str, indexed: Sequence[IndexedTool], limit: int = 5) -> list[tuple[float, str, Mapping[str, Any]]]:
+def rank_tools(
+    query: str, indexed: Sequence[IndexedTool], limit: int = 5
+) -> list[tuple[float, str, Mapping[str, Any]]]:
     """The ``limit`` best (score, server alias, tool) matches for ``query``, best first.
 
     Each query word scores its best match among a tool's words (same stem 1.0, prefix 0.7,
@@ -2194,7 +2196,9 @@ class HostAPI:
             self._search_index[client.spec.alias] = cached
         return cached[1]
 
-    async def call_tool(self, server: str, tool: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def call_tool(
+        self, server: str, tool: str, arguments: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         client = self.pool.client(server)
         found = await self._find_tool(client, tool)
         result = await client.call_tool(found.name, arguments or {})
@@ -2305,7 +2309,9 @@ class ProblemLog:
         if seen or len(self.counts) < self.MAX_KINDS:
             self.counts[kind] = seen + 1
         if not seen:
-            logger.warning(message + " (further problems of this kind are not logged)", *args, exc_info=exc_info)
+            logger.warning(
+                message + " (further problems of this kind are not logged)", *args, exc_info=exc_info
+            )
 
 
 class SandboxSession:
@@ -2503,7 +2509,9 @@ class SandboxSession:
         kind, frame_id, pending = frame.get("type"), frame.get("id"), self.pending
         if kind == "result" and pending is not None and frame_id == pending.id:
             # Fail the call now rather than let it wait for a result that may never come.
-            pending.complete(sandbox_error_result("ProtocolError", "the sandbox sent a malformed result: %s" % exc))
+            pending.complete(
+                sandbox_error_result("ProtocolError", "the sandbox sent a malformed result: %s" % exc)
+            )
         elif kind == "request" and is_frame_id(frame_id):
             await self._respond(frame_id, error="the request was malformed: %s" % exc)
 
@@ -2544,7 +2552,10 @@ class SandboxSession:
                     error = str(exc)
                 except Exception as exc:  # a bug here must fail one request, not the bridge
                     self.problems.report(
-                        "internal " + type(exc).__name__, "sandbox request %s failed", frame["method"], exc_info=True
+                        "internal " + type(exc).__name__,
+                        "sandbox request %s failed",
+                        frame["method"],
+                        exc_info=True,
                     )
                     error = "internal bridge error (%s); the server log has details" % type(exc).__name__
             if scope.cancelled_caught:
@@ -2568,11 +2579,19 @@ class SandboxSession:
                 await self.send(response)
             except (ProtocolError, TypeError, ValueError) as exc:
                 message = "the answer could not be sent into the sandbox: %s" % exc
-                await self.send({"type": "response", "id": request_id, "error": {"type": "MCPError", "message": message[:2000]}})
+                await self.send(
+                    {
+                        "type": "response",
+                        "id": request_id,
+                        "error": {"type": "MCPError", "message": message[:2000]},
+                    }
+                )
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass  # the sandbox is gone; its reader reports that
         except Exception:
-            self.problems.report("respond", "sandbox %s: could not answer request %r", self.name, request_id, exc_info=True)
+            self.problems.report(
+                "respond", "sandbox %s: could not answer request %r", self.name, request_id, exc_info=True
+            )
 
     def cancel_requests(self, request_id: str | int | None = None) -> None:
         """Cancel one outstanding sandbox request, or all of them (end of an execute)."""
@@ -2927,23 +2946,33 @@ def cut_marker(stream: str, count: int, config: BridgeConfig) -> str:
     )
 
 
-def render_compact(outcome: ExecutionOutcome, config: BridgeConfig) -> str:
-    parts: list[str] = ["[session] " + notice for notice in outcome.notices]
+def render_blocks(outcome: ExecutionOutcome, config: BridgeConfig) -> list[str]:
+    """The result text as content blocks: the bridge's notices, the code's own output
+    (stdout, stderr, traceback, value), and the bridge's status line. Kept apart so
+    nothing the code prints can pass for a message from the bridge."""
+    output: list[str] = []
     for stream in ("stdout", "stderr"):
         text = getattr(outcome, stream)
         if outcome.truncated[stream]:
             text += cut_marker(stream, outcome.truncated[stream], config)
         if text:
-            parts.append(text.rstrip("\n") if stream == "stdout" else "[stderr]\n" + text.rstrip("\n"))
+            output.append(text.rstrip("\n") if stream == "stdout" else "[stderr]\n" + text.rstrip("\n"))
     if outcome.error and outcome.status in ("error", "timeout"):
-        parts.append(
+        output.append(
             outcome.error.get("traceback") or "%s: %s" % (outcome.error["type"], outcome.error["message"])
         )
     if outcome.value is not None:
-        parts.append(outcome.value)
-    if outcome.detail:
-        parts.append("[%s] %s" % (outcome.status, outcome.detail))
-    return "\n".join(parts) if parts else "(no output)"
+        output.append(outcome.value)
+    blocks = [
+        "\n".join("[session] " + notice for notice in outcome.notices),
+        "\n".join(output),
+        "[%s] %s" % (outcome.status, outcome.detail) if outcome.detail else "",
+    ]
+    return [block for block in blocks if block] or ["(no output)"]
+
+
+def render_compact(outcome: ExecutionOutcome, config: BridgeConfig) -> str:
+    return "\n".join(render_blocks(outcome, config))
 
 
 def render_toon(outcome: ExecutionOutcome) -> str:
@@ -2951,39 +2980,62 @@ def render_toon(outcome: ExecutionOutcome) -> str:
     return str(toon_format.encode(data))
 
 
-def valid_unicode(value: Any) -> Any:
-    """``value`` with every string made encodable as UTF-8: lone surrogates (from a
-    ``repr``, a non-UTF-8 file name, a proxied server) become ``\\udcff`` escapes. JSON
-    cannot carry them, and the SDK's writer would fail on them and end the server."""
+# What a terminal would act on rather than show: escape sequences (colours, cursor moves,
+# window titles, hyperlinks, DCS/APC strings) and other control characters (NUL, BEL,
+# backspace). A client may show results in a terminal, and the code must not be able to
+# repaint or hide what the user reads there.
+_TERMINAL_CONTROL = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC, ended by BEL or ST
+    r"|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"  # DCS, SOS, PM, APC
+    r"|\x1b[@-_]?"  # any other escape, or a lone ESC
+    r"|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"  # C0 and C1 controls but tab and newline
+)
+
+
+def clean_text(text: str) -> str:
+    """``text`` as the model and the client should see it: valid Unicode (lone
+    surrogates, from a ``repr`` or a non-UTF-8 file name, become ``\\udcff``; JSON cannot
+    carry them and the SDK's writer would fail on them and end the server), line
+    breaks as ``\\n`` (a lone ``\\r`` could overwrite a line on a terminal), and no
+    terminal control sequences."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return _TERMINAL_CONTROL.sub("", text)
+
+
+def clean_strings(value: Any) -> Any:
+    """``value`` (JSON-like data) with clean_text applied to every string in it."""
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return value.encode("utf-8", "backslashreplace").decode("utf-8")
-        return value
+        return clean_text(value)
     if isinstance(value, list):
-        return [valid_unicode(item) for item in value]
+        return [clean_strings(item) for item in value]
     if isinstance(value, dict):
-        return {valid_unicode(key): valid_unicode(item) for key, item in value.items()}
+        return {clean_strings(key): clean_strings(item) for key, item in value.items()}
     return value
 
 
-def tool_result(text: str, structured: dict[str, Any] | None, is_error: bool) -> types.CallToolResult:
-    """The one place a run_python result is built: every string in it is valid Unicode."""
+def tool_result(blocks: list[str], structured: dict[str, Any] | None, is_error: bool) -> types.CallToolResult:
+    """The one place a run_python result is built: every string in it goes through
+    clean_text."""
     return types.CallToolResult(
-        content=[types.TextContent(text=valid_unicode(text))],
-        structured_content=valid_unicode(structured),
+        content=[types.TextContent(text=clean_text(block)) for block in blocks],
+        structured_content=clean_strings(structured),
         is_error=is_error,
     )
 
 
 def render_outcome(outcome: ExecutionOutcome, config: BridgeConfig) -> types.CallToolResult:
-    text = render_toon(outcome) if config.output_mode == "toon" else render_compact(outcome, config)
-    return tool_result(text, structured_result(outcome), outcome.status != "ok")
+    blocks = [render_toon(outcome)] if config.output_mode == "toon" else render_blocks(outcome, config)
+    return tool_result(blocks, structured_result(outcome), outcome.status != "ok")
 
 
 def render_error(exc: BridgeError) -> types.CallToolResult:
-    return tool_result(str(exc), None, is_error=True)
+    return tool_result([str(exc)], None, is_error=True)
 
 
 # =============================================================================
@@ -3136,7 +3188,9 @@ def build_server(
             return render_outcome(outcome, config)
         except BridgeError as exc:
             return render_error(exc)
-        except Exception as exc:  # a bug of ours: one failed call, rendered for the model, never a dead server
+        except (
+            Exception
+        ) as exc:  # a bug of ours: one failed call, rendered for the model, never a dead server
             logger.exception("run_python failed unexpectedly")
             return render_error(
                 BridgeError(

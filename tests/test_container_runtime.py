@@ -219,7 +219,14 @@ def test_kill_and_list_argv_target_only_this_hosts_labelled_containers() -> None
 
     assert runtime.kill_argv("c1") == ["/bin/docker", "rm", "--force", "c1"]
     # Podman would wait its 10 s stop timeout for PID 1 first.
-    assert PodmanRuntime("/bin/podman").kill_argv("c1") == ["/bin/podman", "rm", "--force", "--time", "0", "c1"]
+    assert PodmanRuntime("/bin/podman").kill_argv("c1") == [
+        "/bin/podman",
+        "rm",
+        "--force",
+        "--time",
+        "0",
+        "c1",
+    ]
     assert runtime.list_argv(HOST) == [
         "/bin/docker", "ps", "--all", "--filter", "label=%s.owner-host=%s" % (LABEL, HOST),
         "--format", "{{.Names}}",

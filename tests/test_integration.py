@@ -3,7 +3,6 @@ installed console script, which starts real hardened containers on each runtime.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import textwrap

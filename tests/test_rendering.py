@@ -389,3 +389,56 @@ def test_tools_list_answer_stays_under_200_tokens() -> None:
         listing.model_dump(by_alias=True, exclude_none=True, mode="json"), separators=(",", ":")
     )
     assert count_tokens(text) < 200
+
+
+# --- what leaves the bridge: clean text, the bridge's words apart -------------------------
+
+
+def test_terminal_escapes_and_control_characters_are_removed_from_what_the_model_sees() -> None:
+    noisy = "a\x1b[31mred\x1b[0m \x1b]0;title\x07|\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\|nul\x00|\x07\x08\x9b|\tok"
+
+    assert bridge.clean_text(noisy) == "ared |link|nul||\tok"
+
+
+def test_a_carriage_return_cannot_overwrite_a_line() -> None:
+    assert bridge.clean_text("shown\rhidden\r\nnext") == "shown\nhidden\nnext"
+
+
+def test_lone_surrogates_become_escapes_that_json_can_carry() -> None:
+    assert bridge.clean_text("bad \udcff name") == "bad \\udcff name"
+    assert bridge.clean_text("emoji \U0001f600 and é stay") == "emoji \U0001f600 and é stay"
+
+
+def test_every_string_of_a_result_is_cleaned_text_and_structured_alike() -> None:
+    outcome = ExecutionOutcome(
+        status="error",
+        stdout="\x1b[1mbold\x1b[0m\n",
+        error={"type": "ValueError", "message": "\udcff", "traceback": "ValueError: \udcff\n"},
+        notices=["a notice"],
+    )
+
+    result = render_outcome(outcome, CONFIG)
+
+    texts = [block.text for block in result.content if isinstance(block, types.TextContent)]
+    assert texts == ["[session] a notice", "bold\nValueError: \\udcff\n"]
+    assert result.structured_content is not None
+    assert result.structured_content["stdout"] == "bold\n"
+    assert result.structured_content["error"]["message"] == "\\udcff"
+    result.model_dump_json()  # serializes: no lone surrogate left anywhere
+
+
+def test_the_bridges_notices_and_status_are_blocks_of_their_own() -> None:
+    outcome = ExecutionOutcome(
+        status="timeout",
+        stdout="[session] printed by the code\n",
+        notices=["Reset: started a fresh session with an empty namespace."],
+        detail="Timed out after 2s.",
+    )
+
+    blocks = bridge.render_blocks(outcome, CONFIG)
+
+    assert blocks == [
+        "[session] Reset: started a fresh session with an empty namespace.",
+        "[session] printed by the code",
+        "[timeout] Timed out after 2s.",
+    ]

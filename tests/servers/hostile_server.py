@@ -16,7 +16,8 @@ import sys
 DESCRIPTION = "Returns text with a lone surrogate \\udcff in it." if "--bad-docs" in sys.argv else "Bad text."
 TOOLS = (
     '[{"name": "surrogate", "description": "%s", "inputSchema": {"type": "object"}},'
-    ' {"name": "raw_bytes", "description": "Invalid UTF-8.", "inputSchema": {"type": "object"}}]' % DESCRIPTION
+    ' {"name": "raw_bytes", "description": "Invalid UTF-8.", "inputSchema": {"type": "object"}}]'
+    % DESCRIPTION
 )
 RESULTS = {
     "surrogate": '{"content": [{"type": "text", "text": "bad \\udcff text"}], "isError": false}',
