@@ -1,21 +1,26 @@
-"""The in-sandbox kernel of mcp-server-code-execution-mode.
+"""The in-sandbox kernel of mcp-server-code-execution-mode: a supervisor and an executor.
 
-The bridge copies this file into the session's read-only IPC mount and starts it as
-the container's main process: ``python3 /ipc/mcp_sandbox_kernel.py /ipc/session.json``.
-It is standard library only and runs on any CPython >= 3.9, because users pick the
-image. The bridge imports the wire-protocol section on the host too, so frames are
-built and parsed in exactly one place.
+The bridge copies this file into the session's read-only IPC mount and starts it as the
+container's main process: ``python3 -I /ipc/mcp_sandbox_kernel.py /ipc/session.json``.
+That process is the SUPERVISOR (PID 1): it owns the frame channel to the bridge (its
+stdin and stdout), runs no user code, and starts the EXECUTOR, the same file run as
+``... --executor SESSION_JSON IN_FD OUT_FD``, which holds the user's namespace and talks
+to the supervisor over pipes of its own. The executor never holds a descriptor of the
+bridge's channel, and the supervisor is non-dumpable, so code in the sandbox cannot
+reach that channel; everything the executor sends is validated like untrusted input.
+
+Standard library only, any CPython >= 3.9 (users pick the image). The bridge imports the
+wire-protocol section on the host too, so frames are built, parsed and validated in
+exactly one place.
 
 Sections (``grep -n '^# ====' mcp_sandbox_kernel.py``):
-    wire protocol   -> newline-delimited JSON frames, size-capped, no line limit
-    output capture  -> fd 1 / fd 2 become pipes pumped into ``stream`` frames
-    code execution  -> one persistent namespace, top-level await, REPL-style value
-    kernel          -> the frame loop: execute / interrupt, exactly one result each
+    wire protocol    -> newline-delimited JSON frames, size-capped, schema per frame type
+    output capture   -> the supervisor's pumps on the executor's stdout/stderr pipes
+    code execution   -> one persistent namespace, top-level await, REPL-style value
+    sandbox API      -> ``from mcp import runtime``, ``mcp_<alias>``, host requests
+    executor process -> runs the code: execute frames in, exactly one result each
+    supervisor       -> PID 1: routing, validation, reaping, timeouts, fresh executors
     entry point
-
-The frame channel is a private duplicate of the container's original stdin/stdout,
-taken before any user code runs; user code writing to fd 1 (``print``,
-``os.write(1, ...)``, subprocesses) only ever reaches the capture pipe.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import ast
 import asyncio
 import base64
 import codecs
+import collections
 import difflib
 import inspect
 import json
@@ -31,8 +37,10 @@ import linecache
 import os
 import queue
 import signal
+import subprocess
 import sys
 import threading
+import time
 import traceback
 import types
 from typing import Any, Callable, NamedTuple
@@ -41,7 +49,7 @@ from typing import Any, Callable, NamedTuple
 # wire protocol
 # =============================================================================
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 DEFAULT_MAX_FRAME_BYTES = 32 * 1024 * 1024
 
 Frame = dict[str, Any]
@@ -57,10 +65,15 @@ class ProtocolError(Exception):
 # checks what comes out of the sandbox (hostile code may write frames of its own), the
 # kernel what comes from the bridge. Unknown fields are ignored; unknown types refused.
 
+MAX_REQUESTS_IN_FLIGHT = 256  # per session; more are refused on arrival, never queued
+TOO_MANY_REQUESTS = (
+    "Too many MCP requests in flight (more than %d); await some before starting more."
+    % MAX_REQUESTS_IN_FLIGHT
+)
 MAX_ID_CHARS = 64  # ids are short strings or integers: a reply echoes the id
 MAX_NAME_CHARS = 200  # method names, error type names
 STREAM_NAMES = ("stdout", "stderr")
-RESULT_STATUSES = ("ok", "error", "interrupted")
+RESULT_STATUSES = ("ok", "error", "interrupted", "killed", "crashed")
 
 
 class FieldRule(NamedTuple):
@@ -115,6 +128,14 @@ def _is_optional_error_info(value: Any) -> bool:
     return value is None or _is_error_info(value)
 
 
+def _is_texts(value: Any) -> bool:
+    return isinstance(value, list) and len(value) <= 100 and all(isinstance(item, str) for item in value)
+
+
+def _is_grace(value: Any) -> bool:
+    return type(value) in (int, float) and 0 < value <= 3600
+
+
 def _one_of(*choices: str) -> Callable[[Any], bool]:
     return lambda value: isinstance(value, str) and value in choices
 
@@ -125,7 +146,7 @@ _ERROR_INFO = "null or an object with string fields type, message (and traceback
 FRAME_SCHEMAS: dict[str, dict[str, FieldRule]] = {
     # bridge -> kernel
     "execute": {"id": _ID, "code": FieldRule(_is_text, "a string")},
-    "interrupt": {"id": _ID},
+    "interrupt": {"id": _ID, "grace": FieldRule(_is_grace, "a number of seconds (0-3600]", required=False)},
     "response": {
         "id": _ID,
         "error": FieldRule(_is_optional_error_info, _ERROR_INFO, required=False),
@@ -146,6 +167,7 @@ FRAME_SCHEMAS: dict[str, dict[str, FieldRule]] = {
         "value": FieldRule(_is_optional_text, "null or a string", required=False),
         "error": FieldRule(_is_optional_error_info, _ERROR_INFO, required=False),
         "dropped": FieldRule(_is_stream_counts, "an object of stdout/stderr counts", required=False),
+        "notices": FieldRule(_is_texts, "a list of at most 100 strings", required=False),
     },
     "error": {
         "id": FieldRule(lambda value: value is None or is_frame_id(value), "null or an id", required=False),
@@ -158,8 +180,12 @@ FRAME_SCHEMAS: dict[str, dict[str, FieldRule]] = {
     },
     "cancel": {"id": _ID},
 }
+# Who may send what: bridge -> supervisor, supervisor -> bridge, supervisor -> executor,
+# executor -> supervisor.
 BRIDGE_FRAME_TYPES = frozenset({"execute", "interrupt", "response"})
 KERNEL_FRAME_TYPES = frozenset({"hello", "stream", "result", "error", "request", "cancel"})
+SUPERVISOR_FRAME_TYPES = frozenset({"execute", "response"})
+EXECUTOR_FRAME_TYPES = frozenset({"hello", "result", "error", "request", "cancel"})
 
 
 def validate_frame(frame: Frame, accepted: frozenset[str]) -> Frame:
@@ -197,58 +223,91 @@ def encode_frame(frame: Frame, max_frame_bytes: int) -> bytes:
 class FrameDecoder:
     """Incremental parser for a byte stream of frames. Has no line-length limit of its
     own; the only limit is ``max_frame_bytes``, checked before a frame is complete so a
-    runaway sender cannot make the reader buffer without bound."""
+    runaway sender cannot make the reader buffer without bound. Each byte is scanned for
+    the end of line once (a rescan per chunk would be quadratic in the frame size).
 
-    def __init__(self, max_frame_bytes: int) -> None:
+    Strict (the default): a line that is not a JSON object with a string ``type``, or is
+    over the cap, raises ProtocolError. Tolerant (for a sender that may be hostile, whose
+    stream the reader must survive): such a line is skipped and counted in ``rejected``,
+    an oversized one discarded as it arrives."""
+
+    def __init__(self, max_frame_bytes: int, tolerant: bool = False) -> None:
         self.max_frame_bytes = max_frame_bytes
+        self.tolerant = tolerant
+        self.rejected = 0
         self._buffer = bytearray()
+        self._scanned = 0  # bytes of the buffer known to hold no newline
+        self._discarding = False  # tolerant: inside an oversized line, dropping it
 
     def feed(self, data: bytes) -> list[Frame]:
-        self._buffer += data
         frames: list[Frame] = []
+        if self._discarding:
+            end = data.find(b"\n")
+            if end < 0:
+                return frames
+            self._discarding = False
+            data = data[end + 1 :]
+        self._buffer += data
         start = 0
         while True:
-            end = self._buffer.find(b"\n", start)
+            end = self._buffer.find(b"\n", max(start, self._scanned))
             if end < 0:
                 break
-            frames.append(self._parse(bytes(self._buffer[start:end])))
+            frame = self._parse(bytes(self._buffer[start:end]))
+            if frame is not None:
+                frames.append(frame)
             start = end + 1
         del self._buffer[:start]
+        self._scanned = len(self._buffer)
         if len(self._buffer) >= self.max_frame_bytes:
-            raise ProtocolError(
-                "incoming frame exceeds the maximum frame size of %d bytes" % self.max_frame_bytes
-            )
+            if not self.tolerant:
+                raise ProtocolError(
+                    "incoming frame exceeds the maximum frame size of %d bytes" % self.max_frame_bytes
+                )
+            self.rejected += 1
+            self._buffer.clear()
+            self._scanned = 0
+            self._discarding = True
         return frames
 
-    def _parse(self, line: bytes) -> Frame:
-        if len(line) + 1 > self.max_frame_bytes:
-            raise ProtocolError(
-                "incoming frame of %d bytes exceeds the maximum frame size of %d bytes"
-                % (len(line) + 1, self.max_frame_bytes)
-            )
+    def _parse(self, line: bytes) -> Frame | None:
         try:
-            frame = json.loads(line.decode("utf-8", "surrogatepass"))
-        except ValueError as exc:
-            raise ProtocolError(f"malformed frame ({exc}): {line[:80]!r}") from None
-        if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
-            raise ProtocolError(f"frame is not an object with a string 'type': {line[:80]!r}")
+            if len(line) + 1 > self.max_frame_bytes:
+                raise ProtocolError(
+                    "incoming frame of %d bytes exceeds the maximum frame size of %d bytes"
+                    % (len(line) + 1, self.max_frame_bytes)
+                )
+            try:
+                frame = json.loads(line.decode("utf-8", "surrogatepass"))
+            except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
+                raise ProtocolError(
+                    "malformed frame (%s: %s): %r" % (type(exc).__name__, str(exc)[:200], line[:80])
+                ) from None
+            if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
+                raise ProtocolError("frame is not an object with a string 'type': %r" % line[:80])
+        except ProtocolError:
+            if not self.tolerant:
+                raise
+            self.rejected += 1
+            return None
         return frame
 
 
 class Channel:
     """The kernel's end of the frame channel: thread-safe sends, blocking reads."""
 
-    def __init__(self, in_fd: int, out_fd: int, max_frame_bytes: int) -> None:
+    def __init__(self, in_fd: int, out_fd: int, max_frame_bytes: int, tolerant: bool = False) -> None:
         self.in_fd = in_fd
         self.out_fd = out_fd
         self.max_frame_bytes = max_frame_bytes
-        self._decoder = FrameDecoder(max_frame_bytes)
+        self.decoder = FrameDecoder(max_frame_bytes, tolerant)
         self._pending: list[Frame] = []
         self._lock = threading.Lock()
         # A KeyboardInterrupt between two partial writes would leave half a frame on the
         # channel; while the main thread writes, the SIGINT handler only records it.
         self.main_thread_writing = False
         self.deferred_interrupt = False
+        self.output_closed = False
 
     def send(self, frame: Frame) -> None:
         """Send one frame whole; ProtocolError (nothing sent) when it is over the cap,
@@ -256,6 +315,8 @@ class Channel:
         data = encode_frame(frame, self.max_frame_bytes)
         in_main = threading.current_thread() is threading.main_thread()
         with self._lock:
+            if self.output_closed:
+                raise OSError(9, "the channel is closed")
             self.main_thread_writing = in_main
             try:
                 view = memoryview(data)
@@ -268,18 +329,25 @@ class Channel:
             self.deferred_interrupt = False
             raise KeyboardInterrupt
 
+    def close_output(self) -> None:
+        """Close the sending side; later sends raise OSError (never write to a reused fd)."""
+        with self._lock:
+            if not self.output_closed:
+                self.output_closed = True
+                os.close(self.out_fd)
+
     def receive(self) -> Frame | None:
         """The next frame, or None at end of input (the bridge has gone)."""
         while not self._pending:
             data = os.read(self.in_fd, 1 << 16)
             if not data:
                 return None
-            self._pending.extend(self._decoder.feed(data))
+            self._pending.extend(self.decoder.feed(data))
         return self._pending.pop(0)
 
 
 # =============================================================================
-# output capture
+# output capture (supervisor side)
 # =============================================================================
 
 
@@ -313,66 +381,69 @@ class OutputLimiter:
 
 
 class OutputPump(threading.Thread):
-    """Reads one capture pipe and turns it into ``stream`` frames.
+    """Reads one of the executor's output pipes (its fd 1 or fd 2) and hands the text to
+    ``deliver(name, text)``.
 
-    ``start_sync()`` + ``wait_synced()`` let the executing thread wait until everything
-    written to the pipe before the call has been forwarded: it writes a random marker through the pipe
-    itself, so ordering holds for every writer, including subprocesses. The pump keeps
-    a private write end, so ``reattach()`` can repair ``target_fd`` after user code
-    closed or redirected it."""
+    The supervisor keeps its own copy of the pipe's write end, so ``start_sync()`` +
+    ``wait_synced()`` can wait until everything written to the pipe before a moment has
+    been delivered: a random marker goes through the pipe itself, so ordering holds for
+    every writer (the executor, its subprocesses), and the executor cannot forge it."""
 
-    def __init__(
-        self, name: str, read_fd: int, write_fd: int, target_fd: int, channel: Channel, limiter: OutputLimiter
-    ):
+    def __init__(self, name: str, read_fd: int, write_fd: int, deliver: Callable[[str, str], None]) -> None:
         super().__init__(name="pump-" + name, daemon=True)
         self.stream_name = name
         self.read_fd = read_fd
         self.write_fd = write_fd
-        self.target_fd = target_fd
-        self.channel = channel
-        self.limiter = limiter
+        self.deliver = deliver
         self.marker = b"\x00MCP-SYNC-" + os.urandom(12).hex().encode() + b"\x00"
         self._synced = threading.Event()
+        self._write_lock = threading.Lock()
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def reattach(self) -> None:
-        os.dup2(self.write_fd, self.target_fd)
 
     def start_sync(self) -> None:
         self._synced.clear()
-        os.write(self.write_fd, self.marker)
+        with self._write_lock:
+            if self.write_fd < 0:  # closed: the executor is being replaced; nothing more will come
+                self._synced.set()
+                return
+            os.write(self.write_fd, self.marker)
 
     def wait_synced(self, timeout: float = 5.0) -> None:
         self._synced.wait(timeout)
 
+    def close_write_end(self) -> None:
+        """Once every other writer is gone the pump reads end of file and stops."""
+        with self._write_lock:
+            if self.write_fd >= 0:
+                os.close(self.write_fd)
+                self.write_fd = -1
+
     def run(self) -> None:
         carry = b""
-        while True:
-            data = os.read(self.read_fd, 1 << 16)
-            if not data:
-                return
-            buffer = carry + data
+        try:
             while True:
-                index = buffer.find(self.marker)
-                if index < 0:
+                data = os.read(self.read_fd, 1 << 16)
+                if not data:
                     break
-                self._forward(buffer[:index])
-                buffer = buffer[index + len(self.marker) :]
-                self._synced.set()
-            keep = _partial_suffix(buffer, self.marker)
-            carry = buffer[len(buffer) - keep :] if keep else b""
-            self._forward(buffer[: len(buffer) - keep])
+                buffer = carry + data
+                while True:
+                    index = buffer.find(self.marker)
+                    if index < 0:
+                        break
+                    self._forward(buffer[:index])
+                    buffer = buffer[index + len(self.marker) :]
+                    self._synced.set()
+                keep = _partial_suffix(buffer, self.marker)
+                carry = buffer[len(buffer) - keep :] if keep else b""
+                self._forward(buffer[: len(buffer) - keep])
+            self._forward(carry)
+        finally:
+            os.close(self.read_fd)
+            self._synced.set()
 
     def _forward(self, data: bytes) -> None:
-        if not data:
-            return
-        text = self.limiter.admit(self.stream_name, self._decoder.decode(data))
-        if text:
-            frame = {"type": "stream", "id": self.limiter.execute_id, "name": self.stream_name, "text": text}
-            try:
-                self.channel.send(frame)
-            except ProtocolError:  # only with a frame cap below the chunk size: count it as cut
-                self.limiter.uncount(self.stream_name, len(text))
+        if data:
+            self.deliver(self.stream_name, self._decoder.decode(data))
 
 
 def _partial_suffix(buffer: bytes, marker: bytes) -> int:
@@ -381,15 +452,6 @@ def _partial_suffix(buffer: bytes, marker: bytes) -> int:
         if marker.startswith(buffer[-size:]):
             return size
     return 0
-
-
-def capture_fd(fd: int, name: str, channel: Channel, limiter: OutputLimiter) -> OutputPump:
-    """Point ``fd`` at a fresh pipe and start a pump on the pipe's read end."""
-    read_fd, write_fd = os.pipe()  # both non-inheritable: children only get ``fd``
-    pump = OutputPump(name, read_fd, write_fd, fd, channel, limiter)
-    pump.reattach()
-    pump.start()
-    return pump
 
 
 # =============================================================================
@@ -837,52 +899,49 @@ def install_sandbox_api(
 
 
 # =============================================================================
-# kernel
+# executor process: runs the user's code
 # =============================================================================
 
 
-class Kernel:
-    """Owns the channel, the capture pumps and the executor. The main thread runs
-    user code (so Ctrl-C semantics hold); a reader thread receives frames, so an
-    interrupt can arrive while code runs and end of input stops the container."""
+class ExecutorProcess:
+    """The child process that holds the user's namespace. It talks to the supervisor
+    over two pipes of its own; its fd 1 and fd 2 are pipes the supervisor reads. It never
+    holds a descriptor of the bridge's channel. The main thread runs user code (so
+    Ctrl-C semantics hold: the supervisor interrupts with SIGINT); a reader thread
+    receives frames, and end of input (the supervisor is gone) ends the process."""
 
     def __init__(self, channel: Channel, config: dict[str, Any]) -> None:
         self.channel = channel
         self.max_output_chars = int(config.get("max_output_chars", 50000))
-        self.limiter = OutputLimiter(self.max_output_chars)
         self.executor = Executor()
-        self.pumps: list[OutputPump] = []
         self.std_streams: dict[str, Any] = {}
+        # Private copies of the output pipes, to repair fd 1/2 if user code closes them.
+        self.output_fds = {1: os.dup(1), 2: os.dup(2)}
         self.executes: queue.Queue[Frame | None] = queue.Queue()
         self.running_id: str | None = None
-        self._state_lock = threading.Lock()
         self.requests = HostRequests(channel)
         install_sandbox_api(self.executor.namespace, self.requests, list(config.get("servers", [])))
         self.handlers: dict[str, Callable[[Frame], None]] = {
             "execute": self.executes.put,
-            "interrupt": self._on_interrupt,
             "response": self.requests.resolve,
         }
 
-    # --- set-up ---------------------------------------------------------------
-    def capture_output(self) -> None:
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.close(devnull)
-        self.pumps = [
-            capture_fd(1, "stdout", self.channel, self.limiter),
-            capture_fd(2, "stderr", self.channel, self.limiter),
-        ]
-        sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 - lives as long as the process
+    def prepare(self) -> None:
+        sys.stdin = open(os.devnull, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
         self.reattach_output()
         signal.signal(signal.SIGINT, self._on_sigint)
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+        try:  # if memory runs out, the kernel's OOM killer should pick this process, not PID 1
+            with open("/proc/self/oom_score_adj", "w") as handle:
+                handle.write("500")
+        except OSError:
+            pass
 
     def reattach_output(self) -> None:
         """Before each execute: repair what earlier user code may have closed or
         replaced (fd 1/2, sys.stdout/sys.stderr), so one call cannot silence the next."""
-        for pump in self.pumps:
-            pump.reattach()
+        for fd, private in self.output_fds.items():
+            os.dup2(private, fd)
         for name, fd in (("stdout", 1), ("stderr", 2)):
             ours = self.std_streams.get(name)
             if ours is None or ours.closed:
@@ -891,33 +950,27 @@ class Kernel:
                 self.std_streams[name] = ours
             setattr(sys, name, ours)
 
-    # --- threads ------------------------------------------------------------------
     def read_frames(self) -> None:
-        """Reader thread: dispatch frames; end of input means the bridge is gone, so
-        exit at once, even if user code is still running."""
+        """Reader thread: dispatch frames; end of input means the supervisor is gone,
+        so exit at once, even if user code is still running."""
         try:
             while True:
                 frame = self.channel.receive()
                 if frame is None:
                     break
                 try:
-                    validate_frame(frame, BRIDGE_FRAME_TYPES)
-                except ProtocolError as exc:  # one bad frame is reported; the channel is intact
+                    validate_frame(frame, SUPERVISOR_FRAME_TYPES)
+                except ProtocolError as exc:
                     if frame["type"] == "execute" and is_frame_id(frame.get("id")):
                         self.executes.put(frame)  # every execute gets its result, in order: an error
                     else:
-                        self.channel.send({"type": "error", "message": "kernel ignored a frame: %s" % exc})
+                        self.channel.send({"type": "error", "message": "executor ignored a frame: %s" % exc})
                     continue
                 self.handlers[frame["type"]](frame)
-        except ProtocolError as exc:  # the byte stream itself is broken: nothing later can be trusted
-            self.channel.send({"type": "error", "message": "kernel stopped: %s" % exc})
+        except ProtocolError as exc:
+            self.channel.send({"type": "error", "message": "executor stopped: %s" % exc})
         finally:
             os._exit(0)
-
-    def _on_interrupt(self, frame: Frame) -> None:
-        with self._state_lock:
-            if self.running_id is not None and frame.get("id") == self.running_id:
-                os.kill(os.getpid(), signal.SIGINT)
 
     def _on_sigint(self, signum: int, stack: Any) -> None:
         # Only user code is interruptible; a late interrupt between executes is dropped.
@@ -928,15 +981,9 @@ class Kernel:
             return
         raise KeyboardInterrupt
 
-    # --- main loop ------------------------------------------------------------------
     def serve(self) -> None:
         self.channel.send(
-            {
-                "type": "hello",
-                "protocol": PROTOCOL_VERSION,
-                "python": "%d.%d.%d" % sys.version_info[:3],
-                "pid": os.getpid(),
-            }
+            {"type": "hello", "protocol": PROTOCOL_VERSION, "python": _python_version(), "pid": os.getpid()}
         )
         threading.Thread(target=self.read_frames, name="frame-reader", daemon=True).start()
         while True:
@@ -947,23 +994,19 @@ class Kernel:
             try:
                 self.channel.send(result)
             except ProtocolError as exc:  # only with a tiny frame cap; exactly one result still goes out
-                result.update(
-                    value=None, error={"type": "ProtocolError", "message": str(exc), "traceback": ""}
-                )
-                result["status"] = "error"
+                error = {"type": "ProtocolError", "message": str(exc), "traceback": ""}
+                result.update(status="error", value=None, error=error)
                 self.channel.send(result)
 
     def execute(self, frame: Frame) -> Frame:
         execute_id = frame.get("id")
         self.reattach_output()
-        self.limiter.reset(execute_id)
         result: Frame = {"type": "result", "id": execute_id, "status": "ok", "value": None, "error": None}
         code = frame.get("code")
         try:
             if not isinstance(code, str):
                 raise TypeError("execute frame has no 'code' string")
-            with self._state_lock:
-                self.running_id = execute_id
+            self.running_id = execute_id
             value = self.executor.run(code)
             self.running_id = None
             if value is not None:
@@ -975,21 +1018,531 @@ class Kernel:
             result["error"] = describe_user_exception(exc, self.max_output_chars)
         finally:
             self.running_id = None
-        self.flush_output()
-        result["dropped"] = dict(self.limiter.dropped)
-        return result
-
-    def flush_output(self) -> None:
-        for stream in (sys.stdout, sys.stderr):
+        for stream in (sys.stdout, sys.stderr):  # buffered text reaches the pipes before the result
             try:
                 stream.flush()
             except Exception:  # user code may have closed or replaced it (even with None)
                 pass
+        return result
+
+
+def _python_version() -> str:
+    return "%d.%d.%d" % sys.version_info[:3]
+
+
+# =============================================================================
+# supervisor: PID 1, owns the bridge's channel
+# =============================================================================
+
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
+DEFAULT_INTERRUPT_GRACE = 3.0
+EXECUTOR_START_TIMEOUT = 30.0
+MAX_QUEUED_EXECUTES = 16
+BACKGROUND_REFUSED = (
+    "refused: the run_python call that started this thread or task has ended, so it can no longer "
+    "call tools or the host. Do the work inside a call (await it, or join the thread before the "
+    "cell ends)."
+)
+
+
+def _prctl(option: int, value: int) -> bool:
+    """prctl(2) through ctypes; False where it is unavailable (not Linux)."""
+    try:
+        import ctypes  # noqa: PLC0415 - best effort: minimal images may lack ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(option, value, 0, 0, 0)) == 0
+    except Exception:
+        return False
+
+
+def _process_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, state letter) for every process this one can see."""
+    table: dict[int, tuple[int, str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry, "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue  # gone meanwhile
+        # The command name may hold spaces and parentheses: fields follow the LAST ")".
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) >= 2:
+            table[int(entry)] = (int(fields[1]), fields[0].decode("ascii", "replace"))
+    return table
+
+
+def live_descendants(root: int) -> list[int]:
+    """Every live (not zombie) process below ``root``. As PID 1 (or a child subreaper),
+    ``root`` inherits every orphan, so this is everything the code started."""
+    table = _process_table()
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    found: list[int] = []
+    stack = list(children.get(root, []))
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, []))
+    return [pid for pid in found if table[pid][1] != "Z"]
+
+
+def kill_descendants(keep: frozenset[int] = frozenset()) -> int:
+    """SIGKILL every process below this one except ``keep``, again and again until none
+    is left (a fork bomb keeps making more). Returns how many were killed."""
+    killed = 0
+    for _ in range(200):
+        victims = [pid for pid in live_descendants(os.getpid()) if pid not in keep]
+        if not victims:
+            break
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+    return killed
+
+
+def describe_exit(status: int, memory: str) -> str:
+    """Why the executor ended, for the model: 'exited with code 3', 'was killed ...'."""
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        if number == signal.SIGKILL:
+            return (
+                "was killed (SIGKILL), almost certainly by the out-of-memory killer: the code exceeded the "
+                "sandbox's %s memory limit" % memory
+            )
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = "signal %d" % number
+        return "was killed by %s" % name
+    return "exited with code %d" % (os.WEXITSTATUS(status) if os.WIFEXITED(status) else status)
+
+
+class ExecutorHandle:
+    """The supervisor's view of one executor process: its pid, its frame pipes, the two
+    pumps reading its output, and whether the supervisor is replacing it."""
+
+    def __init__(
+        self, process: subprocess.Popen[bytes], to_executor: Channel, pumps: list[OutputPump]
+    ) -> None:
+        self.process = process
+        self.pid = process.pid
+        self.channel = to_executor
+        self.pumps = pumps
+        self.hello = threading.Event()
+        self.python = ""
+        self.retired = False  # set once the supervisor kills or has lost it
+        self.last_words = ""  # the last error frame it sent, for the report if it dies
+
+    def sync_output(self) -> None:
         # Both markers first, then both waits: the pumps drain concurrently.
         for pump in self.pumps:
             pump.start_sync()
         for pump in self.pumps:
             pump.wait_synced()
+
+    def retire(self, join_pumps: float) -> None:
+        """After the process is dead: close the supervisor's pipe ends and let the
+        pumps deliver what is left."""
+        self.retired = True
+        for pump in self.pumps:
+            pump.close_write_end()
+        for pump in self.pumps:
+            pump.join(join_pumps)
+        # The reading end is closed by the reader thread itself, after end of file: closing
+        # it here could let that thread read a reused descriptor.
+        self.channel.close_output()
+
+
+class Supervisor:
+    """PID 1 of the container. Owns the frame channel to the bridge (its own stdin and
+    stdout), runs no user code, and cannot be read by it: it is non-dumpable, so
+    ``/proc/1/fd`` is closed to the sandbox user. It starts the executor, validates every
+    frame the executor sends (the executor is as hostile as the code in it), forwards
+    output and host requests only while an execute runs, reaps every zombie, and on a
+    timeout interrupts the executor, then kills what the code started, or everything,
+    and starts a fresh executor."""
+
+    def __init__(self, channel: Channel, config: dict[str, Any], config_path: str) -> None:
+        self.channel = channel
+        self.config = config
+        self.config_path = config_path
+        self.max_output_chars = int(config.get("max_output_chars", 50000))
+        self.memory = str(config.get("memory", "the"))
+        self.limiter = OutputLimiter(self.max_output_chars)
+        self.lock = threading.RLock()
+        self.child: ExecutorHandle | None = None
+        self.ready = threading.Event()  # an executor is up and has said hello
+        self.running: Any = None  # the id of the execute in flight
+        self.interrupted = False
+        self.escalation: threading.Timer | None = None
+        self.forwarded: set[Any] = set()  # executor request ids the bridge still owes an answer
+        self.background = {"stdout": 0, "stderr": 0}  # output while no execute ran
+        self.pending_notices: list[str] = []  # for the next result
+        self.ignored_frames = 0
+        self.queued: collections.deque[Frame] = collections.deque()  # executes waiting their turn
+
+    # --- executor lifecycle ------------------------------------------------------------
+    def start_executor(self) -> ExecutorHandle:
+        to_read, to_write = os.pipe()
+        from_read, from_write = os.pipe()
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        argv = [sys.executable, "-I", os.path.abspath(__file__), "--executor", self.config_path]
+        process = subprocess.Popen(
+            [*argv, str(to_read), str(from_write)],
+            stdin=subprocess.DEVNULL,
+            stdout=out_write,
+            stderr=err_write,
+            pass_fds=(to_read, from_write),
+            cwd=str(self.config.get("workdir") or os.getcwd()),
+        )
+        os.close(to_read)
+        os.close(from_write)
+        pumps = [
+            OutputPump("stdout", out_read, out_write, self.on_output),
+            OutputPump("stderr", err_read, err_write, self.on_output),
+        ]
+        # Tolerant: whatever the code writes to its pipe, the supervisor skips and counts it.
+        channel = Channel(from_read, to_write, self.channel.max_frame_bytes, tolerant=True)
+        handle = ExecutorHandle(process, channel, pumps)
+        for pump in pumps:
+            pump.start()
+        threading.Thread(
+            target=self.read_executor, args=(handle,), name="executor-reader", daemon=True
+        ).start()
+        if not handle.hello.wait(EXECUTOR_START_TIMEOUT):
+            raise RuntimeError("the executor did not start within %gs" % EXECUTOR_START_TIMEOUT)
+        return handle
+
+    def replace_executor(self, old: ExecutorHandle, why: str) -> None:
+        """Kill the executor and everything the code started, then start a fresh one."""
+        self.ready.clear()
+        old.retired = True
+        kill_descendants()
+        old.retire(join_pumps=1.0)
+        try:
+            fresh = self.start_executor()
+        except Exception as exc:  # nothing left to run code in: tell the bridge and stop
+            self.channel.send({"type": "error", "message": "supervisor stopped: %s (%s)" % (exc, why)})
+            os._exit(1)
+        with self.lock:
+            self.child = fresh
+        self.ready.set()
+
+    def reap(self) -> None:
+        """Reaper thread: as PID 1 every orphan becomes our child; collect them all, and
+        notice when the executor itself has gone."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                time.sleep(0.05)  # no children for a moment (an executor is being started)
+                continue
+            except InterruptedError:
+                continue
+            child = self.child
+            if child is not None and pid == child.pid and not child.retired:
+                child.process.returncode = status
+                threading.Thread(target=self.on_executor_died, args=(child, status), daemon=True).start()
+
+    def on_executor_died(self, handle: ExecutorHandle, status: int) -> None:
+        reason = describe_exit(status, self.memory)
+        if handle.last_words:
+            reason += " (it reported: %s)" % handle.last_words
+        with self.lock:
+            if handle.retired:
+                return
+            execute_id = self.running
+        self.replace_executor(handle, reason)
+        if execute_id is not None:
+            detail = "the Python process running the code %s" % reason
+            self.finish(
+                execute_id, "crashed", error={"type": "ExecutorDied", "message": detail, "traceback": ""}
+            )
+        else:
+            with self.lock:
+                self.pending_notices.append(
+                    "The sandbox's Python process %s between calls; this call runs in a fresh namespace "
+                    "(variables, imports and functions are gone; files in /tmp and /workspace are kept)."
+                    % reason
+                )
+
+    # --- from the executor -------------------------------------------------------------------
+    def read_executor(self, handle: ExecutorHandle) -> None:
+        try:
+            self._read_executor(handle)
+        finally:
+            os.close(handle.channel.in_fd)
+
+    def _read_executor(self, handle: ExecutorHandle) -> None:
+        decoder = handle.channel.decoder
+        while True:
+            frame = handle.channel.receive()
+            if decoder.rejected:  # lines that were not frames at all
+                with self.lock:
+                    self.ignored_frames += decoder.rejected
+                decoder.rejected = 0
+            if frame is None:
+                break
+            try:
+                validate_frame(frame, EXECUTOR_FRAME_TYPES)
+            except ProtocolError:
+                self.ignore_frame()
+                continue
+            self.on_executor_frame(handle, frame)
+
+    def ignore_frame(self) -> None:
+        with self.lock:
+            self.ignored_frames += 1
+
+    def on_executor_frame(self, handle: ExecutorHandle, frame: Frame) -> None:
+        kind = frame["type"]
+        if kind == "hello":
+            if not handle.hello.is_set():
+                handle.python = str(frame["python"])
+                handle.hello.set()
+            return
+        with self.lock:
+            current = handle is self.child and not handle.retired
+            running = self.running if current else None
+        if kind == "result":
+            if running is None or frame["id"] != running:
+                self.ignore_frame()  # forged, late or duplicate: exactly one result per execute
+                return
+            if self.interrupted:  # every timeout: whatever else the code started dies now
+                kill_descendants(keep=frozenset({handle.pid}))
+            handle.sync_output()
+            self.finish(running, str(frame["status"]), value=frame.get("value"), error=frame.get("error"))
+        elif kind == "request":
+            self.forward_request(handle, frame, running)
+        elif kind == "cancel":
+            with self.lock:
+                known = frame["id"] in self.forwarded
+            if known:
+                self.channel.send({"type": "cancel", "id": frame["id"]})
+        elif kind == "error" and current:
+            # Kept, not forwarded: the code can send these at will. They explain a crash.
+            handle.last_words = str(frame["message"])[:500]
+
+    def forward_request(self, handle: ExecutorHandle, frame: Frame, running: Any) -> None:
+        request_id = frame["id"]
+        with self.lock:
+            refuse = None
+            if running is None:
+                refuse = BACKGROUND_REFUSED
+            elif request_id in self.forwarded:
+                refuse = "refused: request id %r is already in flight" % (request_id,)
+            elif len(self.forwarded) >= MAX_REQUESTS_IN_FLIGHT:
+                refuse = TOO_MANY_REQUESTS
+            else:
+                self.forwarded.add(request_id)
+        if refuse is not None:
+            self.answer_executor(handle, request_id, refuse)
+            return
+        try:
+            self.channel.send(
+                {"type": "request", "id": request_id, "method": frame["method"], "params": frame["params"]}
+            )
+        except ProtocolError as exc:  # cannot happen with equal caps; answered all the same
+            with self.lock:
+                self.forwarded.discard(request_id)
+            self.answer_executor(handle, request_id, "refused: %s" % exc)
+
+    def answer_executor(self, handle: ExecutorHandle, request_id: Any, message: str) -> None:
+        try:
+            handle.channel.send(
+                {"type": "response", "id": request_id, "error": {"type": "MCPError", "message": message}}
+            )
+        except OSError:
+            pass  # it is gone
+
+    def on_output(self, name: str, text: str) -> None:
+        with self.lock:
+            running = self.running
+            if running is None:
+                self.background[name] += len(text)
+                return
+            kept = self.limiter.admit(name, text)
+        if kept:
+            try:
+                self.channel.send({"type": "stream", "id": running, "name": name, "text": kept})
+            except ProtocolError:  # only with a frame cap below the chunk size: count it as cut
+                self.limiter.uncount(name, len(kept))
+
+    # --- from the bridge -----------------------------------------------------------------------
+    def serve(self) -> None:
+        threading.Thread(target=self.reap, name="reaper", daemon=True).start()
+        self.child = self.start_executor()
+        self.ready.set()
+        self.channel.send(
+            {"type": "hello", "protocol": PROTOCOL_VERSION, "python": self.child.python, "pid": os.getpid()}
+        )
+        while True:
+            try:
+                frame = self.channel.receive()
+            except ProtocolError as exc:  # the byte stream itself is broken: nothing later can be trusted
+                self.channel.send({"type": "error", "message": "kernel stopped: %s" % exc})
+                break
+            if frame is None:
+                break  # the bridge has gone
+            try:
+                validate_frame(frame, BRIDGE_FRAME_TYPES)
+            except ProtocolError as exc:
+                if frame["type"] == "execute" and is_frame_id(frame.get("id")):
+                    error = {"type": "ProtocolError", "message": str(exc), "traceback": ""}
+                    self.channel.send(
+                        {"type": "result", "id": frame["id"], "status": "error", "error": error}
+                    )
+                else:
+                    self.channel.send({"type": "error", "message": "kernel ignored a frame: %s" % exc})
+                continue
+            getattr(self, "on_" + frame["type"])(frame)
+        kill_descendants()
+        os._exit(0)
+
+    def on_execute(self, frame: Frame) -> None:
+        with self.lock:
+            if self.running is not None or self.queued:
+                if len(self.queued) < MAX_QUEUED_EXECUTES:
+                    self.queued.append(frame)  # run in order, one at a time
+                    return
+                refused = True
+            else:
+                refused = False
+        if refused:
+            self.refuse_execute(frame["id"], "more than %d executes are waiting" % MAX_QUEUED_EXECUTES)
+        else:
+            self.start_execute(frame)
+
+    def refuse_execute(self, execute_id: Any, message: str) -> None:
+        error = {"type": "SandboxError", "message": message, "traceback": ""}
+        self.channel.send({"type": "result", "id": execute_id, "status": "error", "error": error})
+
+    def start_execute(self, frame: Frame) -> None:
+        execute_id = frame["id"]
+        if not self.ready.wait(EXECUTOR_START_TIMEOUT):
+            self.refuse_execute(execute_id, "no Python process is ready to run code")
+            return
+        with self.lock:
+            self.pending_notices.extend(self.take_background_notices())
+            self.running, self.interrupted = execute_id, False
+            self.limiter.reset(execute_id)
+            handle = self.child
+        assert handle is not None
+        try:
+            handle.channel.send({"type": "execute", "id": execute_id, "code": frame["code"]})
+        except (ProtocolError, OSError) as exc:
+            self.finish(
+                execute_id, "error", error={"type": "SandboxError", "message": str(exc), "traceback": ""}
+            )
+
+    def take_background_notices(self) -> list[str]:
+        notices = []
+        written = {name: count for name, count in self.background.items() if count}
+        if written:
+            notices.append(
+                "Dropped %s written while no call was running (by a background thread or process of an "
+                "earlier call)."
+                % " and ".join("%d characters of %s" % (count, name) for name, count in written.items())
+            )
+            self.background = {"stdout": 0, "stderr": 0}
+        if self.ignored_frames:
+            notices.append(
+                "The code's process sent %d frame(s) that the supervisor rejected (forged, malformed, or "
+                "for a call that had ended)." % self.ignored_frames
+            )
+            self.ignored_frames = 0
+        return notices
+
+    def on_interrupt(self, frame: Frame) -> None:
+        with self.lock:
+            if frame["id"] != self.running or self.child is None:
+                return  # late: that execute has ended
+            self.interrupted = True
+            pid = self.child.pid
+            grace = float(frame.get("grace") or DEFAULT_INTERRUPT_GRACE)
+            if self.escalation is None:
+                self.escalation = threading.Timer(grace, self.escalate, (frame["id"],))
+                self.escalation.daemon = True
+                self.escalation.start()
+        try:
+            os.kill(pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass  # it died; the reaper reports it
+
+    def escalate(self, execute_id: Any) -> None:
+        """The grace period is over and the code has not stopped: kill it all, start fresh."""
+        with self.lock:
+            if self.running != execute_id or self.child is None:
+                return
+            old = self.child
+            old.retired = True
+        self.replace_executor(old, "timeout")
+        self.finish(
+            execute_id,
+            "killed",
+            error={
+                "type": "Killed",
+                "message": "the code did not stop when interrupted, so its processes were killed",
+                "traceback": "",
+            },
+        )
+
+    def on_response(self, frame: Frame) -> None:
+        with self.lock:
+            if frame["id"] not in self.forwarded:
+                return  # not one the executor asked for (or already answered)
+            self.forwarded.discard(frame["id"])
+            handle = self.child
+        if handle is not None and not handle.retired:
+            response = {"type": "response", "id": frame["id"]}
+            for key in ("result", "error"):
+                if key in frame:
+                    response[key] = frame[key]
+            try:
+                handle.channel.send(response)
+            except OSError:
+                pass
+
+    def finish(self, execute_id: Any, status: str, value: Any = None, error: Any = None) -> None:
+        """Send the one result of ``execute_id`` (later attempts are ignored)."""
+        with self.lock:
+            if self.running != execute_id:
+                return
+            self.running = None
+            if self.escalation is not None:
+                self.escalation.cancel()
+                self.escalation = None
+            result: Frame = {
+                "type": "result",
+                "id": execute_id,
+                "status": status,
+                "value": value,
+                "error": error,
+                "dropped": dict(self.limiter.dropped),
+            }
+            notices = self.pending_notices + self.take_background_notices()
+            self.pending_notices = []
+            if notices:
+                result["notices"] = notices
+        try:
+            self.channel.send(result)
+        except ProtocolError as exc:  # only with a tiny frame cap; exactly one result still goes out
+            result.update(status="error", value=None, error={"type": "ProtocolError", "message": str(exc)})
+            result.pop("notices", None)
+            self.channel.send(result)
+        with self.lock:
+            following = self.queued.popleft() if self.queued else None
+        if following is not None:
+            self.start_execute(following)
 
 
 # =============================================================================
@@ -997,18 +1550,36 @@ class Kernel:
 # =============================================================================
 
 
+def _read_config(path: str) -> dict[str, Any]:
+    if not path:
+        return {}
+    with open(path, encoding="utf-8") as handle:
+        config = json.load(handle)
+    return config if isinstance(config, dict) else {}
+
+
 def main(argv: list[str]) -> int:
-    config: dict[str, Any] = {}
-    if len(argv) > 1:
-        with open(argv[1], encoding="utf-8") as handle:
-            config = json.load(handle)
-    # Private duplicates of the original stdin/stdout carry the frames; fd 0/1/2 are
-    # then repointed so nothing user code does can reach the channel by accident.
-    channel = Channel(os.dup(0), os.dup(1), int(config.get("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES)))
-    kernel = Kernel(channel, config)
-    kernel.capture_output()
-    os.chdir(config.get("workdir", os.getcwd()))
-    kernel.serve()
+    """``mcp_sandbox_kernel.py [SESSION_JSON]``: the supervisor (PID 1).
+    ``mcp_sandbox_kernel.py --executor SESSION_JSON IN_FD OUT_FD``: the executor it starts."""
+    if len(argv) > 1 and argv[1] == "--executor":
+        config = _read_config(argv[2])
+        channel = Channel(
+            int(argv[3]), int(argv[4]), int(config.get("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES))
+        )
+        process = ExecutorProcess(channel, config)
+        process.prepare()
+        process.serve()
+        return 0
+    config_path = argv[1] if len(argv) > 1 else ""
+    config = _read_config(config_path)
+    # Nothing in the sandbox may read this process's memory or descriptors (/proc/1/fd:
+    # the bridge's channel), and orphans of the code must come here to be reaped.
+    _prctl(PR_SET_DUMPABLE, 0)
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the code may signal PID 1; only the bridge may stop it
+    os.chdir(str(config.get("workdir") or os.getcwd()))
+    channel = Channel(0, 1, int(config.get("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES)))
+    Supervisor(channel, config, config_path).serve()
     return 0
 
 

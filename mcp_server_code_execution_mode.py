@@ -70,7 +70,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 import mcp_sandbox_kernel
 from mcp_sandbox_kernel import (
     KERNEL_FRAME_TYPES,
+    MAX_REQUESTS_IN_FLIGHT,
     PROTOCOL_VERSION,
+    TOO_MANY_REQUESTS,
     FrameDecoder,
     ProtocolError,
     encode_frame,
@@ -420,7 +422,26 @@ CONTAINER_PREFIX = "mcp-code-exec"
 # hard limits of some hosts ("setrlimit ... operation not permitted").
 ULIMIT_NOFILE = 1024
 ULIMIT_NPROC = 512
-TMPFS_SIZE = "256m"
+# The writable in-memory filesystems take from the container's memory limit, so together
+# they get less than it (5/8): a full disk is ENOSPC for the code, never an OOM kill.
+WRITABLE_SHARES = (("/tmp", 4), (WORKDIR, 4), ("/dev/shm", 8))  # (path, 1/N of the memory)
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """``512m`` -> bytes (the engines' units: b, k, m, g; powers of 1024)."""
+    match = re.fullmatch(r"([0-9]+)([bkmg]?)", text.strip().lower())
+    if match is None:
+        raise ValueError("not a size: %r" % text)
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+
+
+def writable_sizes(memory: str) -> dict[str, int]:
+    """Bytes for each writable filesystem of a sandbox with ``memory``, in KiB steps."""
+    total = parse_size(memory)
+    return {path: max(1 << 20, total // share) // 1024 * 1024 for path, share in WRITABLE_SHARES}
+
+
 COMMAND_TIMEOUT = 20.0
 
 INSTALL_HINT = (
@@ -561,8 +582,11 @@ class ContainerRuntime:
         self.executable = executable
         self.warnings: list[str] = []
 
+    # Flags only this engine takes, added to the shared run argv.
+    engine_flags: ClassVar[tuple[str, ...]] = ()
+
     def run_argv(self, spec: LaunchSpec) -> list[str]:
-        return build_run_argv(self.executable, spec)
+        return build_run_argv(self.executable, spec, self.engine_flags)
 
     def kill_argv(self, container: str) -> list[str]:
         return [self.executable, "rm", "--force", container]
@@ -597,6 +621,9 @@ class DockerRuntime(ContainerRuntime):
 
 class PodmanRuntime(ContainerRuntime):
     name = "podman"
+    # With --read-only, Podman also mounts writable, exec-allowed tmpfs on /run, /tmp and
+    # /var/tmp; only the filesystems we document (and size) may be writable.
+    engine_flags = ("--read-only-tmpfs=false",)
 
     def __init__(self, executable: str) -> None:
         super().__init__(executable)
@@ -689,9 +716,11 @@ async def detect_runtime(
     )
 
 
-def build_run_argv(executable: str, spec: LaunchSpec) -> list[str]:
-    """The hardened `run` command for one sandbox. Pure, so tests assert on it exactly."""
-    tmpfs = "rw,nosuid,nodev,noexec,size=%s,mode=1777" % TMPFS_SIZE
+def build_run_argv(executable: str, spec: LaunchSpec, engine_flags: Sequence[str] = ()) -> list[str]:
+    """The hardened `run` command for one sandbox. Pure, so tests assert on it exactly.
+    ``engine_flags`` are the runtime's own additions (placed after --read-only)."""
+    sizes = writable_sizes(spec.memory)
+    tmpfs = "rw,nosuid,nodev,noexec,size=%dk,mode=1777"
     return [
         executable, "run",
         "--interactive",  # the kernel's stdin is the frame channel; EOF ends the container
@@ -700,6 +729,7 @@ def build_run_argv(executable: str, spec: LaunchSpec) -> list[str]:
         *(item for label in spec.owner.labels() for item in ("--label", label)),
         "--network", "none",
         "--read-only",
+        *engine_flags,
         "--cap-drop", "ALL",
         "--security-opt", "no-new-privileges",
         "--user", spec.user,
@@ -709,8 +739,9 @@ def build_run_argv(executable: str, spec: LaunchSpec) -> list[str]:
         "--cpus", "%g" % spec.cpus,
         "--ulimit", "nofile=%d:%d" % (ULIMIT_NOFILE, ULIMIT_NOFILE),
         "--ulimit", "nproc=%d:%d" % (ULIMIT_NPROC, ULIMIT_NPROC),
-        "--tmpfs", "/tmp:" + tmpfs,
-        "--tmpfs", WORKDIR + ":" + tmpfs,
+        "--tmpfs", "/tmp:" + tmpfs % (sizes["/tmp"] // 1024),
+        "--tmpfs", WORKDIR + ":" + tmpfs % (sizes[WORKDIR] // 1024),
+        "--shm-size", "%dk" % (sizes["/dev/shm"] // 1024),  # noexec, nosuid, nodev on both engines
         "--volume", "%s:%s:ro" % (spec.ipc_dir, IPC_MOUNT),
         # No --workdir: Docker re-creates a workdir that is a tmpfs mount point as 0755
         # root, making it unwritable for the sandbox user. The kernel chdirs instead.
@@ -2057,6 +2088,33 @@ class CapabilitySummaryParams(_SandboxParams):
     pass
 
 
+MAX_ARGUMENT_DEPTH = 100
+
+
+def check_tool_arguments(arguments: dict[str, Any]) -> None:
+    """ProxyError for arguments a server connection would choke on: strings with lone
+    surrogates (e.g. a file name that is not UTF-8; the transport's encoder would fail
+    and drop the connection) and nesting deeper than MAX_ARGUMENT_DEPTH."""
+    stack: list[tuple[Any, int]] = [(arguments, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_ARGUMENT_DEPTH:
+            raise ProxyError("Tool arguments are nested deeper than %d levels." % MAX_ARGUMENT_DEPTH)
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ProxyError(
+                    "A tool argument holds text that is not valid Unicode (a lone surrogate, typically "
+                    "from a file name that is not UTF-8): %s. Clean it first, e.g. "
+                    "text.encode('utf-8', 'replace').decode()." % ascii(value[:40])
+                ) from None
+        elif isinstance(value, dict):
+            stack.extend((item, depth + 1) for pair in value.items() for item in pair)
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
+
+
 def describe_params_error(method: str, exc: ValidationError) -> str:
     problems = "; ".join(
         "%s: %s" % (".".join(str(part) for part in error["loc"]) or "arguments", error["msg"])
@@ -2199,6 +2257,7 @@ class HostAPI:
     async def call_tool(
         self, server: str, tool: str, arguments: dict[str, Any] | None = None
     ) -> dict[str, Any]:
+        check_tool_arguments(arguments or {})
         client = self.pool.client(server)
         found = await self._find_tool(client, tool)
         result = await client.call_tool(found.name, arguments or {})
@@ -2242,7 +2301,9 @@ def _tool_dict(tool: types.Tool) -> dict[str, Any]:
 # =============================================================================
 
 SIGKILL_EXIT = 128 + signal.SIGKILL
-MAX_REQUESTS_IN_FLIGHT = 256
+# How long after the grace period the supervisor has to kill the code and start a fresh
+# executor before the bridge gives up on it and removes the container.
+SUPERVISOR_MARGIN = 5.0
 
 
 @dataclass
@@ -2325,12 +2386,13 @@ class SandboxSession:
         ipc_root: Path,
         host: HostAPI,
         owner: OwnerIdentity | None = None,
+        problems: ProblemLog | None = None,
     ) -> None:
         self.runtime = runtime
         self.config = config
         self.host = host
         self.task_group: anyio.abc.TaskGroup | None = None
-        self.requests: dict[str, anyio.CancelScope] = {}
+        self.requests: dict[str | int, anyio.CancelScope] = {}
         self.in_flight = 0
         self.owner = owner or bridge_owner()
         self.name = container_name(self.owner)
@@ -2346,7 +2408,9 @@ class SandboxSession:
         self.kernel_errors: list[str] = []  # the last few id-less error frames, for the exit reason
         self.malformed_frames = 0
         self.first_malformed: str | None = None
-        self.problems = ProblemLog()
+        # Shared by the bridge's sessions: a sandbox restarted again and again logs once.
+        self.problems = problems or ProblemLog()
+        self.refusing = 0  # refusal answers being sent
         self._write_lock = anyio.Lock()
         self._reader_scopes: list[anyio.CancelScope] = []
 
@@ -2368,6 +2432,7 @@ class SandboxSession:
             "protocol": PROTOCOL_VERSION,
             "max_frame_bytes": self.config.max_frame_bytes,
             "max_output_chars": self.config.max_output_chars,
+            "memory": self.config.memory,  # named when the out-of-memory killer strikes
             "workdir": WORKDIR,
             "servers": self.host.server_list(),
         }
@@ -2434,8 +2499,10 @@ class SandboxSession:
 
     # --- frame I/O ------------------------------------------------------------------
     async def send(self, frame: dict[str, Any]) -> None:
+        await self.send_bytes(encode_frame(frame, self.config.max_frame_bytes))
+
+    async def send_bytes(self, data: bytes) -> None:
         assert self.process is not None and self.process.stdin is not None
-        data = encode_frame(frame, self.config.max_frame_bytes)
         async with self._write_lock:
             await self.process.stdin.send(data)
 
@@ -2513,7 +2580,7 @@ class SandboxSession:
                 sandbox_error_result("ProtocolError", "the sandbox sent a malformed result: %s" % exc)
             )
         elif kind == "request" and is_frame_id(frame_id):
-            await self._respond(frame_id, error="the request was malformed: %s" % exc)
+            self._refuse(frame_id, "the request was malformed: %s" % exc)
 
     def _note_kernel_error(self, message: str) -> None:
         """An error the kernel reports with no execute to end (e.g. why it is stopping)."""
@@ -2522,22 +2589,36 @@ class SandboxSession:
 
     async def _accept_request(self, frame: dict[str, Any]) -> None:
         request_id = frame["id"]
-        if request_id in self.requests:
+        if self.pending is None:
+            # The supervisor already refuses requests between calls; defense in depth.
+            self._refuse(request_id, "refused: no run_python call is running")
+        elif request_id in self.requests:
             self.problems.report("duplicate id", "sandbox %s reused request id %r", self.name, request_id)
+        elif self.in_flight >= MAX_REQUESTS_IN_FLIGHT or self.task_group is None:
+            # Defense in depth (the supervisor caps requests in flight too): code that fires
+            # requests without bound must not make the bridge hold unbounded server calls.
+            self._refuse(request_id, TOO_MANY_REQUESTS)
+        else:
+            self.in_flight += 1
+            scope = self.requests[request_id] = anyio.CancelScope()
+            self.task_group.start_soon(self._serve_request, frame, scope)
+
+    def _refuse(self, request_id: Any, message: str) -> None:
+        """Answer a request with an error from a task of its own: the reader must never
+        wait on a write to the sandbox (the sandbox may be waiting for the reader), and a
+        flood of refusals beyond MAX_REQUESTS_IN_FLIGHT is dropped, not queued."""
+        if self.refusing >= MAX_REQUESTS_IN_FLIGHT or self.task_group is None:
+            self.problems.report("refusal flood", "sandbox %s: request refusals dropped", self.name)
             return
-        if self.in_flight >= MAX_REQUESTS_IN_FLIGHT or self.task_group is None:
-            # Defense in depth: code that fires requests without bound must not make the
-            # bridge hold unbounded tasks and server calls. Refused from the reader, so
-            # a flood is paced by the channel.
-            await self._respond(
-                request_id,
-                error="Too many MCP requests in flight (more than %d); await some before starting more."
-                % MAX_REQUESTS_IN_FLIGHT,
-            )
-            return
-        self.in_flight += 1
-        scope = self.requests[request_id] = anyio.CancelScope()
-        self.task_group.start_soon(self._serve_request, frame, scope)
+        self.refusing += 1
+
+        async def answer() -> None:
+            try:
+                await self._respond(request_id, error=message)
+            finally:
+                self.refusing -= 1
+
+        self.task_group.start_soon(answer)
 
     async def _serve_request(self, frame: dict[str, Any], scope: anyio.CancelScope) -> None:
         """Serve one request and answer it exactly once; nothing raises out of here."""
@@ -2629,22 +2710,25 @@ class SandboxSession:
         pending = PendingExecute(secrets.token_hex(8), self.config.max_output_chars)
         self.pending = pending
         try:
-            await self.send({"type": "execute", "id": pending.id, "code": code})
+            data = encode_frame(
+                {"type": "execute", "id": pending.id, "code": code}, self.config.max_frame_bytes
+            )
         except ProtocolError as exc:
             self.pending = None
             raise InvalidRequestError(
                 "The code is too large to send to the sandbox (%s). Split it into smaller calls, "
                 "or raise MCP_BRIDGE_MAX_FRAME_BYTES." % exc
             ) from None
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass  # the reader will notice the exit and complete `pending`
-        timed_out = interrupted = False
+        timed_out = False
         try:
             with anyio.move_on_after(timeout):
+                # Inside the timeout: a sandbox that stopped reading cannot hold the call.
+                with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    await self.send_bytes(data)  # if gone, the reader completes `pending`
                 await pending.done.wait()
             if not pending.done.is_set():
                 timed_out = True
-                interrupted = await self._stop_running(pending, "after a timeout")
+                await self._stop_running(pending, "after a timeout")
         except anyio.get_cancelled_exc_class():
             # The client cancelled the call: stop the code too, or it would keep the
             # kernel busy and delay every later call.
@@ -2654,7 +2738,7 @@ class SandboxSession:
         finally:
             self.pending = None
             self.cancel_requests()
-        outcome = self._outcome(pending, timeout, timed_out, interrupted)
+        outcome = self._outcome(pending, timeout, timed_out)
         outcome.duration = time.monotonic() - started
         if self.malformed_frames > malformed_before:
             outcome.notices.append(
@@ -2670,25 +2754,24 @@ class SandboxSession:
             self.death_reason = self.death_reason or reason
             self.pending.done.set()
 
-    async def _stop_running(self, pending: PendingExecute, when: str) -> bool:
-        """Interrupt the running code; kill the container if it does not stop within
-        the grace period. True when the interrupt worked (state kept)."""
-        with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-            await self.send({"type": "interrupt", "id": pending.id})
-        with anyio.move_on_after(self.config.interrupt_grace):
+    async def _stop_running(self, pending: PendingExecute, when: str) -> None:
+        """Interrupt the running code. The supervisor escalates by itself: when the code
+        has not stopped within the grace period it kills the code's processes, starts a
+        fresh executor and answers "killed". Only a supervisor that does not answer at all
+        (wedged, or the container is gone) makes the bridge remove the container."""
+        # Bounded: a sandbox that stopped reading must not hold the timeout hostage.
+        with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError), anyio.move_on_after(1):
+            await self.send({"type": "interrupt", "id": pending.id, "grace": self.config.interrupt_grace})
+        with anyio.move_on_after(self.config.interrupt_grace + SUPERVISOR_MARGIN):
             await pending.done.wait()
-        if pending.result is not None:
-            return True
         if not pending.done.is_set():
-            await self._kill("was killed %s because the code ignored the interrupt" % when)
+            await self._kill("was removed %s: its supervisor did not answer the interrupt" % when)
             with anyio.move_on_after(10):
                 await self.exited.wait()
-        return False
 
-    def _outcome(
-        self, pending: PendingExecute, timeout: float, timed_out: bool, interrupted: bool
-    ) -> ExecutionOutcome:
+    def _outcome(self, pending: PendingExecute, timeout: float, timed_out: bool) -> ExecutionOutcome:
         result = pending.result or {}
+        status = result.get("status")
         dropped = result.get("dropped") or {}
         outcome = ExecutionOutcome(
             status="ok",
@@ -2697,28 +2780,42 @@ class SandboxSession:
             value=result.get("value"),
             error=result.get("error"),
             truncated={name: int(dropped.get(name, 0)) + pending.cut[name] for name in ("stdout", "stderr")},
+            notices=list(result.get("notices") or []),
         )
-        if timed_out and result.get("status") == "ok":
+        if timed_out and status == "ok":
             timed_out = False  # it finished during the grace period: an ordinary success
-        if timed_out and interrupted:
+        if timed_out and status == "killed":
+            outcome.status, outcome.state_kept, outcome.error = "timeout", False, None
+            outcome.detail = (
+                "Timed out after %gs and did not stop when interrupted, so its processes were killed and a "
+                "fresh Python process was started. Variables, imports and functions are gone; files in /tmp "
+                "and /workspace were kept." % timeout
+            )
+        elif timed_out and pending.result is not None:
             outcome.status = "timeout"
             outcome.detail = (
-                "Timed out after %gs: the code was interrupted (KeyboardInterrupt). The session and "
-                "its state were kept." % timeout
+                "Timed out after %gs: the code was interrupted (KeyboardInterrupt) and any processes it "
+                "started were stopped. The session and its variables were kept." % timeout
             )
         elif timed_out:
-            outcome.status, outcome.state_kept = "timeout", False
+            outcome.status, outcome.state_kept, outcome.error = "timeout", False, None
             outcome.detail = (
                 "Timed out after %gs and did not stop when interrupted, so the sandbox was killed. "
                 "All state was lost; the next call starts a fresh session." % timeout
             )
-            outcome.error = None
         elif pending.result is None:
             outcome.status, outcome.state_kept = "crashed", False
             outcome.detail = "The sandbox %s. All state was lost; the next call starts a fresh session." % (
                 self.death_reason or "stopped"
             )
-        elif result.get("status") != "ok":
+        elif status in ("crashed", "killed"):
+            reason = str((outcome.error or {}).get("message") or "the Python process running the code ended")
+            outcome.status, outcome.state_kept, outcome.error = "crashed", False, None
+            outcome.detail = (
+                "%s%s. Variables, imports and functions are gone; files in /tmp and /workspace were kept, "
+                "and the next call runs in a fresh Python process." % (reason[:1].upper(), reason[1:])
+            )
+        elif status != "ok":
             outcome.status = "error"
         return outcome
 
@@ -2780,6 +2877,7 @@ class SessionManager:
         self.lost_reason: str | None = None
         self.last_used = time.monotonic()
         self._lock = anyio.Lock()
+        self.problems = ProblemLog()
         self.closing = anyio.Event()  # set when the bridge begins to shut down
         self.active_calls = 0
         self._no_calls = anyio.Event()  # set while active_calls is 0
@@ -2802,7 +2900,7 @@ class SessionManager:
             self.session = None
         if self.session is None:
             runtime = await self._ensure_runtime()
-            session = SandboxSession(runtime, self.config, self.ipc_root, self.host)
+            session = SandboxSession(runtime, self.config, self.ipc_root, self.host, problems=self.problems)
             await session.start(self.task_group)
             self.session = session
             if self.lost_reason:

@@ -19,12 +19,14 @@ p50/p99/max, run_python calls answered / unanswered (no answer within the call's
 
 Everything is local: the stdio pipes to the bridge, the bridge's to its servers and its
 sandbox container (which has no network). Counts per call are fixed; the run stops by
-itself at the deadline (the call in progress then may take up to its timeout + 30 s).
+itself at the deadline (the call in progress then may take up to its timeout + 30 s),
+or earlier when the bridge exits or run_python stops answering altogether.
 
 It is a measurement, not a test: it always exits 0 (problems are listed under the table).
 Usage:
 
     .venv/bin/python benchmarks/bench_stress.py [--minutes 10] [--runtime podman] [--image IMG]
+        [--kinds KIND,...] [--skip KIND,KIND/VARIANT,...] [--no-time-server] [--verbose]
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import argparse
 import ast
 import json
 import os
+import re
 import string
 import sys
 import tempfile
@@ -79,6 +82,7 @@ MAX_TIMEOUT_S = 120.0  # the bridge's default MCP_BRIDGE_MAX_TIMEOUT
 UNANSWERED_AFTER_S = 30.0  # a call unanswered after its timeout + this counts as unanswered
 START_DEADLINE_S = 300.0  # initialize + warm-up (first sandbox start, server starts)
 SHUTDOWN_DEADLINE_S = 60.0
+SDK_TERMINATE_AFTER_MS = 2000.0  # the SDK's stdio client sends SIGTERM after this long
 PING_INTERVAL_S = 0.1
 PING_GIVE_UP_S = 60.0  # a ping unanswered this long counts as unanswered
 SLOW_PING_MS = 1000.0
@@ -87,6 +91,7 @@ CHILDREN_EVERY = 8  # child processes every 8 samples (scans /proc)
 CONTAINERS_INTERVAL_S = 10.0  # `<runtime> ps` for this bridge's sandbox containers
 RSS_GROWTH_FLAG_MB = 50.0  # end - start above this is listed as a problem
 SHOWN_PER_KIND = 3  # unexpected outcomes listed per kind
+SHOWN_CHECK_FAILURES = 10  # failed 6*7 checks listed
 
 # Sizes of the hostile load (fixed per call: the run is bounded).
 SEARCH_THREADS = 48
@@ -228,21 +233,6 @@ json.dumps({"sent": $frames, "after": _stress_after})
 """
 
 SURROGATE_CELLS = {
-    "exception": "raise ValueError('lone \\udcff and \\ud800 surrogates')",
-    "exception type": "raise type('Bad\\udcffName', (Exception,), {})('\\udcff')",
-    "value": """
-        class _StressOdd:
-            def __repr__(self):
-                return 'v\\udcff' * 1000
-        {'\\udcff key': _StressOdd(), 'list': [_StressOdd()] * 3}
-        """,
-    "streams": """
-        import os, sys
-        print('out \\udcff', '\\ud800' * 1000)
-        sys.stderr.write('err \\udcff\\n' * 1000)
-        os.write(1, b'\\xed\\xb3\\xbf encoded surrogate, \\xff\\xfe not UTF-8\\n')
-        'streams done'
-        """,
     "proxied": """
         import json
         from mcp import runtime
@@ -258,6 +248,21 @@ SURROGATE_CELLS = {
             except Exception as exc:
                 _stress_got[_stress_name] = "%s: %s" % (type(exc).__name__, str(exc)[:200])
         json.dumps(_stress_got, ensure_ascii=True)
+        """,
+    "exception": "raise ValueError('lone \\udcff and \\ud800 surrogates')",
+    "exception type": "raise type('Bad\\udcffName', (Exception,), {})('\\udcff')",
+    "value": """
+        class _StressOdd:
+            def __repr__(self):
+                return 'v\\udcff' * 1000
+        {'\\udcff key': _StressOdd(), 'list': [_StressOdd()] * 3}
+        """,
+    "streams": """
+        import os, sys
+        print('out \\udcff', '\\ud800' * 1000)
+        sys.stderr.write('err \\udcff\\n' * 1000)
+        os.write(1, b'\\xed\\xb3\\xbf encoded surrogate, \\xff\\xfe not UTF-8\\n')
+        'streams done'
         """,
 }
 
@@ -337,9 +342,9 @@ json.dumps(_stress_out)
 """
 
 TIMEOUT_CELLS = {
-    "busy loop": "while True:\n    pass\n",
     "ignores interrupt": "while True:\n    try:\n        while True:\n            pass\n"
     "    except KeyboardInterrupt:\n        pass\n",
+    "busy loop": "while True:\n    pass\n",
     "SIGINT ignored": "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass\n",
     "regex backtracking": "import re\nre.match(r'(a+)+$', 'a' * 64 + 'b')\n",
     "sleep": "import time\ntime.sleep(3600)\n",
@@ -361,13 +366,14 @@ time.sleep(2)
 """
 RAW_PAYLOADS = {
     "not JSON": "b'\\x00\\xff not json at all\\n'",
-    "unterminated, over the cap": "b'{' + b' ' * (5 * 2 ** 20)",
-    "no type": "b'{\"no_type\": 1}\\n'",
-    "invalid UTF-8": 'b\'{"type":"stream","id":"x","name":"stdout","text":"\\xff\\xfe"}\\n\'',
     "deep nesting": 'b\'{"type":"request","id":"deep","method":"list_tools","params":{"server":\''
     " + b'[' * 200_000 + b']' * 200_000 + b'}}\\n'",
+    "unterminated over the cap": "b'{' + b' ' * (5 * 2 ** 20)",
+    "no type": "b'{\"no_type\": 1}\\n'",
+    "invalid UTF-8": 'b\'{"type":"stream","id":"x","name":"stdout","text":"\\xff\\xfe"}\\n\'',
 }
 
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|ExceptionGroup|Interrupt|Exit)(: .*)?$")
 RESET_PROBE = "sorted(name for name in globals() if name.startswith('_stress'))"
 
 
@@ -505,12 +511,28 @@ def expect_refusals(outcome: CallOutcome) -> str | None:
     got = json_value(outcome)
     if not isinstance(got, dict):
         return "no summary (status %s): %s" % (outcome.status, outcome.text[:300])
+    internal = {key: value for key, value in got.items() if "internal bridge error" in str(value)}
+    if internal:
+        return "answered with an internal bridge error: %s" % internal
     wrong = {
         key: got.get(key)
         for key in ("over_frame", "over_result")
         if not str(got.get(key)).startswith("refused")
     }
     return "not refused: %s" % wrong if wrong else None
+
+
+def expect_server_kept(outcome: CallOutcome) -> str | None:
+    """Bad arguments must fail that call only, not the bridge's connection to the server."""
+    got = json_value(outcome)
+    if not isinstance(got, dict):
+        return "no summary (status %s): %s" % (outcome.status, outcome.text[:300])
+    lost = {
+        key: value for key, value in got.items() if "went away" in str(value) or "closed its" in str(value)
+    }
+    if lost:
+        return "the bridge lost its connection to the server: %s" % lost
+    return None
 
 
 def expect_clean_namespace(outcome: CallOutcome) -> str | None:
@@ -602,7 +624,10 @@ def build_kinds(with_time: bool) -> list[Kind]:
         Kind(
             "lone surrogates",
             "calls",
-            [Variant(label, cell(code)) for label, code in SURROGATE_CELLS.items()],
+            [
+                Variant(label, cell(code), expect=expect_server_kept if label == "proxied" else None)
+                for label, code in SURROGATE_CELLS.items()
+            ],
         ),
         Kind("proxied bursts", "tool calls", bursts),
         Kind(
@@ -631,14 +656,14 @@ def build_kinds(with_time: bool) -> list[Kind]:
 def client_variants() -> list[Variant]:
     big_code = "_stress_big = '" + "x" * 2_000_000 + "'\nlen(_stress_big)\n"
     return [
+        Variant("cancelled after 1 s", "import time\ntime.sleep(8)\n", cancel_after=1.0),
+        Variant("20 concurrent calls", items=40, special=concurrent_client_calls, expect=expect_status("ok")),
+        Variant("2 MB of code", big_code, expect=expect_status("ok")),
         Variant("code is not a string", arguments={"code": 5}, expect=expect_answer),
         Variant("negative timeout", arguments={"code": "1", "timeout": -1}, expect=expect_answer),
         Variant("timeout over the max", arguments={"code": "1", "timeout": 1e308}, expect=expect_answer),
         Variant("unknown argument", arguments={"code": "1", "bogus": [1] * 1000}, expect=expect_answer),
         Variant("unknown tool", arguments={"code": "1"}, tool="no_such_tool", expect=expect_answer),
-        Variant("2 MB of code", big_code, expect=expect_status("ok")),
-        Variant("cancelled after 1 s", "import time\ntime.sleep(8)\n", cancel_after=1.0),
-        Variant("20 concurrent calls", items=40, special=concurrent_client_calls),
     ]
 
 
@@ -703,7 +728,9 @@ async def call(session: ClientSession, variant: Variant) -> CallOutcome:
         try:
             result = await session.call_tool(variant.tool, arguments)
         except Exception as exc:
-            gone = isinstance(exc, anyio.ClosedResourceError | anyio.BrokenResourceError)
+            gone = isinstance(exc, anyio.ClosedResourceError | anyio.BrokenResourceError) or (
+                "Connection closed" in str(exc)
+            )
             return CallOutcome(True, ms_since(start), "exception", text=describe(exc), bridge_gone=gone)
     elapsed = ms_since(start)
     if result is None:
@@ -819,6 +846,7 @@ class Run:
     fds: Series = field(default_factory=Series)
     children: Series = field(default_factory=Series)
     rss_at_half: float | None = None
+    half_time: float = 0.0  # time.monotonic() half way to the deadline
     containers_max: int | None = None
     containers_left: int | None = None
     ping_ms: list[float] = field(default_factory=list)
@@ -908,6 +936,8 @@ async def sampler(run: Run, stop: anyio.Event) -> None:
                 run.activity,
             )
             return
+        if run.rss_at_half is None and time.monotonic() >= run.half_time and run.rss_mb.values:
+            run.rss_at_half = run.rss_mb.values[-1]
         tick += 1
         await anyio.sleep(SAMPLE_INTERVAL_S)
 
@@ -996,15 +1026,16 @@ def record_check(run: Run, kind: Kind, variant: Variant, outcome: CallOutcome) -
         run.checks_ok += 1
         return
     run.checks_failed += 1
+    if run.checks_failed > SHOWN_CHECK_FAILURES:
+        return  # the count is in the table
+    got = outcome.value or outcome.text or "(no answer after %.0f s)" % (outcome.elapsed_ms / 1000.0)
     run.problems.append(
-        "6*7 after %s/%s at %s: %s %s"
-        % (kind.name, variant.label, run.at(), outcome.status, (outcome.value or outcome.text)[:300])
+        "6*7 after %s/%s at %s: %s %s" % (kind.name, variant.label, run.at(), outcome.status, got[:300])
     )
 
 
 async def hammer(session: ClientSession, run: Run, kinds: Sequence[Kind], deadline: float) -> None:
     """The hostile calls, one kind after another, each followed by run_python("6*7")."""
-    half_time = run.started + (deadline - run.started) / 2
     turn = 0
     while time.monotonic() < deadline and run.bridge_gone is None:
         kind = kinds[turn % len(kinds)]
@@ -1035,8 +1066,6 @@ async def hammer(session: ClientSession, run: Run, kinds: Sequence[Kind], deadli
                 run.at(),
             )
             break
-        if run.rss_at_half is None and time.monotonic() >= half_time and run.rss_mb.values:
-            run.rss_at_half = run.rss_mb.values[-1]
         turn += 1
         run.iterations = turn
     run.activity = "end"
@@ -1087,6 +1116,7 @@ async def hammer_session(
             run.problems.append("warm-up call: %s %s" % (warm.status, warm.text[:500]))
     run.started = time.monotonic()
     deadline = run.started + minutes * 60.0
+    run.half_time = run.started + minutes * 30.0
     stop = anyio.Event()
     async with anyio.create_task_group() as group:
         if run.pid is not None:
@@ -1109,12 +1139,20 @@ async def after_exit(run: Run, runtime: str, shutdown_start: float | None) -> No
     """How long the bridge took to exit, and whether its sandbox container went with it."""
     if run.pid is None:
         return
+    if run.bridge_gone is not None:
+        run.shutdown_ms = None  # nothing to measure: it had exited already
     start = shutdown_start if shutdown_start is not None else time.perf_counter()
     for _ in range(int(SHUTDOWN_DEADLINE_S / 0.05)):
         if not alive(run.pid):
             break
         await anyio.sleep(0.05)
-    run.shutdown_ms = ms_since(start)
+    if run.bridge_gone is None:
+        run.shutdown_ms = ms_since(start)
+        if run.shutdown_ms > SDK_TERMINATE_AFTER_MS:
+            run.problems.append(
+                "shutdown took %.0f ms: the bridge did not exit by itself within %g ms of its stdin "
+                "closing, so the SDK's stdio client terminated it" % (run.shutdown_ms, SDK_TERMINATE_AFTER_MS)
+            )
     if alive(run.pid):
         run.problems.append(
             "the bridge (pid %d) was still running %g s after shutdown" % (run.pid, SHUTDOWN_DEADLINE_S)
@@ -1222,7 +1260,12 @@ def metric_rows(run: Run) -> list[Row]:
         Row(
             "run_python calls cancelled on purpose", "%d" % run.cancelled, "calls", "by the client, after 1 s"
         ),
-        Row("6*7 checks ok / failed", "%d / %d" % (run.checks_ok, run.checks_failed), "calls"),
+        Row(
+            "6*7 checks ok / failed",
+            "%d / %d" % (run.checks_ok, run.checks_failed),
+            "calls",
+            "the first %d failures are listed below" % SHOWN_CHECK_FAILURES if run.checks_failed else "",
+        ),
         Row(
             "6*7 check p50 / max",
             "%s / %s"
@@ -1239,7 +1282,12 @@ def metric_rows(run: Run) -> list[Row]:
             "bytes",
             "%d lines at MCP_BRIDGE_LOG_LEVEL=WARNING" % run.log_lines,
         ),
-        Row("shutdown", num(run.shutdown_ms, 0), "ms", "stdin closed -> bridge process gone"),
+        Row(
+            "shutdown",
+            "n/a" if run.bridge_gone else num(run.shutdown_ms, 0),
+            "ms",
+            "stdin closed -> bridge process gone",
+        ),
     ]
     return rows
 
@@ -1270,8 +1318,8 @@ def flag_problems(run: Run) -> None:
     rss = run.rss_mb
     if rss.start is not None and rss.values and rss.values[-1] - rss.start > RSS_GROWTH_FLAG_MB:
         run.problems.append(
-            "bridge RSS grew by %.1f MB (start %.1f, end %.1f, max %.1f)"
-            % (rss.values[-1] - rss.start, rss.start, rss.values[-1], max(rss.values))
+            "bridge RSS grew by %.1f MB (start %.1f, at half time %s, end %.1f, max %.1f)"
+            % (rss.values[-1] - rss.start, rss.start, num(run.rss_at_half), rss.values[-1], max(rss.values))
         )
     if run.slow_pings:
         run.problems.append(
@@ -1295,13 +1343,20 @@ def read_log(run: Run, errlog: TextIO) -> None:
     run.log_lines = len(text.splitlines())
     if run.verbose:
         print("bridge log:\n%s" % text, file=sys.stderr, flush=True)
-    serious = [
-        line for line in text.splitlines() if " ERROR " in line or "Traceback" in line or "CRITICAL" in line
+    lines = text.splitlines()
+    errors = [line for line in lines if " ERROR " in line or " CRITICAL " in line]
+    # The last line of each traceback: the exception itself ("| " prefixes from exception groups).
+    raised = [
+        line.strip().lstrip("| ").strip()
+        for line in lines
+        if EXCEPTION_LINE.match(line.strip().lstrip("| ").strip())
     ]
-    if serious:
+    tracebacks = sum(1 for line in lines if "Traceback (most recent call last)" in line)
+    if errors or tracebacks:
+        shown = list(dict.fromkeys([*errors[:5], *raised]))[:8]
         run.problems.append(
-            "%d ERROR/Traceback lines in the bridge log, first ones:\n    %s"
-            % (len(serious), "\n    ".join(line[:300] for line in serious[:5]))
+            "bridge log: %d ERROR lines, %d tracebacks; first ERROR lines and the exceptions raised:\n    %s"
+            % (len(errors), tracebacks, "\n    ".join(line[:300] for line in shown))
         )
 
 
@@ -1368,18 +1423,37 @@ def build_parser() -> argparse.ArgumentParser:
         "e.g. 'raw frames,reset'",
     )
     parser.add_argument(
+        "--skip",
+        help="comma list of kinds or kind/variant labels to leave out, e.g. 'frame flood,protocol "
+        "breakers/deep nesting'",
+    )
+    parser.add_argument(
         "--verbose", action="store_true", help="one line per call and the bridge's log on stderr"
     )
     return parser
 
 
-def choose_kinds(all_kinds: list[Kind], wanted: str | None) -> tuple[list[Kind], list[str]]:
-    if not wanted:
-        return all_kinds, []
-    names = [name.strip() for name in wanted.split(",") if name.strip()]
+def split_names(text: str | None) -> list[str]:
+    return [name.strip() for name in (text or "").split(",") if name.strip()]
+
+
+def choose_kinds(
+    all_kinds: list[Kind], wanted: str | None, skipped: str | None
+) -> tuple[list[Kind], list[str]]:
+    """--kinds (kind names) and --skip (kind names or kind/variant labels); unknown names."""
     known = {kind.name: kind for kind in all_kinds}
+    labels = {"%s/%s" % (kind.name, variant.label) for kind in all_kinds for variant in kind.variants}
+    names, skip = split_names(wanted), split_names(skipped)
     unknown = [name for name in names if name not in known]
-    return [known[name] for name in names if name in known], unknown
+    unknown += [name for name in skip if name not in known and name not in labels]
+    chosen: list[Kind] = []
+    for kind in [known[name] for name in names if name in known] if names else all_kinds:
+        if kind.name in skip:
+            continue
+        variants = [v for v in kind.variants if "%s/%s" % (kind.name, v.label) not in skip]
+        if variants:
+            chosen.append(Kind(kind.name, kind.unit, variants))
+    return chosen, unknown
 
 
 async def bench(
@@ -1444,12 +1518,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     minutes: float = max(0.05, args.minutes)
     with_time = not args.no_time_server and TIME_SERVER.exists()
-    kinds, unknown = choose_kinds(build_kinds(with_time), args.kinds)
+    kinds, unknown = choose_kinds(build_kinds(with_time), args.kinds, args.skip)
     if unknown or not kinds:
-        names = ", ".join(kind.name for kind in build_kinds(with_time))
+        names = "\n".join(
+            "  %s: %s" % (kind.name, ", ".join(v.label for v in kind.variants))
+            for kind in build_kinds(with_time)
+        )
         print(
-            "nothing measured: unknown kind(s) %s; the kinds are: %s"
-            % (", ".join(unknown) or "(none)", names)
+            "nothing measured: unknown or no kinds (%s); the kinds and their variants are:\n%s"
+            % (", ".join(unknown) or "all skipped", names)
         )
         return 0
     missing = missing_programs()

@@ -4,9 +4,8 @@ on real containers, does something hostile, and asserts the property that must h
 the call is answered, the next call works, the event loop keeps answering pings, memory
 stays bounded, shutdown is prompt and leaves nothing behind.
 
-Sandbox code reaches the raw frame channel the way hostile code can today:
-``runtime.call_tool.__self__._requests.channel`` (the kernel and user code share one
-process until the supervisor/executor split)."""
+Sandbox code reaches its raw frame channel (to the supervisor, which validates what it
+forwards) as ``runtime.call_tool.__self__._requests.channel``."""
 
 from __future__ import annotations
 
@@ -42,8 +41,8 @@ pytestmark = pytest.mark.anyio
 
 HOSTILE_SERVER = REPO / "tests" / "servers" / "hostile_server.py"
 CHANNEL = "runtime.call_tool.__self__._requests.channel"
-# The kernel object of this session (its running execute id is what a forged result needs).
-KERNEL = "[o for o in __import__('gc').get_objects() if type(o).__name__ == 'Kernel'][0]"
+# The executor object of this session (its running execute id is what a forged result needs).
+KERNEL = "[o for o in __import__('gc').get_objects() if type(o).__name__ == 'ExecutorProcess'][0]"
 
 
 def home_with_servers(tmp_path: Path, servers: dict[str, Any]) -> Path:
@@ -185,11 +184,78 @@ async def test_a_request_with_a_huge_id_is_dropped_and_the_server_survives(
             """,
         )
         assert answer["value"] == "'sent'", answer
-        assert any("malformed frame" in notice for notice in answer["notices"]), answer["notices"]
+        assert any("rejected" in notice for notice in answer["notices"]), answer["notices"]
         await assert_still_serves(client)
         # The id-valid malformed request was answered, so nothing in the sandbox waits forever.
         probe = await run(client, "runtime.capability_summary()[:20]")
         assert not probe["is_error"], probe
+
+
+async def test_a_deeply_nested_or_endless_frame_is_rejected_and_the_server_survives(
+    engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    async with client_with_log(hostile_env(engine, state_dir), tmp_path / "bridge.log") as client:
+        answer = await run(
+            client,
+            f"""
+            import os
+            channel = {CHANNEL}
+            nested = b'{{"type":"request","id":"x","method":"list_tools","params":{{"server":'
+            os.write(channel.out_fd, nested + b"[" * 200_000 + b"]" * 200_000 + b"}}}}\\n")
+            os.write(channel.out_fd, b"not json at all\\n" + b"x" * (40 * 1024 * 1024) + b"\\n")
+            "survived"
+            """,
+        )
+        assert answer["value"] == "'survived'", answer
+        assert any("rejected" in notice for notice in answer["notices"]), answer["notices"]
+        await assert_still_serves(client)
+
+
+async def test_a_flood_of_request_frames_cannot_wedge_the_bridge(
+    engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    async with client_with_log(hostile_env(engine, state_dir), tmp_path / "bridge.log") as client:
+        for _ in range(3):
+            flood = await run(
+                client,
+                f"""
+                channel = {CHANNEL}
+                for n in range(10_000):
+                    channel.send({{"type": "request", "id": "f%d" % n, "method": "capability_summary",
+                                  "params": {{}}}})
+                "flooded"
+                """,
+                timeout=30,
+            )
+            assert flood["status"] in ("ok", "timeout"), flood
+            await assert_still_serves(client)
+
+
+async def test_tool_arguments_a_server_would_choke_on_are_refused_and_the_server_stays_up(
+    engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    home = home_with_servers(tmp_path, {"everything": {"command": real_server("everything")}})
+    async with client_with_log(hostile_env(engine, state_dir, home), tmp_path / "bridge.log") as client:
+        answer = await run(
+            client,
+            """
+            from mcp import runtime
+            refusals = []
+            nested = "deep"
+            for _ in range(500):
+                nested = [nested]
+            for message in ("a\\udcffb", nested):
+                try:
+                    mcp_everything.echo(message=message)
+                except runtime.MCPError as exc:
+                    refusals.append(str(exc))
+            (refusals, mcp_everything.echo(message="still up"))
+            """,
+        )
+        refusals, echoed = eval(answer["value"])
+        assert "not valid Unicode" in refusals[0] and "nested deeper than" in refusals[1], refusals
+        assert "still up" in str(echoed), echoed
+        assert not any("restarted" in notice for notice in answer["notices"]), answer["notices"]
 
 
 # --- 3. a search cannot freeze the bridge ---------------------------------------------
@@ -297,7 +363,7 @@ async def test_many_distinct_searches_do_not_grow_bridge_memory(
 # --- 5. malformed result frames ----------------------------------------------------------
 
 
-async def test_a_malformed_result_frame_fails_the_call_clearly_and_the_session_survives(
+async def test_a_malformed_result_frame_is_rejected_and_the_session_survives(
     engine: Engine, state_dir: Path, tmp_path: Path
 ) -> None:
     async with client_with_log(hostile_env(engine, state_dir), tmp_path / "bridge.log") as client:
@@ -309,12 +375,14 @@ async def test_a_malformed_result_frame_fails_the_call_clearly_and_the_session_s
             kernel = {KERNEL}
             {CHANNEL}.send({{"type": "result", "id": kernel.running_id, "status": "ok",
                            "dropped": {{"stdout": "lots"}}, "value": 12345, "error": "str"}})
-            import time
-            time.sleep(1)
+            "real result"
             """,
         )
-        assert forged["is_error"] and forged["status"] == "error", forged
-        assert "malformed result" in forged["text"] and "internal" not in forged["text"], forged
+        # Wrong field types never get past the supervisor: the call ends with its own
+        # result, and says that a frame was rejected.
+        assert forged["status"] == "ok" and forged["value"] == "'real result'", forged
+        assert any("rejected" in notice for notice in forged["notices"]), forged
+        assert "internal" not in forged["text"], forged
         after = await run(client, "kept")
         assert after["value"] == "'yes'", after
 
@@ -460,7 +528,7 @@ async def test_the_kernels_reason_for_stopping_reaches_the_model(
             """,
         )
         assert died["status"] == "crashed", died
-        assert "the kernel reported: kernel stopped: the channel broke (simulated)" in died["text"], died
-        assert "exited unexpectedly with code 0" not in died["text"]
+        assert "it reported: kernel stopped: the channel broke (simulated)" in died["text"], died
+        assert "exited with code 0" in died["text"], died
         fresh = await run(client, "1 + 1")
-        assert fresh["value"] == "2" and any("fresh" in notice for notice in fresh["notices"]), fresh
+        assert fresh["value"] == "2", fresh

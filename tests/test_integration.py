@@ -79,15 +79,15 @@ async def test_timeout_kills_code_that_ignores_the_interrupt(engine: Engine, sta
     async with bridge_client(bridge_env(engine, state_dir)) as client:
         await client.call_tool("run_python", {"code": "kept = 1"})
         owner = bridge_pids(state_dir)[0]
+        container = engine.containers(owner_pid=owner)
         result = await client.call_tool("run_python", {"code": stubborn, "timeout": 1})
         assert structured(result)["status"] == "timeout"
         assert structured(result)["state_kept"] is False
-        assert "killed" in text_of(result)
-        assert engine.containers(owner_pid=owner) == []
+        assert "processes were killed and a fresh Python process was started" in text_of(result)
+        # The supervisor replaced the executor: the container itself (and its files) stays.
+        assert engine.containers(owner_pid=owner) == container
         after = await client.call_tool("run_python", {"code": "'kept' in globals()"})
         assert structured(after)["value"] == "False"
-        assert "fresh sandbox session" in text_of(after)
-        assert len(engine.containers(owner_pid=owner)) == 1
 
 
 async def test_out_of_memory_is_reported_and_next_call_starts_fresh(
@@ -101,11 +101,12 @@ async def test_out_of_memory_is_reported_and_next_call_starts_fresh(
         result = await client.call_tool("run_python", {"code": "blob = bytearray(256 * 1024 * 1024)"})
         assert structured(result)["status"] == "crashed", text_of(result)
         assert "128m memory limit" in text_of(result)
-        assert "state was lost" in text_of(result).replace("All state", "state")
+        # The out-of-memory killer picks the executor (it raised its own oom_score_adj), so
+        # the supervisor reports it and starts a fresh one in the same container.
+        assert "Variables, imports and functions are gone" in text_of(result), text_of(result)
         after = await client.call_tool("run_python", {"code": "'kept' in globals()"})
         assert not after.is_error
         assert structured(after)["value"] == "False"
-        assert "fresh sandbox session" in text_of(after) and "memory limit" in text_of(after)
     assert list(workdir.iterdir()) == []  # nothing (e.g. conmon's "oom" marker) left in the cwd
 
 

@@ -1,0 +1,353 @@
+"""Containment as guarantees, proved on real containers through a real MCP client: the
+code cannot reach the bridge's channel, forged frames stop at the supervisor, a timeout
+ends everything the code started, background work cannot act or speak after its call,
+and only the documented paths are writable."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp.client.session import ClientSession
+
+from tests.conftest import Engine, bridge_client, bridge_env, structured, stub_entry, text_of
+
+pytestmark = pytest.mark.anyio
+
+# How hostile code reaches its own frame pipe to the supervisor (not the bridge's channel).
+EXECUTOR = "[o for o in __import__('gc').get_objects() if type(o).__name__ == 'ExecutorProcess'][0]"
+# Live processes in the container other than the supervisor (PID 1) and the caller.
+PROCESSES = """
+import os
+def processes():
+    found = []
+    for pid in os.listdir('/proc'):
+        if pid.isdigit() and int(pid) not in (1, os.getpid()):
+            try:
+                stat = open('/proc/%s/stat' % pid).read()
+            except OSError:
+                continue
+            found.append((int(pid), stat[stat.rfind(')') + 2]))
+    return found
+"""
+
+
+async def run(client: ClientSession, code: str, timeout: float = 60) -> dict[str, Any]:
+    result = await client.call_tool("run_python", {"code": textwrap.dedent(code), "timeout": timeout})
+    return {**structured(result), "text": text_of(result), "is_error": result.is_error}
+
+
+def env_with_servers(
+    engine: Engine, state_dir: Path, tmp_path: Path, servers: dict[str, Any]
+) -> dict[str, str]:
+    home = tmp_path / "home"
+    config = home / ".config" / "Claude" / "claude_desktop_config.json"
+    config.parent.mkdir(parents=True)
+    config.write_text(json.dumps({"mcpServers": servers}))
+    env = bridge_env(engine, state_dir, HOME=str(home))
+    env.pop("XDG_CONFIG_HOME", None)
+    return env
+
+
+# --- the channel to the bridge is out of reach ----------------------------------------------
+
+
+async def test_code_cannot_open_the_supervisors_descriptors(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        answer = await run(
+            client,
+            """
+            import os
+            outcomes = {}
+            for path in ("/proc/1/fd/0", "/proc/1/fd/1", "/proc/1/fd/2"):
+                try:
+                    open(path, "wb").close()
+                    outcomes[path] = "opened"
+                except OSError as exc:
+                    outcomes[path] = type(exc).__name__
+            try:
+                os.listdir("/proc/1/fd")
+                outcomes["list"] = "listed"
+            except OSError as exc:
+                outcomes["list"] = type(exc).__name__
+            outcomes
+            """,
+        )
+        outcomes = eval(answer["value"])
+        assert set(outcomes.values()) == {"PermissionError"}, outcomes
+
+
+async def test_no_descriptor_of_the_code_reaches_the_bridge(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        answer = await run(
+            client,
+            f"""
+            import json, os
+            running = {EXECUTOR}.running_id
+            # A stream frame is something only the supervisor sends: if one of these arrived
+            # as a frame, this call's stdout would carry the bare marker.
+            marker = "FORGED" + "-DIRECT"
+            frame = json.dumps({{"type": "stream", "id": running, "name": "stdout", "text": marker}})
+            tried = []
+            for fd in sorted(int(name) for name in os.listdir("/proc/self/fd")):
+                if fd in (1, 2):
+                    continue  # the output pipes: text written there is output, by design
+                try:
+                    os.write(fd, (frame + "\\n").encode())
+                    tried.append(fd)
+                except OSError:
+                    pass
+            tried
+            """,
+        )
+        assert answer["status"] == "ok", answer
+        # Text written to the output pipes (the private copies of fd 1/2) is output; a frame
+        # that reached the bridge would show the bare marker, without the JSON around it.
+        assert "FORGED-DIRECT" not in answer["stdout"].replace('"text": "FORGED-DIRECT"', ""), answer
+        assert eval(answer["value"]), "the code should at least reach its own pipe to the supervisor"
+        assert (await run(client, "6 * 7"))["value"] == "42"
+
+
+async def test_forged_frames_cannot_make_a_second_result_or_carry_bad_fields(
+    engine: Engine, state_dir: Path
+) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        forged = await run(
+            client,
+            f"""
+            executor = {EXECUTOR}
+            channel, running = executor.channel, executor.running_id
+            channel.send({{"type": "result", "id": "not-this-call", "status": "ok", "value": "WRONG-ID"}})
+            channel.send({{"type": "result", "id": running, "status": "ok", "value": 12345}})
+            channel.send({{"type": "result", "id": running, "status": "bogus", "value": "BAD-STATUS"}})
+            channel.send({{"type": "stream", "id": running, "name": "stdout", "text": "FORGED-STREAM"}})
+            channel.send({{"type": "result", "id": running, "status": "ok", "value": "'FORGED'"}})
+            channel.send({{"type": "result", "id": running, "status": "ok", "value": "'SECOND'"}})
+            import time
+            time.sleep(0.5)
+            "real"
+            """,
+        )
+        # The one well-formed result for this call ends it (code can end its own call early,
+        # like any REPL); nothing else gets through.
+        assert forged["value"] == "'FORGED'", forged
+        assert "FORGED-STREAM" not in forged["stdout"]
+        after = await run(client, "'next'")
+        assert after["value"] == "'next'", after
+        assert any("rejected" in notice for notice in after["notices"]), after["notices"]
+        assert (await run(client, "6 * 7"))["value"] == "42"
+
+
+# --- timeouts end everything the code started -----------------------------------------------
+
+
+async def test_a_fork_bomb_times_out_and_leaves_no_process_behind(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        await run(client, "kept = 'yes'\n" + PROCESSES)
+        started = time.monotonic()
+        bomb = await run(
+            client,
+            """
+            import os
+            while True:
+                try:
+                    os.fork()
+                except OSError:
+                    pass
+            """,
+            timeout=4,
+        )
+        elapsed = time.monotonic() - started
+        assert bomb["status"] == "timeout", bomb
+        assert elapsed < 4 + 3 + 10, elapsed  # the timeout, the grace period, slack for a loaded machine
+        after = await run(
+            client,
+            """
+            import subprocess, time
+            deadline = time.monotonic() + 5
+            while processes() and time.monotonic() < deadline:
+                time.sleep(0.05)  # children killed a moment ago may still be being reaped
+            (subprocess.run(["true"]).returncode, processes())
+            """,
+        )
+        assert after["value"] == "(0, [])", after
+        if bomb["state_kept"]:
+            assert (await run(client, "kept"))["value"] == "'yes'"
+
+
+async def test_background_shells_leave_no_zombies(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        answer = await run(
+            client,
+            PROCESSES
+            + """
+            import subprocess, time
+            for _ in range(500):
+                subprocess.run(["sh", "-c", "sleep 0.01 &"], check=True)
+            deadline = time.monotonic() + 5
+            while processes() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            processes()
+            """,
+            timeout=120,
+        )
+        assert answer["value"] == "[]", answer
+
+
+async def test_a_hard_kill_starts_a_fresh_process_and_keeps_files(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        await run(client, "open('/tmp/kept.txt', 'w').write('file kept')\nvariable = 1")
+        stubborn = await run(
+            client,
+            """
+            import time
+            while True:
+                try:
+                    time.sleep(10)
+                except KeyboardInterrupt:
+                    pass
+            """,
+            timeout=2,
+        )
+        assert stubborn["status"] == "timeout" and stubborn["state_kept"] is False, stubborn
+        assert "fresh Python process" in stubborn["text"], stubborn
+        after = await run(client, "open('/tmp/kept.txt').read()")
+        assert after["value"] == "'file kept'", after
+        lost = await run(client, "variable")
+        assert "NameError" in lost["text"], lost
+
+
+# --- background work is explicit -------------------------------------------------------------
+
+
+async def test_a_thread_cannot_call_a_tool_after_its_call_returned(
+    engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "reached-the-server"
+    env = env_with_servers(engine, state_dir, tmp_path, {"stub": stub_entry()})
+    async with bridge_client(env) as client:
+        await run(client, "mcp_stub.pair(a=1)")  # the server is up
+        started = await run(
+            client,
+            f"""
+            import threading, time
+            from mcp import runtime
+            outcome = []
+            def later():
+                time.sleep(1)
+                try:
+                    mcp_stub.slow_then_mark(seconds=0, path={str(marker)!r})
+                    outcome.append("called")
+                except runtime.MCPError as exc:
+                    outcome.append(str(exc))
+            threading.Thread(target=later, daemon=True).start()
+            "started"
+            """,
+        )
+        assert started["value"] == "'started'"
+        await anyio.sleep(2)
+        answer = await run(client, "outcome")
+        assert "refused: the run_python call that started this thread" in answer["value"], answer
+        assert not marker.exists()
+
+
+async def test_background_output_is_dropped_and_counted_not_mixed_into_a_later_call(
+    engine: Engine, state_dir: Path
+) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        await run(
+            client,
+            """
+            import threading, time
+            def chatter():
+                for _ in range(50):
+                    print("BACKGROUND")
+                    time.sleep(0.01)
+            threading.Thread(target=chatter, daemon=True).start()
+            """,
+        )
+        await anyio.sleep(1.5)
+        answer = await run(client, "print('mine')")
+        assert answer["stdout"] == "mine\n", answer
+        assert any("while no call was running" in notice for notice in answer["notices"]), answer
+
+
+# --- exactly the documented writable paths ------------------------------------------------------
+
+
+async def test_only_the_documented_paths_are_writable(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        answer = await run(
+            client,
+            """
+            import os
+            writable = []
+            for path in ("/", "/etc", "/usr", "/var/tmp", "/run", "/ipc", "/root", "/home", "/tmp",
+                         "/workspace", "/dev/shm"):
+                try:
+                    with open(os.path.join(path, "probe"), "w"):
+                        pass
+                    writable.append(path)
+                except OSError:
+                    pass
+            mounts = {line.split()[1]: line.split()[3] for line in open("/proc/mounts")}
+            (writable, {path: mounts.get(path, "") for path in ("/tmp", "/workspace", "/dev/shm")})
+            """,
+        )
+        writable, options = eval(answer["value"])
+        assert writable == ["/tmp", "/workspace", "/dev/shm"], writable
+        for path, flags in options.items():
+            assert {"nosuid", "nodev", "noexec"} <= set(flags.split(",")), (path, flags)
+        # Sizes follow the memory limit (512m by default): 1/4, 1/4 and 1/8 of it.
+        assert "size=131072k" in options["/tmp"] and "size=131072k" in options["/workspace"], options
+        assert "size=65536k" in options["/dev/shm"], options
+
+
+async def test_filling_tmp_is_enospc_and_the_session_survives(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        answer = await run(
+            client,
+            """
+            import errno
+            kept = "state"
+            chunk = b"x" * (1 << 20)
+            written = 0
+            try:
+                with open("/tmp/fill", "wb") as handle:
+                    while True:
+                        handle.write(chunk)
+                        written += 1
+            except OSError as exc:
+                failure = errno.errorcode[exc.errno]
+            (failure, written)
+            """,
+            timeout=120,
+        )
+        failure, written = eval(answer["value"])
+        assert failure == "ENOSPC" and written <= 128, answer
+        after = await run(client, "import os; os.remove('/tmp/fill'); kept")
+        assert after["value"] == "'state'", after
+
+
+# --- what the model and the client see -----------------------------------------------------------
+
+
+async def test_terminal_escapes_never_reach_the_client(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        answer = await run(client, r"print('\x1b[31mred\x1b[0m \x1b]0;title\x07 done\x00')")
+        assert answer["stdout"] == "red  done\n", answer
+        assert "\x1b" not in answer["text"] and "\x00" not in answer["text"]
+
+
+def test_the_kernel_file_is_what_runs_in_the_sandbox() -> None:
+    # The supervisor starts the executor from its own file: both must be the shipped kernel.
+    import mcp_sandbox_kernel
+
+    assert Path(mcp_sandbox_kernel.__file__).name == "mcp_sandbox_kernel.py"
+    assert sys.version_info >= (3, 9)
