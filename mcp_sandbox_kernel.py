@@ -31,6 +31,7 @@ import base64
 import codecs
 import collections
 import difflib
+import functools
 import inspect
 import json
 import linecache
@@ -1182,7 +1183,11 @@ class Supervisor:
         self.ready = threading.Event()  # an executor is up and has said hello
         self.running: Any = None  # the id of the execute in flight
         self.interrupted = False
-        self.escalation: threading.Timer | None = None
+        # (when, execute id): the moment an interrupted execute is killed if still running.
+        self.escalation: tuple[float, Any] | None = None
+        # Work for the control thread. Nothing the supervisor must do may need a NEW thread:
+        # a fork bomb can use up every pid, and "can't start new thread" would end PID 1.
+        self.tasks: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self.forwarded: set[Any] = set()  # executor request ids the bridge still owes an answer
         self.background = {"stdout": 0, "stderr": 0}  # output while no execute ran
         self.pending_notices: list[str] = []  # for the next result
@@ -1251,7 +1256,7 @@ class Supervisor:
             child = self.child
             if child is not None and pid == child.pid and not child.retired:
                 child.process.returncode = status
-                threading.Thread(target=self.on_executor_died, args=(child, status), daemon=True).start()
+                self.tasks.put(functools.partial(self.on_executor_died, child, status))
 
     def on_executor_died(self, handle: ExecutorHandle, status: int) -> None:
         reason = describe_exit(status, self.memory)
@@ -1380,6 +1385,7 @@ class Supervisor:
     # --- from the bridge -----------------------------------------------------------------------
     def serve(self) -> None:
         threading.Thread(target=self.reap, name="reaper", daemon=True).start()
+        threading.Thread(target=self.control, name="control", daemon=True).start()
         self.child = self.start_executor()
         self.ready.set()
         self.channel.send(
@@ -1470,13 +1476,30 @@ class Supervisor:
             pid = self.child.pid
             grace = float(frame.get("grace") or DEFAULT_INTERRUPT_GRACE)
             if self.escalation is None:
-                self.escalation = threading.Timer(grace, self.escalate, (frame["id"],))
-                self.escalation.daemon = True
-                self.escalation.start()
+                self.escalation = (time.monotonic() + grace, frame["id"])
+                self.tasks.put(None)  # wakes the control thread to watch the new deadline
         try:
             os.kill(pid, signal.SIGINT)
         except ProcessLookupError:
             pass  # it died; the reaper reports it
+
+    def control(self) -> None:
+        """Control thread, started once: runs queued tasks (replacing a dead executor) and
+        the escalation of an interrupt whose grace period is over."""
+        while True:
+            with self.lock:
+                wait = None if self.escalation is None else max(0.0, self.escalation[0] - time.monotonic())
+            try:
+                task = self.tasks.get(timeout=wait)
+            except queue.Empty:
+                task = None
+            if task is not None:
+                task()
+                continue
+            with self.lock:
+                due = self.escalation if self.escalation and self.escalation[0] <= time.monotonic() else None
+            if due is not None:
+                self.escalate(due[1])
 
     def escalate(self, execute_id: Any) -> None:
         """The grace period is over and the code has not stopped: kill it all, start fresh."""
@@ -1518,9 +1541,7 @@ class Supervisor:
             if self.running != execute_id:
                 return
             self.running = None
-            if self.escalation is not None:
-                self.escalation.cancel()
-                self.escalation = None
+            self.escalation = None
             result: Frame = {
                 "type": "result",
                 "id": execute_id,

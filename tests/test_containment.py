@@ -149,7 +149,7 @@ async def test_forged_frames_cannot_make_a_second_result_or_carry_bad_fields(
 
 async def test_a_fork_bomb_times_out_and_leaves_no_process_behind(engine: Engine, state_dir: Path) -> None:
     async with bridge_client(bridge_env(engine, state_dir)) as client:
-        await run(client, "kept = 'yes'\n" + PROCESSES)
+        await run(client, "kept = 'yes'")
         started = time.monotonic()
         bomb = await run(
             client,
@@ -168,13 +168,16 @@ async def test_a_fork_bomb_times_out_and_leaves_no_process_behind(engine: Engine
         assert elapsed < 4 + 3 + 10, elapsed  # the timeout, the grace period, slack for a loaded machine
         after = await run(
             client,
-            """
-            import subprocess, time
-            deadline = time.monotonic() + 5
-            while processes() and time.monotonic() < deadline:
-                time.sleep(0.05)  # children killed a moment ago may still be being reaped
-            (subprocess.run(["true"]).returncode, processes())
-            """,
+            PROCESSES
+            + textwrap.dedent(
+                """
+                import subprocess, time
+                deadline = time.monotonic() + 5
+                while processes() and time.monotonic() < deadline:
+                    time.sleep(0.05)  # children killed a moment ago may still be being reaped
+                (subprocess.run(["true"]).returncode, processes())
+                """
+            ),
         )
         assert after["value"] == "(0, [])", after
         if bomb["state_kept"]:
@@ -186,15 +189,17 @@ async def test_background_shells_leave_no_zombies(engine: Engine, state_dir: Pat
         answer = await run(
             client,
             PROCESSES
-            + """
-            import subprocess, time
-            for _ in range(500):
-                subprocess.run(["sh", "-c", "sleep 0.01 &"], check=True)
-            deadline = time.monotonic() + 5
-            while processes() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            processes()
-            """,
+            + textwrap.dedent(
+                """
+                import subprocess, time
+                for _ in range(500):
+                    subprocess.run(["sh", "-c", "sleep 0.01 &"], check=True)
+                deadline = time.monotonic() + 5
+                while processes() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                processes()
+                """
+            ),
             timeout=120,
         )
         assert answer["value"] == "[]", answer
