@@ -397,20 +397,32 @@ class OutputPump(threading.Thread):
         self.write_fd = write_fd
         self.deliver = deliver
         self.marker = b"\x00MCP-SYNC-" + os.urandom(12).hex().encode() + b"\x00"
-        self._synced = threading.Event()
+        # Markers written and seen: a sync is done when every marker written so far has
+        # come through (a late marker of an earlier, timed-out sync cannot end a later one).
+        self._issued = self._seen = 0
+        self._progress = threading.Condition()
+        self._ended = False
         self._write_lock = threading.Lock()
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def start_sync(self) -> None:
-        self._synced.clear()
         with self._write_lock:
             if self.write_fd < 0:  # closed: the executor is being replaced; nothing more will come
-                self._synced.set()
                 return
+            with self._progress:
+                self._issued += 1
             os.write(self.write_fd, self.marker)
 
-    def wait_synced(self, timeout: float = 5.0) -> None:
-        self._synced.wait(timeout)
+    def wait_synced(self, timeout: float = 5.0) -> bool:
+        """True once everything written before the last start_sync() was delivered;
+        False after ``timeout`` (the output that is late is then counted as background)."""
+        with self._progress:
+            return self._progress.wait_for(lambda: self._ended or self._seen >= self._issued, timeout)
+
+    def _marker_seen(self) -> None:
+        with self._progress:
+            self._seen += 1
+            self._progress.notify_all()
 
     def close_write_end(self) -> None:
         """Once every other writer is gone the pump reads end of file and stops."""
@@ -433,14 +445,16 @@ class OutputPump(threading.Thread):
                         break
                     self._forward(buffer[:index])
                     buffer = buffer[index + len(self.marker) :]
-                    self._synced.set()
+                    self._marker_seen()
                 keep = _partial_suffix(buffer, self.marker)
                 carry = buffer[len(buffer) - keep :] if keep else b""
                 self._forward(buffer[: len(buffer) - keep])
             self._forward(carry)
         finally:
             os.close(self.read_fd)
-            self._synced.set()
+            with self._progress:
+                self._ended = True
+                self._progress.notify_all()
 
     def _forward(self, data: bytes) -> None:
         if data:
@@ -954,6 +968,10 @@ class ExecutorProcess:
     def read_frames(self) -> None:
         """Reader thread: dispatch frames; end of input means the supervisor is gone,
         so exit at once, even if user code is still running."""
+        # The supervisor's SIGINT must wake the main thread (blocked in time.sleep, say),
+        # not this one.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        code = 0
         try:
             while True:
                 frame = self.channel.receive()
@@ -970,8 +988,14 @@ class ExecutorProcess:
                 self.handlers[frame["type"]](frame)
         except ProtocolError as exc:
             self.channel.send({"type": "error", "message": "executor stopped: %s" % exc})
+        except BaseException as exc:  # a bug of ours: its last words explain the crash
+            code = 1
+            try:
+                self.channel.send({"type": "error", "message": "executor failed: %r" % exc})
+            except BaseException:
+                pass
         finally:
-            os._exit(0)
+            os._exit(code)
 
     def _on_sigint(self, signum: int, stack: Any) -> None:
         # Only user code is interruptible; a late interrupt between executes is dropped.
@@ -1009,10 +1033,10 @@ class ExecutorProcess:
                 raise TypeError("execute frame has no 'code' string")
             self.running_id = execute_id
             value = self.executor.run(code)
-            self.running_id = None
-            if value is not None:
+            if value is not None:  # still interruptible: a __repr__ may never return
                 self.executor.namespace["_"] = value
                 result["value"] = safe_repr(value, self.max_output_chars)
+            self.running_id = None
         except BaseException as exc:
             self.running_id = None
             result["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
@@ -1508,16 +1532,13 @@ class Supervisor:
                 return
             old = self.child
             old.retired = True
+        started = time.monotonic()
         self.replace_executor(old, "timeout")
-        self.finish(
-            execute_id,
-            "killed",
-            error={
-                "type": "Killed",
-                "message": "the code did not stop when interrupted, so its processes were killed",
-                "traceback": "",
-            },
+        message = (
+            "the code did not stop when interrupted, so its processes were killed; a fresh Python "
+            "process was ready %d ms later" % round((time.monotonic() - started) * 1000)
         )
+        self.finish(execute_id, "killed", error={"type": "Killed", "message": message, "traceback": ""})
 
     def on_response(self, frame: Frame) -> None:
         with self.lock:

@@ -2192,8 +2192,8 @@ class HostAPI:
         for tool in tools:
             if name in (tool.name, python_identifier(tool.name)):
                 return tool
-        if any(name == tool.name for tool in await client.list_tools()):
-            raise ProxyError("Tool %s.%s is not allowed by the bridge's policy." % (client.spec.alias, name))
+        # A denied tool gets the same answer as a missing one: the sandbox does not learn
+        # what the policy hides.
         names = [python_identifier(tool.name) for tool in tools]
         close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
         hint = " Did you mean %s?" % ", ".join(close) if close else ""
@@ -2785,11 +2785,11 @@ class SandboxSession:
         if timed_out and status == "ok":
             timed_out = False  # it finished during the grace period: an ordinary success
         if timed_out and status == "killed":
-            outcome.status, outcome.state_kept, outcome.error = "timeout", False, None
+            # error (kept) says what the supervisor did and how fast a fresh process was up.
+            outcome.status, outcome.state_kept = "timeout", False
             outcome.detail = (
-                "Timed out after %gs and did not stop when interrupted, so its processes were killed and a "
-                "fresh Python process was started. Variables, imports and functions are gone; files in /tmp "
-                "and /workspace were kept." % timeout
+                "Timed out after %gs and did not stop when interrupted. Variables, imports and functions "
+                "are gone; files in /tmp and /workspace were kept." % timeout
             )
         elif timed_out and pending.result is not None:
             outcome.status = "timeout"

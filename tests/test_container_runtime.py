@@ -66,7 +66,7 @@ def options_part(argv: list[str]) -> list[str]:
 
 
 def test_run_argv_is_exactly_the_hardened_command() -> None:
-    assert build_run_argv("/usr/bin/podman", spec()) == [
+    assert PodmanRuntime("/usr/bin/podman").run_argv(spec()) == [
         "/usr/bin/podman", "run",
         "--interactive",
         "--rm",
@@ -77,6 +77,7 @@ def test_run_argv_is_exactly_the_hardened_command() -> None:
         "--label", "io.github.mcp-server-code-execution-mode.owner-host=0123456789abcdef",
         "--network", "none",
         "--read-only",
+        "--read-only-tmpfs=false",
         "--cap-drop", "ALL",
         "--security-opt", "no-new-privileges",
         "--user", "65534:65534",
@@ -86,8 +87,9 @@ def test_run_argv_is_exactly_the_hardened_command() -> None:
         "--cpus", "1.5",
         "--ulimit", "nofile=1024:1024",
         "--ulimit", "nproc=512:512",
-        "--tmpfs", "/tmp:rw,nosuid,nodev,noexec,size=256m,mode=1777",
-        "--tmpfs", "/workspace:rw,nosuid,nodev,noexec,size=256m,mode=1777",
+        "--tmpfs", "/tmp:rw,nosuid,nodev,noexec,size=131072k,mode=1777",
+        "--tmpfs", "/workspace:rw,nosuid,nodev,noexec,size=131072k,mode=1777",
+        "--shm-size", "65536k",
         "--volume", "/home/u/MCPs/ipc/0123456789abcdef.mcp-code-exec-4242.987654-0badcafe/ipc:/ipc:ro",
         "--env", "HOME=/workspace",
         "--env", "PYTHONDONTWRITEBYTECODE=1",
@@ -205,11 +207,12 @@ def test_run_argv_runs_the_kernel_isolated_from_the_image_environment() -> None:
     assert values_of(argv, "--entrypoint") == ["python3"]
 
 
-def test_run_argv_is_the_same_for_podman_and_docker() -> None:
+def test_run_argv_is_the_same_for_podman_and_docker_but_podmans_tmpfs_flag() -> None:
     podman = PodmanRuntime("/bin/podman").run_argv(spec())
     docker = DockerRuntime("/bin/docker").run_argv(spec())
 
-    assert podman[1:] == docker[1:]
+    # Only Podman needs telling not to add its own writable tmpfs mounts.
+    assert [item for item in podman[1:] if item != "--read-only-tmpfs=false"] == docker[1:]
     assert podman[0] == "/bin/podman"
     assert docker[0] == "/bin/docker"
 
@@ -694,3 +697,10 @@ async def test_macos_podman_machine_is_started_and_only_a_started_one_stopped(
     else:
         assert "machine start podman-machine-default" in calls  # the default one, not the first listed
         assert calls[-1] == "machine stop podman-machine-default"
+
+
+def test_writable_filesystems_add_up_to_less_than_the_memory_limit() -> None:
+    for memory in ("64m", "512m", "2g", "3000000k"):
+        sizes = bridge.writable_sizes(memory)
+        assert sum(sizes.values()) < bridge.parse_size(memory), (memory, sizes)
+    assert bridge.writable_sizes("512m") == {"/tmp": 128 << 20, "/workspace": 128 << 20, "/dev/shm": 64 << 20}

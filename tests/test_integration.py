@@ -83,7 +83,7 @@ async def test_timeout_kills_code_that_ignores_the_interrupt(engine: Engine, sta
         result = await client.call_tool("run_python", {"code": stubborn, "timeout": 1})
         assert structured(result)["status"] == "timeout"
         assert structured(result)["state_kept"] is False
-        assert "processes were killed and a fresh Python process was started" in text_of(result)
+        assert "its processes were killed; a fresh Python process was ready" in text_of(result)
         # The supervisor replaced the executor: the container itself (and its files) stays.
         assert engine.containers(owner_pid=owner) == container
         after = await client.call_tool("run_python", {"code": "'kept' in globals()"})

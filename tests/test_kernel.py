@@ -497,7 +497,8 @@ def test_execute_without_code_is_an_error_result(kernel: KernelProcess) -> None:
     _, result = kernel.collect("no-code")
 
     assert result["status"] == "error"
-    assert result["error"]["type"] == "TypeError"
+    # The supervisor checks the frame before the executor sees it.
+    assert result["error"]["type"] == "ProtocolError" and "code" in result["error"]["message"]
     assert kernel.run("'ok'")["value"] == "'ok'"
 
 
@@ -676,10 +677,27 @@ def test_closing_stdin_when_idle_ends_the_kernel(kernel: KernelProcess) -> None:
     assert kernel.process.wait(timeout=WAIT) == 0
 
 
-def test_sigterm_ends_the_kernel(kernel: KernelProcess) -> None:
+def test_sigterm_ends_the_kernel_and_its_executor(kernel: KernelProcess) -> None:
+    executors = mcp_sandbox_kernel.live_descendants(kernel.process.pid)
+    assert len(executors) == 1, executors
+
     kernel.process.send_signal(signal.SIGTERM)
 
-    assert kernel.process.wait(timeout=WAIT) == 0
+    # The supervisor keeps SIGTERM's default action (a handler would let the code, which
+    # may signal PID 1 in a container, stop it); the executor ends with its channel.
+    assert kernel.process.wait(timeout=WAIT) == -signal.SIGTERM
+
+    def alive(pid: int) -> bool:
+        try:
+            stat = Path("/proc/%d/stat" % pid).read_text()
+        except OSError:
+            return False
+        return stat[stat.rfind(")") + 2] != "Z"  # a zombie has ended; its new parent reaps it
+
+    deadline = time.monotonic() + WAIT
+    while alive(executors[0]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not alive(executors[0])
 
 
 # --- robustness against user code touching the capture fds ---------------------------------

@@ -391,7 +391,8 @@ async def test_policy_hides_and_refuses_denied_servers_and_tools(
         assert servers == ["stub"] and not has_time
         assert "fail" not in names and "big" not in names and "pair" in names
         assert "fail" not in hits
-        assert "not allowed" in refused
+        # Denied and missing tools get the same answer: the policy's names stay hidden.
+        assert "has no tool 'fail'" in refused and "fail" not in refused.split("Its tools:")[1]
         assert "Unknown MCP server 'time'" in hidden
 
 
