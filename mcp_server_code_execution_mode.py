@@ -404,6 +404,7 @@ SHUTTING_DOWN = (
 KERNEL_SOURCE = Path(mcp_sandbox_kernel.__file__)
 KERNEL_FILENAME = "mcp_sandbox_kernel.py"
 SESSION_CONFIG_FILENAME = "session.json"
+SECCOMP_FILENAME = "seccomp.json"
 IPC_MOUNT = "/ipc"
 WORKDIR = "/workspace"
 
@@ -569,6 +570,7 @@ class LaunchSpec:
     pids: int
     cpus: float
     user: str
+    seccomp_profile: Path | None = None  # written by the session; None: the engine's default
 
 
 class ContainerRuntime:
@@ -732,6 +734,7 @@ def build_run_argv(executable: str, spec: LaunchSpec, engine_flags: Sequence[str
         *engine_flags,
         "--cap-drop", "ALL",
         "--security-opt", "no-new-privileges",
+        *(("--security-opt", "seccomp=%s" % spec.seccomp_profile) if spec.seccomp_profile else ()),
         "--user", spec.user,
         "--memory", spec.memory,
         "--memory-swap", spec.memory,  # equal to memory: no swap on top of the limit
@@ -754,6 +757,129 @@ def build_run_argv(executable: str, spec: LaunchSpec, engine_flags: Sequence[str
         "%s/%s" % (IPC_MOUNT, KERNEL_FILENAME),
         "%s/%s" % (IPC_MOUNT, SESSION_CONFIG_FILENAME),
     ]  # fmt: skip
+
+
+# --- seccomp --------------------------------------------------------------------------
+# The profile every sandbox runs under: the engines' default profile (containers-common's
+# seccomp.json, itself derived from Docker's), reduced to what a container without
+# capabilities may use, minus what this sandbox never needs: namespaces and mounts
+# (unshare, setns, clone with CLONE_NEW* flags, the mount family), the kernel keyring
+# (keyctl, add_key, request_key), userfaultfd, perf_event_open, bpf, and sockets other
+# than AF_UNIX, AF_INET, AF_INET6 and NETLINK_ROUTE (no AF_VSOCK: a VM host's vsock is
+# reachable despite --network none; no AF_PACKET). Those fail with EPERM; any syscall the
+# profile does not know fails with ENOSYS, so libc falls back (clone3 -> clone).
+# A table of names, one per word, as the engines' profiles list them.
+_SECCOMP_ALLOWED_NAMES = """
+    _llseek _newselect accept accept4 access adjtimex alarm bind brk capget capset chdir chmod chown
+    chown32 clock_adjtime clock_adjtime64 clock_getres clock_getres_time64 clock_gettime clock_gettime64
+    clock_nanosleep clock_nanosleep_time64 close close_range connect copy_file_range creat dup dup2 dup3
+    epoll_create epoll_create1 epoll_ctl epoll_ctl_old epoll_pwait epoll_pwait2 epoll_wait
+    epoll_wait_old eventfd eventfd2 execve execveat exit exit_group faccessat faccessat2 fadvise64
+    fadvise64_64 fallocate fanotify_mark fchdir fchmod fchmodat fchown fchown32 fchownat fcntl fcntl64
+    fdatasync fgetxattr flistxattr flock fork fremovexattr fsetxattr fstat fstat64 fstatat64 fstatfs
+    fstatfs64 fsync ftruncate ftruncate64 futex futex_time64 futimesat get_mempolicy get_robust_list
+    get_thread_area getcpu getcwd getdents getdents64 getegid getegid32 geteuid geteuid32 getgid
+    getgid32 getgroups getgroups32 getitimer getpeername getpgid getpgrp getpid getppid getpriority
+    getrandom getresgid getresgid32 getresuid getresuid32 getrlimit getrusage getsid getsockname
+    getsockopt gettid gettimeofday getuid getuid32 getxattr inotify_add_watch inotify_init inotify_init1
+    inotify_rm_watch io_cancel io_destroy io_getevents io_setup io_submit ioctl ioprio_get ioprio_set
+    ipc kill landlock_add_rule landlock_create_ruleset landlock_restrict_self lchown lchown32 lgetxattr
+    link linkat listen listxattr llistxattr lremovexattr lseek lsetxattr lstat lstat64 madvise mbind
+    membarrier memfd_create memfd_secret mincore mkdir mkdirat mknod mknodat mlock mlock2 mlockall mmap
+    mmap2 mprotect mq_getsetattr mq_notify mq_open mq_timedreceive mq_timedreceive_time64 mq_timedsend
+    mq_timedsend_time64 mq_unlink mremap msgctl msgget msgrcv msgsnd msync munlock munlockall munmap
+    name_to_handle_at nanosleep newfstatat open openat openat2 pause pidfd_getfd pidfd_open
+    pidfd_send_signal pipe pipe2 pkey_alloc pkey_free pkey_mprotect poll ppoll ppoll_time64 prctl
+    pread64 preadv preadv2 prlimit64 process_mrelease process_vm_readv process_vm_writev pselect6
+    pselect6_time64 ptrace pwrite64 pwritev pwritev2 read readahead readdir readlink readlinkat readv
+    reboot recv recvfrom recvmmsg recvmmsg_time64 recvmsg remap_file_pages removexattr rename renameat
+    renameat2 restart_syscall rmdir rseq rt_sigaction rt_sigpending rt_sigprocmask rt_sigqueueinfo
+    rt_sigreturn rt_sigsuspend rt_sigtimedwait rt_sigtimedwait_time64 rt_tgsigqueueinfo
+    sched_get_priority_max sched_get_priority_min sched_getaffinity sched_getattr sched_getparam
+    sched_getscheduler sched_rr_get_interval sched_rr_get_interval_time64 sched_setaffinity
+    sched_setattr sched_setparam sched_setscheduler sched_yield seccomp select semctl semget semop
+    semtimedop semtimedop_time64 send sendfile sendfile64 sendmmsg sendmsg sendto set_mempolicy
+    set_robust_list set_thread_area set_tid_address setfsgid setfsgid32 setfsuid setfsuid32 setgid
+    setgid32 setgroups setgroups32 setitimer setpgid setpriority setregid setregid32 setresgid
+    setresgid32 setresuid setresuid32 setreuid setreuid32 setrlimit setsid setsockopt setuid setuid32
+    setxattr shmat shmctl shmdt shmget shutdown sigaction sigaltstack signal signalfd signalfd4
+    sigpending sigprocmask sigreturn sigsuspend socketcall socketpair splice stat stat64 statfs statfs64
+    statx symlink symlinkat sync sync_file_range syncfs syscall sysinfo syslog tee tgkill time
+    timer_create timer_delete timer_getoverrun timer_gettime timer_gettime64 timer_settime
+    timer_settime64 timerfd timerfd_create timerfd_gettime timerfd_gettime64 timerfd_settime
+    timerfd_settime64 times tkill truncate truncate64 ugetrlimit umask uname unlink unlinkat utime
+    utimensat utimensat_time64 utimes vfork wait4 waitid waitpid write writev
+"""
+SECCOMP_ALLOWED = tuple(_SECCOMP_ALLOWED_NAMES.split())
+SECCOMP_DENIED = (
+    "add_key", "bpf", "fsconfig", "fsmount", "fsopen", "fspick", "keyctl", "mount", "mount_setattr",
+    "move_mount", "open_tree", "perf_event_open", "pivot_root", "request_key", "setns", "umount",
+    "umount2", "unshare", "userfaultfd",
+    # the engines' own denials
+    "bdflush", "io_pgetevents", "kexec_file_load", "kexec_load", "migrate_pages", "move_pages",
+    "nfsservctl", "nice", "oldfstat", "oldlstat", "oldolduname", "oldstat", "olduname",
+    "pciconfig_iobase", "pciconfig_read", "pciconfig_write", "sgetmask", "ssetmask", "swapcontext",
+    "swapoff", "swapon", "sysfs", "uselib", "ustat", "vm86", "vm86old", "vmsplice",
+)  # fmt: skip
+SOCKET_FAMILIES_ALLOWED = {1: "AF_UNIX", 2: "AF_INET", 10: "AF_INET6"}
+AF_NETLINK, NETLINK_ROUTE = 16, 0
+CLONE_NEW_FLAGS = 0x7E020000  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
+EPERM, ENOSYS = 1, 38
+
+
+def seccomp_profile() -> dict[str, Any]:
+    """The profile as the engines read it (`--security-opt seccomp=FILE`). Pure."""
+
+    def arg(index: int, value: int, op: str = "SCMP_CMP_EQ", mask: int = 0) -> dict[str, Any]:
+        if op == "SCMP_CMP_MASKED_EQ":
+            return {"index": index, "value": mask, "valueTwo": value, "op": op}
+        return {"index": index, "value": value, "valueTwo": 0, "op": op}
+
+    allow, deny = "SCMP_ACT_ALLOW", "SCMP_ACT_ERRNO"
+    rules: list[dict[str, Any]] = [
+        {"names": list(SECCOMP_ALLOWED), "action": allow},
+        {"names": list(SECCOMP_DENIED), "action": deny, "errnoRet": EPERM},
+        {"names": ["clone3"], "action": deny, "errnoRet": ENOSYS},  # glibc then uses clone
+        # clone without any namespace flag (the flags are argument 0, 1 on s390)
+        {"names": ["clone"], "action": allow, "args": [arg(0, 0, "SCMP_CMP_MASKED_EQ", CLONE_NEW_FLAGS)],
+         "excludes": {"arches": ["s390", "s390x"]}},
+        {"names": ["clone"], "action": allow, "args": [arg(1, 0, "SCMP_CMP_MASKED_EQ", CLONE_NEW_FLAGS)],
+         "includes": {"arches": ["s390", "s390x"]}},
+        {"names": ["socket"], "action": allow, "args": [arg(0, AF_NETLINK), arg(2, NETLINK_ROUTE)]},
+    ]  # fmt: skip
+    rules += [
+        {"names": ["socket"], "action": allow, "args": [arg(0, family)]} for family in SOCKET_FAMILIES_ALLOWED
+    ]
+    rules += [
+        {"names": ["socket"], "action": deny, "errnoRet": EPERM, "args": [arg(0, family)]}
+        for family in range(46)
+        if family not in SOCKET_FAMILIES_ALLOWED and family != AF_NETLINK
+    ]
+    rules += [
+        {"names": ["personality"], "action": allow, "args": [arg(0, persona)]}
+        for persona in (0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)  # the default's: linux, 32-bit, query
+    ]
+    for names, arches in (
+        (["arch_prctl"], ["amd64", "x32"]),
+        (["modify_ldt"], ["amd64", "x32", "x86"]),
+        (["arm_fadvise64_64", "arm_sync_file_range", "breakpoint", "cacheflush"], ["arm", "arm64"]),
+        (["set_tls"], ["arm", "arm64"]),
+        (["sync_file_range2"], ["arm", "arm64"]),
+        (["sync_file_range2"], ["ppc64le"]),
+        (["s390_pci_mmio_read", "s390_pci_mmio_write", "s390_runtime_instr"], ["s390", "s390x"]),
+    ):  # fmt: skip
+        rules.append({"names": names, "action": allow, "includes": {"arches": arches}})
+    return {
+        "defaultAction": deny,
+        "defaultErrnoRet": ENOSYS,
+        "archMap": [
+            {"architecture": "SCMP_ARCH_X86_64", "subArchitectures": ["SCMP_ARCH_X86", "SCMP_ARCH_X32"]},
+            {"architecture": "SCMP_ARCH_AARCH64", "subArchitectures": ["SCMP_ARCH_ARM"]},
+            {"architecture": "SCMP_ARCH_S390X", "subArchitectures": ["SCMP_ARCH_S390"]},
+            {"architecture": "SCMP_ARCH_PPC64LE", "subArchitectures": []},
+        ],
+        "syscalls": rules,
+    }
 
 
 def container_name(owner: OwnerIdentity) -> str:
@@ -2439,6 +2565,8 @@ class SandboxSession:
         (self.ipc_dir / SESSION_CONFIG_FILENAME).write_text(json.dumps(session_config))
         for path in self.ipc_dir.iterdir():
             path.chmod(0o644)
+        # Beside ipc/, not in it: the engine reads it on the host; the sandbox never sees it.
+        self.seccomp_path.write_text(json.dumps(seccomp_profile()))
 
     def launch_spec(self) -> LaunchSpec:
         return LaunchSpec(
@@ -2450,7 +2578,12 @@ class SandboxSession:
             pids=self.config.pids,
             cpus=self.config.cpus,
             user=self.config.container_user,
+            seccomp_profile=self.seccomp_path,
         )
+
+    @property
+    def seccomp_path(self) -> Path:
+        return self.ipc_dir.parent / SECCOMP_FILENAME
 
     async def start(self, task_group: anyio.abc.TaskGroup) -> None:
         try:

@@ -662,6 +662,10 @@ def test_ipc_directory_is_private_and_read_only_content_is_readable(tmp_path: Pa
     settings = json.loads((session.ipc_dir / bridge.SESSION_CONFIG_FILENAME).read_text())
     assert settings["protocol"] == mcp_sandbox_kernel.PROTOCOL_VERSION
     assert settings["servers"] == [{"alias": "time", "name": "time"}]
+    # The seccomp profile sits beside ipc/ (read by the engine), never inside the mount.
+    assert sorted(path.name for path in session.ipc_dir.parent.iterdir()) == ["ipc", "seccomp.json"]
+    assert json.loads(session.seccomp_path.read_text()) == bridge.seccomp_profile()
+    assert session.launch_spec().seccomp_profile == session.seccomp_path
 
 
 FAKE_PODMAN = """#!/bin/sh
@@ -704,3 +708,55 @@ def test_writable_filesystems_add_up_to_less_than_the_memory_limit() -> None:
         sizes = bridge.writable_sizes(memory)
         assert sum(sizes.values()) < bridge.parse_size(memory), (memory, sizes)
     assert bridge.writable_sizes("512m") == {"/tmp": 128 << 20, "/workspace": 128 << 20, "/dev/shm": 64 << 20}
+
+
+# --- seccomp ------------------------------------------------------------------------------
+
+
+def test_the_seccomp_profile_is_passed_to_the_engine_when_given() -> None:
+    argv = build_run_argv("docker", spec(seccomp_profile=Path("/state/x/seccomp.json")))
+
+    assert values_of(argv, "--security-opt") == ["no-new-privileges", "seccomp=/state/x/seccomp.json"]
+    assert "--security-opt" in options_part(argv)
+
+
+def test_the_seccomp_profile_denies_what_the_sandbox_never_needs_with_eperm() -> None:
+    profile = bridge.seccomp_profile()
+    rules = profile["syscalls"]
+    allowed = {
+        name
+        for rule in rules
+        if rule["action"] == "SCMP_ACT_ALLOW" and "args" not in rule
+        for name in rule["names"]
+    }
+    denied = {
+        name for rule in rules if rule.get("errnoRet") == 1 and "args" not in rule for name in rule["names"]
+    }
+
+    for name in (
+        "keyctl",
+        "add_key",
+        "request_key",
+        "userfaultfd",
+        "perf_event_open",
+        "bpf",
+        "unshare",
+        "setns",
+        "mount",
+    ):
+        assert name in denied and name not in allowed, name
+    assert not allowed & denied
+    assert {"read", "write", "clone", "futex", "socketpair", "execve"} - {"clone"} <= allowed
+    # Unknown syscalls fail with ENOSYS, so libc falls back (clone3 -> clone with checked flags).
+    assert profile["defaultAction"] == "SCMP_ACT_ERRNO" and profile["defaultErrnoRet"] == 38
+
+
+def test_the_seccomp_profile_allows_only_the_socket_families_python_needs() -> None:
+    rules = [rule for rule in bridge.seccomp_profile()["syscalls"] if rule["names"] == ["socket"]]
+    allowed = {rule["args"][0]["value"] for rule in rules if rule["action"] == "SCMP_ACT_ALLOW"}
+    denied = {rule["args"][0]["value"] for rule in rules if rule["action"] == "SCMP_ACT_ERRNO"}
+
+    assert allowed == {1, 2, 10, 16}  # AF_UNIX, AF_INET, AF_INET6, AF_NETLINK (NETLINK_ROUTE only)
+    assert {17, 40} <= denied  # AF_PACKET, AF_VSOCK
+    netlink = next(rule for rule in rules if rule["args"][0]["value"] == 16)
+    assert netlink["args"][1] == {"index": 2, "value": 0, "valueTwo": 0, "op": "SCMP_CMP_EQ"}

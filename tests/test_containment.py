@@ -340,6 +340,45 @@ async def test_filling_tmp_is_enospc_and_the_session_survives(engine: Engine, st
         assert after["value"] == "'state'", after
 
 
+# --- seccomp ------------------------------------------------------------------------------------
+
+
+async def test_vsock_packet_sockets_keyrings_and_namespaces_are_refused_with_eperm(
+    engine: Engine, state_dir: Path
+) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        answer = await run(
+            client,
+            """
+            import ctypes, errno, socket
+            outcomes = {}
+            families = (("AF_VSOCK", 40, socket.SOCK_STREAM), ("AF_PACKET", 17, socket.SOCK_RAW),
+                        ("AF_UNIX", 1, socket.SOCK_STREAM), ("AF_INET", 2, socket.SOCK_STREAM))
+            for name, family, kind in families:
+                try:
+                    socket.socket(family, kind).close()
+                    outcomes[name] = "allowed"
+                except OSError as exc:
+                    outcomes[name] = errno.errorcode[exc.errno]
+            libc = ctypes.CDLL(None, use_errno=True)
+            keyctl = {"x86_64": 250, "aarch64": 219}[__import__("platform").machine()]
+            for name, call in (("keyctl", lambda: libc.syscall(keyctl, 0, 0, 0, 0, 0)),
+                               ("unshare(CLONE_NEWUSER)", lambda: libc.unshare(0x10000000))):
+                outcomes[name] = "allowed" if call() == 0 else errno.errorcode[ctypes.get_errno()]
+            outcomes
+            """,
+        )
+        outcomes = eval(answer["value"])
+        assert outcomes == {
+            "AF_VSOCK": "EPERM",
+            "AF_PACKET": "EPERM",
+            "AF_UNIX": "allowed",
+            "AF_INET": "allowed",
+            "keyctl": "EPERM",
+            "unshare(CLONE_NEWUSER)": "EPERM",
+        }, outcomes
+
+
 # --- what the model and the client see -----------------------------------------------------------
 
 
