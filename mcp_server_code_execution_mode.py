@@ -122,6 +122,7 @@ class BridgeConfig:
     server_start_timeout: float = 30.0
     tool_timeout: float = 120.0
     max_tool_result_bytes: int = 16 * 1024 * 1024
+    oci_runtime: str | None = None
 
 
 class ConfigError(Exception):
@@ -302,6 +303,12 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "tool_timeout", "MCP_BRIDGE_TOOL_TIMEOUT", _positive_float, "seconds one proxied tool call may take"
+    ),
+    Option(
+        "oci_runtime",
+        "MCP_BRIDGE_OCI_RUNTIME",
+        _pattern(r"[\w./-]+", "an OCI runtime name such as runsc, or its path"),
+        "OCI runtime for the sandbox, e.g. runsc (gVisor); default: the engine's own",
     ),
     Option(
         "max_tool_result_bytes",
@@ -583,12 +590,24 @@ class ContainerRuntime:
     def __init__(self, executable: str) -> None:
         self.executable = executable
         self.warnings: list[str] = []
+        self.oci_runtime: str | None = None  # e.g. runsc (gVisor); set by use_oci_runtime()
 
     # Flags only this engine takes, added to the shared run argv.
     engine_flags: ClassVar[tuple[str, ...]] = ()
 
     def run_argv(self, spec: LaunchSpec) -> list[str]:
-        return build_run_argv(self.executable, spec, self.engine_flags)
+        global_flags, run_flags = self.oci_runtime_flags()
+        argv = build_run_argv(self.executable, spec, (*self.engine_flags, *run_flags))
+        return [argv[0], *global_flags, *argv[1:]]
+
+    def oci_runtime_flags(self) -> tuple[list[str], list[str]]:
+        """(flags before `run`, flags of `run`) that select the OCI runtime."""
+        return [], []
+
+    async def use_oci_runtime(self, name: str | None) -> None:
+        """Check that the OCI runtime ``name`` (MCP_BRIDGE_OCI_RUNTIME) can be used with this
+        engine and remember it; RuntimeUnavailableError explains what is missing."""
+        self.oci_runtime = name
 
     def kill_argv(self, container: str) -> list[str]:
         return [self.executable, "rm", "--force", container]
@@ -620,6 +639,26 @@ class DockerRuntime(ContainerRuntime):
         result = await _answer(self, [self.executable, "info", "--format", "{{.ServerVersion}}"])
         logger.info("docker engine %s answers", result.stdout.decode().strip())
 
+    def oci_runtime_flags(self) -> tuple[list[str], list[str]]:
+        return [], (["--runtime", self.oci_runtime] if self.oci_runtime else [])
+
+    async def use_oci_runtime(self, name: str | None) -> None:
+        if name is not None:
+            result = await _answer(self, [self.executable, "info", "--format", "{{json .Runtimes}}"])
+            try:
+                known = sorted(json.loads(result.stdout or b"{}"))
+            except ValueError:
+                known = []
+            if name not in known:
+                raise RuntimeUnavailableError(
+                    "MCP_BRIDGE_OCI_RUNTIME=%s, but the Docker daemon does not know that runtime "
+                    "(it has: %s). "
+                    'For gVisor: install runsc, add {"runtimes": {"runsc": {"path": "/usr/bin/runsc", '
+                    '"runtimeArgs": ["--network=none"]}}} to /etc/docker/daemon.json and restart dockerd; '
+                    "or unset MCP_BRIDGE_OCI_RUNTIME." % (name, ", ".join(known) or "none")
+                )
+        self.oci_runtime = name
+
 
 class PodmanRuntime(ContainerRuntime):
     name = "podman"
@@ -630,6 +669,29 @@ class PodmanRuntime(ContainerRuntime):
     def __init__(self, executable: str) -> None:
         super().__init__(executable)
         self.started_machine: str | None = None
+
+    def oci_runtime_flags(self) -> tuple[list[str], list[str]]:
+        if not self.oci_runtime:
+            return [], []
+        flags = ["--runtime", self.oci_runtime]
+        if Path(self.oci_runtime).name == "runsc":
+            # gVisor refuses to start in the host's network namespace without this, even
+            # with --network none (which gives the container no network anyway).
+            flags += ["--runtime-flag", "network=none"]
+        return flags, []
+
+    async def use_oci_runtime(self, name: str | None) -> None:
+        path = None
+        if name is not None:
+            path = name if "/" in name else shutil.which(name)
+            if path is None or not os.access(path, os.X_OK):
+                raise RuntimeUnavailableError(
+                    "MCP_BRIDGE_OCI_RUNTIME=%s, but no such executable was found%s. For gVisor install "
+                    "runsc (https://gvisor.dev/docs/user_guide/install/; Debian/Ubuntu: `sudo apt-get "
+                    "install runsc`), or unset MCP_BRIDGE_OCI_RUNTIME."
+                    % (name, "" if "/" in name else " on PATH")
+                )
+        self.oci_runtime = path
 
     def kill_argv(self, container: str) -> list[str]:
         # --time 0: kill at once. Podman otherwise sends SIGTERM and waits 10 s, which code
@@ -3019,6 +3081,7 @@ class SessionManager:
     async def _ensure_runtime(self) -> ContainerRuntime:
         if self.runtime is None:
             runtime = await self.locate_runtime(self.config.runtime)
+            await runtime.use_oci_runtime(self.config.oci_runtime)
             try:
                 await sweep_orphans(runtime, self.ipc_root, await anyio.to_thread.run_sync(bridge_owner))
             except (TimeoutError, OSError) as exc:  # leftovers stay for the next start to sweep

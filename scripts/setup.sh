@@ -21,6 +21,7 @@ command -v runc >/dev/null || need+=(runc)
 command -v dockerd >/dev/null || need+=(docker.io)
 command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v npx >/dev/null || need+=(nodejs npm)
+command -v runsc >/dev/null || need+=(runsc)  # gVisor, for the MCP_BRIDGE_OCI_RUNTIME=runsc tests
 if [ ${#need[@]} -gt 0 ]; then
   log "installing ${need[*]}"
   as_root apt-get update -qq
@@ -28,6 +29,26 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 # --- docker engine -----------------------------------------------------------
+# gVisor must be registered with dockerd (daemon.json) before dockerd starts; a dockerd
+# already running without it is restarted.
+if [[ "$RUNTIMES" == *docker* ]] && command -v runsc >/dev/null; then
+  if ! grep -qs '"runsc"' /etc/docker/daemon.json; then
+    log "registering runsc (gVisor) in /etc/docker/daemon.json"
+    as_root mkdir -p /etc/docker
+    as_root python3 - "$(command -v runsc)" <<'PY'
+import json, os, sys
+path = "/etc/docker/daemon.json"
+config = json.load(open(path)) if os.path.exists(path) and os.path.getsize(path) else {}
+config.setdefault("runtimes", {})["runsc"] = {"path": sys.argv[1], "runtimeArgs": ["--network=none"]}
+json.dump(config, open(path, "w"), indent=2)
+PY
+    if docker info >/dev/null 2>&1; then
+      log "restarting dockerd so it knows runsc"
+      as_root pkill -x dockerd || true
+      for _ in $(seq 30); do docker info >/dev/null 2>&1 || break; sleep 1; done
+    fi
+  fi
+fi
 if [[ "$RUNTIMES" == *docker* ]] && ! docker info >/dev/null 2>&1; then
   log "starting dockerd"
   as_root sh -c 'setsid nohup dockerd >/tmp/dockerd.log 2>&1 </dev/null &'
