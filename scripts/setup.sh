@@ -45,7 +45,7 @@ PY
     if docker info >/dev/null 2>&1; then
       log "restarting dockerd so it knows runsc"
       as_root pkill -x dockerd || true
-      for _ in $(seq 30); do docker info >/dev/null 2>&1 || break; sleep 1; done
+      for _ in $(seq 60); do pgrep -x dockerd >/dev/null || break; sleep 1; done
     fi
   fi
 fi
