@@ -58,13 +58,13 @@ from bench_core import (  # the sibling benchmark: same conventions, same helper
     tail_of,
     text_of,
 )
+from bench_proxy import EVERYTHING, missing_programs  # the same server, the same check
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from mcp_server_code_execution_mode import OWNER_PID_LABEL
 
 REPO = Path(__file__).resolve().parent.parent
-EVERYTHING = REPO / ".cache" / "mcp-servers" / "node_modules" / ".bin" / "mcp-server-everything"
 TIME_SERVER = Path(sys.executable).parent / "mcp-server-time"
 CONSOLE_NAME = b"mcp-server-code-execution-mode"
 RUNTIMES = ("podman", "docker")
@@ -1501,17 +1501,6 @@ async def bench(
     print("\nproblems:" if run.problems else "\nproblems: none")
     for problem in run.problems:
         print("- %s" % problem)
-
-
-def missing_programs() -> list[str]:
-    missing: list[str] = []
-    if not EVERYTHING.exists():
-        missing.append("server-everything is not installed at %s; run scripts/setup.sh" % EVERYTHING)
-    try:
-        server_command()
-    except SystemExit as exc:
-        missing.append(str(exc.code))
-    return missing
 
 
 def main(argv: Sequence[str] | None = None) -> int:

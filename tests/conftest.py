@@ -8,10 +8,12 @@ so a broken CI machine cannot pass silently.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+import textwrap
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -112,6 +114,28 @@ def bridge_pids(state_dir: Path) -> list[int]:
         ):
             pids.append(int(proc.name))
     return pids
+
+
+def claude_desktop_home(tmp_path: Path, servers: dict[str, Any]) -> Path:
+    """A fake HOME whose Claude Desktop (Linux) config lists `servers`."""
+    home = tmp_path / "home"
+    config = home / ".config" / "Claude" / "claude_desktop_config.json"
+    config.parent.mkdir(parents=True)
+    config.write_text(json.dumps({"mcpServers": servers}))
+    return home
+
+
+def proxy_env(engine: Engine, state_dir: Path, home: Path, **overrides: str) -> dict[str, str]:
+    """bridge_env with HOME set to `home`, so only its client configs are discovered."""
+    env = bridge_env(engine, state_dir, HOME=str(home), **overrides)
+    env.pop("XDG_CONFIG_HOME", None)
+    return env
+
+
+async def run_cell(client: ClientSession, code: str, timeout: float = 60) -> dict[str, Any]:
+    """One run_python call (code dedented): its structuredContent plus the text and isError."""
+    result = await client.call_tool("run_python", {"code": textwrap.dedent(code), "timeout": timeout})
+    return {**structured(result), "text": text_of(result), "is_error": result.is_error}
 
 
 def text_of(result: types.CallToolResult) -> str:

@@ -5,18 +5,23 @@ and only the documented paths are writable."""
 
 from __future__ import annotations
 
-import json
 import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
-from mcp.client.session import ClientSession
 
-from tests.conftest import Engine, bridge_client, bridge_env, structured, stub_entry, text_of
+from tests.conftest import (
+    Engine,
+    bridge_client,
+    bridge_env,
+    claude_desktop_home,
+    proxy_env,
+    run_cell,
+    stub_entry,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -38,21 +43,7 @@ def processes():
 """
 
 
-async def run(client: ClientSession, code: str, timeout: float = 60) -> dict[str, Any]:
-    result = await client.call_tool("run_python", {"code": textwrap.dedent(code), "timeout": timeout})
-    return {**structured(result), "text": text_of(result), "is_error": result.is_error}
-
-
-def env_with_servers(
-    engine: Engine, state_dir: Path, tmp_path: Path, servers: dict[str, Any]
-) -> dict[str, str]:
-    home = tmp_path / "home"
-    config = home / ".config" / "Claude" / "claude_desktop_config.json"
-    config.parent.mkdir(parents=True)
-    config.write_text(json.dumps({"mcpServers": servers}))
-    env = bridge_env(engine, state_dir, HOME=str(home))
-    env.pop("XDG_CONFIG_HOME", None)
-    return env
+run = run_cell
 
 
 # --- the channel to the bridge is out of reach ----------------------------------------------
@@ -235,7 +226,7 @@ async def test_a_thread_cannot_call_a_tool_after_its_call_returned(
     engine: Engine, state_dir: Path, tmp_path: Path
 ) -> None:
     marker = tmp_path / "reached-the-server"
-    env = env_with_servers(engine, state_dir, tmp_path, {"stub": stub_entry()})
+    env = proxy_env(engine, state_dir, claude_desktop_home(tmp_path, {"stub": stub_entry()}))
     async with bridge_client(env) as client:
         await run(client, "mcp_stub.pair(a=1)")  # the server is up
         started = await run(

@@ -5,14 +5,11 @@ and registers it with dockerd; a runtime that cannot run it FAILS these tests.""
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
-from mcp.client.session import ClientSession
 
-from tests.conftest import Engine, bridge_client, bridge_env, structured, text_of
+from tests.conftest import Engine, bridge_client, bridge_env, run_cell, text_of
 from tests.test_integration import HARDENING_CHECKS
 
 pytestmark = pytest.mark.anyio
@@ -22,9 +19,7 @@ def gvisor_env(engine: Engine, state_dir: Path, **overrides: str) -> dict[str, s
     return bridge_env(engine, state_dir, MCP_BRIDGE_OCI_RUNTIME="runsc", **overrides)
 
 
-async def run(client: ClientSession, code: str, timeout: float = 60) -> dict[str, Any]:
-    result = await client.call_tool("run_python", {"code": textwrap.dedent(code), "timeout": timeout})
-    return {**structured(result), "text": text_of(result), "is_error": result.is_error}
+run = run_cell
 
 
 async def test_the_sandbox_really_runs_under_gvisor_and_keeps_state(engine: Engine, state_dir: Path) -> None:

@@ -9,11 +9,9 @@ forwards) as ``runtime.call_tool.__self__._requests.channel``."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
-import textwrap
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -28,13 +26,13 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from tests.conftest import (
     REPO,
     Engine,
-    bridge_env,
     bridge_pids,
+    claude_desktop_home,
     console_script,
+    proxy_env,
     real_server,
-    structured,
+    run_cell,
     stub_entry,
-    text_of,
 )
 
 pytestmark = pytest.mark.anyio
@@ -45,21 +43,10 @@ CHANNEL = "runtime.call_tool.__self__._requests.channel"
 KERNEL = "[o for o in __import__('gc').get_objects() if type(o).__name__ == 'ExecutorProcess'][0]"
 
 
-def home_with_servers(tmp_path: Path, servers: dict[str, Any]) -> Path:
-    """A fake HOME whose Claude Desktop (Linux) config lists `servers`."""
-    home = tmp_path / "home"
-    config = home / ".config" / "Claude" / "claude_desktop_config.json"
-    config.parent.mkdir(parents=True)
-    config.write_text(json.dumps({"mcpServers": servers}))
-    return home
-
-
 def hostile_env(
     engine: Engine, state_dir: Path, home: Path | None = None, **overrides: str
 ) -> dict[str, str]:
-    env = bridge_env(engine, state_dir, HOME=str(home or state_dir), **overrides)
-    env.pop("XDG_CONFIG_HOME", None)
-    return env
+    return proxy_env(engine, state_dir, home or state_dir, **overrides)
 
 
 @asynccontextmanager
@@ -75,9 +62,7 @@ async def client_with_log(env: dict[str, str], log: Path) -> AsyncIterator[Clien
             yield session
 
 
-async def run(client: ClientSession, code: str, timeout: float = 60) -> dict[str, Any]:
-    result = await client.call_tool("run_python", {"code": textwrap.dedent(code), "timeout": timeout})
-    return {**structured(result), "text": text_of(result), "is_error": result.is_error}
+run = run_cell
 
 
 async def assert_still_serves(client: ClientSession) -> None:
@@ -132,7 +117,7 @@ async def test_a_proxied_server_sending_lone_surrogates_or_bad_bytes_cannot_brea
 ) -> None:
     hostile = {"command": sys.executable, "args": [str(HOSTILE_SERVER)]}
     bad_docs = {"command": sys.executable, "args": [str(HOSTILE_SERVER), "--bad-docs"]}
-    home = home_with_servers(tmp_path, {"hostile": hostile, "bad_docs": bad_docs})
+    home = claude_desktop_home(tmp_path, {"hostile": hostile, "bad_docs": bad_docs})
     env = hostile_env(
         engine, state_dir, home, MCP_BRIDGE_SERVER_START_TIMEOUT="3", MCP_BRIDGE_TOOL_TIMEOUT="3"
     )
@@ -234,7 +219,7 @@ async def test_a_flood_of_request_frames_cannot_wedge_the_bridge(
 async def test_tool_arguments_a_server_would_choke_on_are_refused_and_the_server_stays_up(
     engine: Engine, state_dir: Path, tmp_path: Path
 ) -> None:
-    home = home_with_servers(tmp_path, {"everything": {"command": real_server("everything")}})
+    home = claude_desktop_home(tmp_path, {"everything": {"command": real_server("everything")}})
     async with client_with_log(hostile_env(engine, state_dir, home), tmp_path / "bridge.log") as client:
         answer = await run(
             client,
@@ -264,7 +249,7 @@ async def test_tool_arguments_a_server_would_choke_on_are_refused_and_the_server
 async def test_a_huge_search_is_refused_and_searches_never_freeze_the_event_loop(
     engine: Engine, state_dir: Path, tmp_path: Path
 ) -> None:
-    home = home_with_servers(tmp_path, {"everything": {"command": real_server("everything")}})
+    home = claude_desktop_home(tmp_path, {"everything": {"command": real_server("everything")}})
     async with client_with_log(hostile_env(engine, state_dir, home), tmp_path / "bridge.log") as client:
         refused = await run(
             client,
@@ -326,7 +311,7 @@ async def test_a_huge_search_is_refused_and_searches_never_freeze_the_event_loop
 async def test_many_distinct_searches_do_not_grow_bridge_memory(
     engine: Engine, state_dir: Path, tmp_path: Path
 ) -> None:
-    home = home_with_servers(tmp_path, {"everything": {"command": real_server("everything")}})
+    home = claude_desktop_home(tmp_path, {"everything": {"command": real_server("everything")}})
     async with client_with_log(hostile_env(engine, state_dir, home), tmp_path / "bridge.log") as client:
         searches = """
             import random, string
@@ -424,7 +409,7 @@ async def test_bad_sandbox_request_arguments_are_clear_errors_without_log_floods
     engine: Engine, state_dir: Path, tmp_path: Path
 ) -> None:
     log = tmp_path / "bridge.log"
-    home = home_with_servers(tmp_path, {"stub": stub_entry()})
+    home = claude_desktop_home(tmp_path, {"stub": stub_entry()})
     async with client_with_log(hostile_env(engine, state_dir, home), log) as client:
         answer = await run(
             client,
@@ -468,7 +453,7 @@ async def test_bad_sandbox_request_arguments_are_clear_errors_without_log_floods
 async def test_stdin_eof_exits_promptly_with_many_servers_configured_never_started(
     engine: Engine, state_dir: Path, tmp_path: Path
 ) -> None:
-    home = home_with_servers(tmp_path, {"stub%d" % n: stub_entry() for n in range(20)})
+    home = claude_desktop_home(tmp_path, {"stub%d" % n: stub_entry() for n in range(20)})
     async with client_with_log(hostile_env(engine, state_dir, home), tmp_path / "bridge.log") as client:
         await assert_still_serves(client)
         owner = bridge_pids(state_dir)[0]

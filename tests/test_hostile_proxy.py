@@ -12,8 +12,8 @@ import anyio
 import pytest
 
 import mcp_server_code_execution_mode as bridge
-from tests.conftest import Engine, bridge_client, bridge_pids, stub_entry
-from tests.test_proxy import _children_running, claude_desktop_home, proxy_env, run_ok
+from tests.conftest import Engine, bridge_client, bridge_pids, claude_desktop_home, proxy_env, stub_entry
+from tests.test_proxy import _children_running, run_ok
 
 pytestmark = pytest.mark.anyio
 

@@ -14,12 +14,13 @@ from tests.conftest import (
     Engine,
     bridge_client,
     bridge_env,
+    claude_desktop_home,
     requested_runtimes,
     structured,
     stub_entry,
     text_of,
 )
-from tests.test_proxy import claude_desktop_home, run_ok
+from tests.test_proxy import run_ok
 
 pytestmark = pytest.mark.anyio
 

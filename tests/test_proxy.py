@@ -20,8 +20,9 @@ from tests.conftest import (
     JUNK_WRAPPER,
     Engine,
     bridge_client,
-    bridge_env,
     bridge_pids,
+    claude_desktop_home,
+    proxy_env,
     real_server,
     structured,
     stub_entry,
@@ -29,21 +30,6 @@ from tests.conftest import (
 )
 
 pytestmark = pytest.mark.anyio
-
-
-def claude_desktop_home(tmp_path: Path, servers: dict[str, Any]) -> Path:
-    """A fake HOME whose Claude Desktop (Linux) config lists `servers`."""
-    home = tmp_path / "home"
-    config = home / ".config" / "Claude" / "claude_desktop_config.json"
-    config.parent.mkdir(parents=True)
-    config.write_text(json.dumps({"mcpServers": servers}))
-    return home
-
-
-def proxy_env(engine: Engine, state_dir: Path, home: Path, **overrides: str) -> dict[str, str]:
-    env = bridge_env(engine, state_dir, HOME=str(home), **overrides)
-    env.pop("XDG_CONFIG_HOME", None)
-    return env
 
 
 async def run_ok(client: Any, code: str, timeout: float = 60) -> dict[str, Any]:
