@@ -42,6 +42,7 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "MCP_BRIDGE_SERVER_START_TIMEOUT": ("5", 5.0),
     "MCP_BRIDGE_TOOL_TIMEOUT": ("7.5", 7.5),
     "MCP_BRIDGE_MAX_TOOL_RESULT_BYTES": ("1_000_000", 1_000_000),
+    "MCP_BRIDGE_OCI_RUNTIME": ("/usr/bin/runsc", "/usr/bin/runsc"),
 }
 
 
@@ -154,6 +155,7 @@ def test_flag_names_are_derived_from_field_names() -> None:
         ("MCP_SERVERS_CONFIG", "/no/such/config.json"),
         ("MCP_BRIDGE_SERVER_START_TIMEOUT", "0"),
         ("MCP_BRIDGE_MAX_TOOL_RESULT_BYTES", "lots"),
+        ("MCP_BRIDGE_OCI_RUNTIME", "runsc --debug"),
     ],
 )
 def test_invalid_environment_value_raises_config_error_naming_the_variable(env: str, raw: str) -> None:
