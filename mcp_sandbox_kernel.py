@@ -37,6 +37,7 @@ import json
 import linecache
 import os
 import queue
+import random
 import signal
 import subprocess
 import sys
@@ -801,6 +802,109 @@ class SandboxRuntime:
         result = await self._requests.call_async("call_tool", params)
         return unwrap_tool_result(params["server"], params["tool"], result, raw)
 
+    # --- memory: kept on the host, across sessions and bridges ------------------------------
+    def _host(
+        self, method: str, params: dict[str, Any], label: str, then: Callable[[Any], Any] = lambda r: r
+    ) -> Any:
+        """One host request: the value in plain code, an awaitable in code that uses await
+        (the same rule as tool calls)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return then(self._requests.call(method, params))
+
+        async def later() -> Any:
+            return then(await self._requests.call_async(method, params))
+
+        return PendingToolCall(later(), label)
+
+    def save_memory(self, key: str, value: Any, metadata: dict[str, Any] | None = None) -> Any:
+        """Remember ``value`` (JSON: dict, list, str, int, float, bool, None) under ``key`` for
+        future sessions; ``metadata`` (a dict) describes it. Returns the entry's info."""
+        _require_json(value, "save_memory: the value")
+        _require_json(metadata, "save_memory: the metadata")
+        params = {"key": key, "value": value, "metadata": metadata}
+        return self._host("memory_save", params, "save_memory(%r, ...)" % (key,))
+
+    def load_memory(self, key: str, default: Any = None) -> Any:
+        """The value saved under ``key``, or ``default`` when there is none."""
+        return self._host(
+            "memory_load",
+            {"key": key},
+            "load_memory(%r)" % (key,),
+            lambda r: r["value"] if r["found"] else default,
+        )
+
+    def delete_memory(self, key: str) -> Any:
+        """Forget ``key``; True when it existed."""
+        return self._host("memory_delete", {"key": key}, "delete_memory(%r)" % (key,))
+
+    def memory_exists(self, key: str) -> Any:
+        return self._host("memory_info", {"key": key}, "memory_exists(%r)" % (key,), lambda r: r is not None)
+
+    def get_memory_info(self, key: str) -> Any:
+        """{key, metadata, size, version, created, updated} of ``key``, or None."""
+        return self._host("memory_info", {"key": key}, "get_memory_info(%r)" % (key,))
+
+    def list_memories(self) -> Any:
+        """Every saved key with its metadata, size and timestamps."""
+        return self._host("memory_list", {}, "list_memories()")
+
+    def update_memory(self, key: str, fn: Callable[[Any], Any], default: Any = None) -> Any:
+        """Atomically replace the value of ``key`` with ``fn(value)`` (``fn(default)`` when
+        there is none), even with other sessions and bridges updating it at the same time:
+        the host commits only if nobody wrote in between, else ``fn`` runs again on the new
+        value. ``fn`` raising leaves the value unchanged. Returns the new value."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return self._update_sync(key, fn, default)
+        return PendingToolCall(self._update_async(key, fn, default), "update_memory(%r, ...)" % (key,))
+
+    def _update_sync(self, key: str, fn: Callable[[Any], Any], default: Any) -> Any:
+        for attempt in range(UPDATE_MEMORY_ATTEMPTS):
+            current = self._requests.call("memory_load", {"key": key})
+            value = fn(current["value"] if current["found"] else default)
+            _require_json(value, "update_memory: the new value")
+            params = {"key": key, "value": value, "version": current["version"]}
+            if self._requests.call("memory_put_if", params)["ok"]:
+                return value
+            time.sleep(_backoff(attempt))
+        raise MCPError(_CONTENDED % (key, UPDATE_MEMORY_ATTEMPTS))
+
+    async def _update_async(self, key: str, fn: Callable[[Any], Any], default: Any) -> Any:
+        for attempt in range(UPDATE_MEMORY_ATTEMPTS):
+            current = await self._requests.call_async("memory_load", {"key": key})
+            value = fn(current["value"] if current["found"] else default)
+            _require_json(value, "update_memory: the new value")
+            params = {"key": key, "value": value, "version": current["version"]}
+            if (await self._requests.call_async("memory_put_if", params))["ok"]:
+                return value
+            await asyncio.sleep(_backoff(attempt))
+        raise MCPError(_CONTENDED % (key, UPDATE_MEMORY_ATTEMPTS))
+
+
+UPDATE_MEMORY_ATTEMPTS = 100
+_CONTENDED = "update_memory(%r): other writers changed the value on each of %d attempts; try again"
+MEMORY_HELPERS = (
+    "save_memory", "load_memory", "update_memory", "list_memories", "delete_memory", "memory_exists",
+    "get_memory_info",
+)  # fmt: skip
+
+
+def _backoff(attempt: int) -> float:
+    """Jittered wait before update_memory retries, so contending writers spread out."""
+    return random.uniform(0, 0.002 * min(attempt + 1, 25))
+
+
+def _require_json(value: Any, what: str) -> None:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            "%s must be JSON (dict, list, str, int, float, bool or None): %s" % (what, exc)
+        ) from None
+
 
 class PendingToolCall:
     """What a tool call gives in code that uses ``await``: an awaitable, so several calls
@@ -818,7 +922,7 @@ class PendingToolCall:
 
     def _misuse(self, *args: Any) -> Any:
         raise TypeError(
-            "%s has not run yet: this code uses await, so tool calls must be awaited. Write "
+            "%s has not run yet: this code uses await, so calls to tools and the host must be awaited. Write "
             "`result = await %s`, or `await asyncio.gather(...)` for several at once."
             % (self._label, self._label)
         )
@@ -911,6 +1015,8 @@ def install_sandbox_api(
         namespace["mcp_" + server["alias"]] = proxy
     sys.modules.update({"mcp": package, "mcp.runtime": runtime_module, "mcp.servers": servers_module})
     namespace["runtime"] = runtime_module
+    for name in MEMORY_HELPERS:  # globals too, as users of the original project know them
+        namespace[name] = getattr(runtime, name)
 
 
 # =============================================================================

@@ -36,13 +36,15 @@ import re
 import secrets
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from difflib import SequenceMatcher
 from functools import lru_cache
 from pathlib import Path
@@ -123,6 +125,8 @@ class BridgeConfig:
     tool_timeout: float = 120.0
     max_tool_result_bytes: int = 16 * 1024 * 1024
     oci_runtime: str | None = None
+    max_memory_bytes: int = 1024 * 1024
+    max_memory_total_bytes: int = 100 * 1024 * 1024
 
 
 class ConfigError(Exception):
@@ -309,6 +313,18 @@ OPTIONS: tuple[Option, ...] = (
         "MCP_BRIDGE_OCI_RUNTIME",
         _pattern(r"[\w./-]+", "an OCI runtime name such as runsc, or its path"),
         "OCI runtime for the sandbox, e.g. runsc (gVisor); default: the engine's own",
+    ),
+    Option(
+        "max_memory_bytes",
+        "MCP_BRIDGE_MAX_MEMORY_BYTES",
+        _positive_int,
+        "largest value one memory may hold (save_memory), bytes of JSON",
+    ),
+    Option(
+        "max_memory_total_bytes",
+        "MCP_BRIDGE_MAX_MEMORY_TOTAL_BYTES",
+        _positive_int,
+        "largest total of all memories, bytes of JSON",
     ),
     Option(
         "max_tool_result_bytes",
@@ -2234,6 +2250,193 @@ def search_tools(
 
 
 # =============================================================================
+# memory store
+# =============================================================================
+# What the agent remembers across sessions, on the host, written only by the bridge: one
+# SQLite file (WAL, one transaction per write) under STATE_DIR/user_tools/. SQLite gives
+# atomic writes that two bridges (Claude Desktop and Claude Code at once) can share on
+# every platform, without locking code of ours. Values are JSON text.
+
+MEMORY_DIRNAME = "user_tools"
+MEMORY_FILENAME = "memory.sqlite3"
+MAX_MEMORY_KEY_CHARS = 200
+_MEMORY_SCHEMA = """
+CREATE TABLE IF NOT EXISTS memories (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL,
+    metadata TEXT,
+    version INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+)"""
+
+
+class MemoryStoreError(BridgeError):
+    """A memory request the store refuses (bad key, value too large) or cannot serve."""
+
+
+def validate_memory_key(key: str) -> str:
+    if not key or len(key) > MAX_MEMORY_KEY_CHARS or not key.isprintable():
+        raise MemoryStoreError(
+            "Memory keys are 1-%d printable characters (no newlines or other control characters); "
+            "got %s." % (MAX_MEMORY_KEY_CHARS, ascii(key[:60]) + ("..." if len(key) > 60 else ""))
+        )
+    return key
+
+
+def memory_json(value: Any, what: str) -> str:
+    """``value`` as the JSON text the store keeps; MemoryStoreError if it cannot be."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text.encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise MemoryStoreError("The %s cannot be stored as JSON: %s." % (what, exc)) from None
+    except UnicodeEncodeError:
+        raise MemoryStoreError(
+            "The %s holds text that is not valid Unicode (a lone surrogate)." % what
+        ) from None
+    return text
+
+
+class MemoryStore:
+    """The memory table. Every method is blocking (call it in a worker thread) and opens
+    its own connection, so it is safe from any thread and any process."""
+
+    def __init__(self, directory: Path, max_value_bytes: int, max_total_bytes: int) -> None:
+        self.path = directory / MEMORY_FILENAME
+        self.max_value_bytes = max_value_bytes
+        self.max_total_bytes = max_total_bytes
+
+    @contextmanager
+    def _transaction(self, write: bool) -> Iterator[sqlite3.Connection]:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            # timeout: wait for another bridge's write instead of failing at once.
+            connection = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise self._unusable(exc) from None
+        try:
+            connection.execute("PRAGMA journal_mode=WAL")
+            connection.execute(_MEMORY_SCHEMA)
+            connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            yield connection
+            connection.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            raise self._unusable(exc) from None
+        except BaseException:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            raise
+        finally:
+            connection.close()
+
+    def _unusable(self, exc: BaseException) -> MemoryStoreError:
+        # Reported, never replaced: the file may hold the user's only copy.
+        return MemoryStoreError(
+            "The memory store %s cannot be used (%s: %s). It was left untouched; move it aside to start "
+            "a new one." % (self.path, type(exc).__name__, exc)
+        )
+
+    def _encode(self, value: Any, metadata: dict[str, Any] | None) -> tuple[str, str | None, int]:
+        text = memory_json(value, "value")
+        size = len(text.encode("utf-8"))
+        if size > self.max_value_bytes:
+            raise MemoryStoreError(
+                "The value is %d bytes, over the %d-byte cap per memory (MCP_BRIDGE_MAX_MEMORY_BYTES)."
+                % (size, self.max_value_bytes)
+            )
+        return text, None if metadata is None else memory_json(metadata, "metadata"), size
+
+    def _write(self, db: sqlite3.Connection, key: str, text: str, meta: str | None, size: int) -> int:
+        others = db.execute("SELECT COALESCE(SUM(size), 0) FROM memories WHERE key != ?", (key,)).fetchone()[
+            0
+        ]
+        if others + size > self.max_total_bytes:
+            raise MemoryStoreError(
+                "Storing %d bytes would take the memory store over its %d-byte total "
+                "(MCP_BRIDGE_MAX_MEMORY_TOTAL_BYTES); delete memories you no longer need."
+                % (size, self.max_total_bytes)
+            )
+        now = time.time()
+        row = db.execute("SELECT version, metadata FROM memories WHERE key = ?", (key,)).fetchone()
+        version = (row[0] if row else 0) + 1
+        db.execute(
+            "INSERT INTO memories (key, value, metadata, version, size, created, updated) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
+            "metadata = COALESCE(excluded.metadata, memories.metadata), version = excluded.version, "
+            "size = excluded.size, updated = excluded.updated",
+            (key, text, meta, version, size, now, now),
+        )
+        return int(version)
+
+    def save(self, key: str, value: Any, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+        text, meta, size = self._encode(value, metadata)
+        with self._transaction(write=True) as db:
+            self._write(db, validate_memory_key(key), text, meta, size)
+        info = self.info(key)
+        assert info is not None
+        return info
+
+    def load(self, key: str) -> dict[str, Any]:
+        """{"found": bool, "value": ..., "version": int (0 when not found)}"""
+        with self._transaction(write=False) as db:
+            row = db.execute(
+                "SELECT value, version FROM memories WHERE key = ?", (validate_memory_key(key),)
+            ).fetchone()
+        if row is None:
+            return {"found": False, "value": None, "version": 0}
+        return {"found": True, "value": json.loads(row[0]), "version": row[1]}
+
+    def put_if(self, key: str, value: Any, version: int) -> dict[str, Any]:
+        """Write ``value`` only if the key is still at ``version`` (0: still absent): the
+        commit half of update_memory, whose function runs in the sandbox in between."""
+        text, meta, size = self._encode(value, None)
+        with self._transaction(write=True) as db:
+            row = db.execute(
+                "SELECT version FROM memories WHERE key = ?", (validate_memory_key(key),)
+            ).fetchone()
+            current = row[0] if row else 0
+            if current != version:
+                return {"ok": False, "version": current}
+            return {"ok": True, "version": self._write(db, key, text, meta, size)}
+
+    def delete(self, key: str) -> bool:
+        with self._transaction(write=True) as db:
+            return db.execute("DELETE FROM memories WHERE key = ?", (validate_memory_key(key),)).rowcount > 0
+
+    def info(self, key: str) -> dict[str, Any] | None:
+        rows = self._infos("WHERE key = ?", (validate_memory_key(key),))
+        return rows[0] if rows else None
+
+    def entries(self) -> list[dict[str, Any]]:
+        return self._infos("ORDER BY key", ())
+
+    def _infos(self, where: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
+        with self._transaction(write=False) as db:
+            rows = db.execute(
+                "SELECT key, metadata, size, version, created, updated FROM memories " + where, args
+            ).fetchall()
+        return [
+            {
+                "key": key,
+                "metadata": json.loads(metadata) if metadata else {},
+                "size": size,
+                "version": version,
+                "created": _iso_time(created),
+                "updated": _iso_time(updated),
+            }
+            for key, metadata, size, version, created, updated in rows
+        ]
+
+
+def _iso_time(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, tz=UTC).isoformat(timespec="seconds")
+
+
+# =============================================================================
 # sandbox API (host side)
 # =============================================================================
 
@@ -2273,6 +2476,29 @@ class CallToolParams(_SandboxParams):
 
 
 class CapabilitySummaryParams(_SandboxParams):
+    pass
+
+
+_MemoryKey = Field(min_length=1, max_length=MAX_MEMORY_KEY_CHARS)
+
+
+class MemoryKeyParams(_SandboxParams):
+    key: str = _MemoryKey
+
+
+class MemorySaveParams(_SandboxParams):
+    key: str = _MemoryKey
+    value: Any = None
+    metadata: dict[str, Any] | None = None
+
+
+class MemoryPutIfParams(_SandboxParams):
+    key: str = _MemoryKey
+    value: Any = None
+    version: int = Field(ge=0)
+
+
+class MemoryListParams(_SandboxParams):
     pass
 
 
@@ -2326,7 +2552,19 @@ class HostAPI:
             "search_tool_docs": (SearchToolDocsParams, self.search_tool_docs),
             "call_tool": (CallToolParams, self.call_tool),
             "capability_summary": (CapabilitySummaryParams, self.capability_summary),
+            "memory_save": (MemorySaveParams, self.memory_save),
+            "memory_load": (MemoryKeyParams, self.memory_load),
+            "memory_put_if": (MemoryPutIfParams, self.memory_put_if),
+            "memory_delete": (MemoryKeyParams, self.memory_delete),
+            "memory_info": (MemoryKeyParams, self.memory_info),
+            "memory_list": (MemoryListParams, self.memory_list),
         }
+        self.memory = MemoryStore(
+            config.state_dir / MEMORY_DIRNAME, config.max_memory_bytes, config.max_memory_total_bytes
+        )
+        # SQLite is blocking: one worker thread at a time per bridge (other bridges share
+        # the file through SQLite's own locking).
+        self._memory_limiter = anyio.CapacityLimiter(1)
         # One search ranks at a time, in a worker thread: it is CPU-bound and must not
         # stall the event loop (which also answers the MCP client's pings).
         self._search_limiter = anyio.CapacityLimiter(1)
@@ -2459,6 +2697,28 @@ class HostAPI:
                 % (server, tool, size, self.config.max_tool_result_bytes)
             )
         return payload
+
+    # --- memory: the store's methods, off the event loop ---------------------------------
+    async def _in_store(self, method: Callable[..., Any], *args: Any) -> Any:
+        return await anyio.to_thread.run_sync(method, *args, limiter=self._memory_limiter)
+
+    async def memory_save(self, key: str, value: Any = None, metadata: dict[str, Any] | None = None) -> Any:
+        return await self._in_store(self.memory.save, key, value, metadata)
+
+    async def memory_load(self, key: str) -> Any:
+        return await self._in_store(self.memory.load, key)
+
+    async def memory_put_if(self, key: str, value: Any, version: int) -> Any:
+        return await self._in_store(self.memory.put_if, key, value, version)
+
+    async def memory_delete(self, key: str) -> Any:
+        return await self._in_store(self.memory.delete, key)
+
+    async def memory_info(self, key: str) -> Any:
+        return await self._in_store(self.memory.info, key)
+
+    async def memory_list(self) -> Any:
+        return await self._in_store(self.memory.entries)
 
     async def capability_summary(self) -> str:
         lines = ["MCP servers available in this sandbox (none is started until used):"]

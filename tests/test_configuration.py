@@ -43,6 +43,8 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "MCP_BRIDGE_TOOL_TIMEOUT": ("7.5", 7.5),
     "MCP_BRIDGE_MAX_TOOL_RESULT_BYTES": ("1_000_000", 1_000_000),
     "MCP_BRIDGE_OCI_RUNTIME": ("/usr/bin/runsc", "/usr/bin/runsc"),
+    "MCP_BRIDGE_MAX_MEMORY_BYTES": ("2048", 2048),
+    "MCP_BRIDGE_MAX_MEMORY_TOTAL_BYTES": ("1_000_000", 1_000_000),
 }
 
 
@@ -156,6 +158,7 @@ def test_flag_names_are_derived_from_field_names() -> None:
         ("MCP_BRIDGE_SERVER_START_TIMEOUT", "0"),
         ("MCP_BRIDGE_MAX_TOOL_RESULT_BYTES", "lots"),
         ("MCP_BRIDGE_OCI_RUNTIME", "runsc --debug"),
+        ("MCP_BRIDGE_MAX_MEMORY_BYTES", "0"),
     ],
 )
 def test_invalid_environment_value_raises_config_error_naming_the_variable(env: str, raw: str) -> None:
