@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import base64
+import builtins
 import codecs
 import collections
 import difflib
@@ -41,6 +42,7 @@ import random
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import traceback
@@ -883,13 +885,98 @@ class SandboxRuntime:
             await asyncio.sleep(_backoff(attempt))
         raise MCPError(_CONTENDED % (key, UPDATE_MEMORY_ATTEMPTS))
 
+    # --- saved tools: functions kept on the host, defined in every future session ------------
+    def save_tool(self, func: Callable[..., Any]) -> Any:
+        """Save a function defined with ``def`` at the top level of a cell, so every future
+        session (and every other bridge) has it. Saving the same name again replaces it.
+        Returns {"name", "path", "warnings"}: names it uses that a fresh session may lack."""
+        source, warnings = tool_source(func)
+        params = {"name": func.__name__, "source": source}
+        return self._host(
+            "tool_save", params, "save_tool(%s)" % func.__name__, lambda info: dict(info, warnings=warnings)
+        )
+
+    def list_saved_tools(self) -> Any:
+        """[{"name", "doc", "path"}] of the saved tools (``doc``: the docstring's first line)."""
+        return self._host("tool_list", {}, "list_saved_tools()")
+
+    def delete_tool(self, name: str) -> Any:
+        """Forget a saved tool (sessions that have it keep it until they end); True if it existed."""
+        return self._host("tool_delete", {"name": name}, "delete_tool(%r)" % (name,))
+
 
 UPDATE_MEMORY_ATTEMPTS = 100
 _CONTENDED = "update_memory(%r): other writers changed the value on each of %d attempts; try again"
 MEMORY_HELPERS = (
     "save_memory", "load_memory", "update_memory", "list_memories", "delete_memory", "memory_exists",
-    "get_memory_info",
+    "get_memory_info", "save_tool", "list_saved_tools", "delete_tool",
 )  # fmt: skip
+SAVED_TOOL_PREFIX = "<saved tool "
+
+
+def tool_source(func: Any) -> tuple[str, list[str]]:
+    """The source of a function fit to save, and warnings about names it uses that a
+    fresh session may not define. TypeError says why a function cannot be saved."""
+    name = getattr(func, "__name__", type(func).__name__)
+    if not inspect.isfunction(func):
+        raise TypeError(
+            "save_tool needs a function defined with def; %s is a %s" % (name, type(func).__name__)
+        )
+    if name == "<lambda>":
+        raise TypeError("save_tool cannot save a lambda: define the function with def at the top level")
+    if "<locals>" in func.__qualname__ or func.__closure__:
+        raise TypeError(
+            "save_tool cannot save %s: it is defined inside another function (it may use that function's "
+            "variables); define it at the top level of a cell" % name
+        )
+    try:
+        source = textwrap.dedent(inspect.getsource(func))
+    except (OSError, TypeError) as exc:
+        raise TypeError("save_tool cannot find the source of %s (%s)" % (name, exc)) from None
+    tree = ast.parse(source)
+    if len(tree.body) != 1 or not isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)):
+        raise TypeError("save_tool needs a single function definition; the source of %s is not one" % name)
+    definition = tree.body[0]
+    if definition.decorator_list:
+        raise TypeError("save_tool cannot save decorated functions (%s): save the plain function" % name)
+    return source, _unbound_names(definition)
+
+
+def _unbound_names(definition: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """Names the function reads that are not its parameters, its own assignments or imports,
+    or builtins: a fresh session will not have them unless they are saved tools too."""
+    bound = {definition.name}
+    arguments = definition.args
+    for arg in (
+        *arguments.posonlyargs,
+        *arguments.args,
+        *arguments.kwonlyargs,
+        arguments.vararg,
+        arguments.kwarg,
+    ):
+        if arg is not None:
+            bound.add(arg.arg)
+    used: list[str] = []
+    for node in ast.walk(definition):
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Load):
+                used.append(node.id)
+            else:
+                bound.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    missing = sorted({name for name in used if name not in bound and not hasattr(builtins, name)})
+    return [
+        "%s is not defined inside the function; a fresh session will not have it unless it is a saved "
+        "tool or you define it again" % name
+        for name in missing
+    ]
 
 
 def _backoff(attempt: int) -> float:
@@ -1046,6 +1133,34 @@ class ExecutorProcess:
             "execute": self.executes.put,
             "response": self.requests.resolve,
         }
+        # The bridge says whether there is a store of saved tools to ask (a kernel run on its
+        # own, in tests, has none).
+        self.tools_loaded = not config.get("saved_tools", False)
+
+    def load_saved_tools(self) -> list[str]:
+        """Define every saved tool in the namespace; one that fails (hand-edited into a
+        syntax error, a missing import) is reported and the others still load."""
+        notices: list[str] = []
+        try:
+            tools = self.requests.call("tool_sources", {})
+        except MCPError as exc:
+            return ["Saved tools could not be loaded: %s" % exc]
+        loaded = []
+        for tool in tools:
+            name, source = str(tool.get("name")), str(tool.get("source"))
+            filename = "%s%s>" % (SAVED_TOOL_PREFIX, name)
+            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+            try:
+                exec(compile(source, filename, "exec", dont_inherit=True), self.executor.namespace)
+                loaded.append(name)
+            except Exception as exc:
+                notices.append(
+                    "Saved tool %s could not be loaded (%s: %s); fix %s or delete_tool(%r)."
+                    % (name, type(exc).__name__, exc, tool.get("path"), name)
+                )
+        if loaded:
+            notices.insert(0, "Saved tools defined in this fresh session: %s." % ", ".join(loaded))
+        return notices
 
     def prepare(self) -> None:
         sys.stdin = open(os.devnull, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
@@ -1138,6 +1253,11 @@ class ExecutorProcess:
             if not isinstance(code, str):
                 raise TypeError("execute frame has no 'code' string")
             self.running_id = execute_id
+            if not self.tools_loaded:  # a fresh namespace: the saved tools first
+                self.tools_loaded = True
+                notices = self.load_saved_tools()
+                if notices:
+                    result["notices"] = notices
             value = self.executor.run(code)
             if value is not None:  # still interruptible: a __repr__ may never return
                 self.executor.namespace["_"] = value
@@ -1455,6 +1575,8 @@ class Supervisor:
             if self.interrupted:  # every timeout: whatever else the code started dies now
                 kill_descendants(keep=frozenset({handle.pid}))
             handle.sync_output()
+            with self.lock:
+                self.pending_notices.extend(frame.get("notices") or [])
             self.finish(running, str(frame["status"]), value=frame.get("value"), error=frame.get("error"))
         elif kind == "request":
             self.forward_request(handle, frame, running)

@@ -24,6 +24,7 @@ Sections, in dependency order (``grep -n '^# ====' mcp_server_code_execution_mod
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import fnmatch
 import hashlib
@@ -2432,6 +2433,81 @@ class MemoryStore:
         ]
 
 
+class SavedTools:
+    """Saved tools: one readable Python file per tool, ``STATE_DIR/user_tools/<name>.py``,
+    that the user may open and edit; written atomically (a temporary file, then
+    os.replace), so a reader never sees half a file. Blocking, like MemoryStore."""
+
+    MAX_SOURCE_BYTES = 256 * 1024
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def path(self, name: str) -> Path:
+        if not (name.isidentifier() and not keyword.iskeyword(name) and len(name) <= 100):
+            raise MemoryStoreError(
+                "A saved tool's name must be a Python identifier of at most 100 characters."
+            )
+        return self.directory / (name + ".py")
+
+    def save(self, name: str, source: str) -> dict[str, Any]:
+        path = self.path(name)
+        data = source.encode("utf-8", "surrogatepass")
+        if len(data) > self.MAX_SOURCE_BYTES:
+            raise MemoryStoreError("The source of %s is over %d bytes." % (name, self.MAX_SOURCE_BYTES))
+        try:
+            compile(source, str(path), "exec", dont_inherit=True)
+        except (SyntaxError, ValueError) as exc:
+            raise MemoryStoreError("The source of %s does not compile: %s" % (name, exc)) from None
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        temporary = path.with_name(".%s.%s.tmp" % (path.name, secrets.token_hex(4)))
+        try:
+            temporary.write_bytes(data if data.endswith(b"\n") else data + b"\n")
+            os.replace(temporary, path)
+        except OSError as exc:
+            temporary.unlink(missing_ok=True)
+            raise MemoryStoreError("Could not write %s: %s" % (path, exc)) from None
+        return {"name": name, "path": str(path)}
+
+    def delete(self, name: str) -> bool:
+        try:
+            self.path(name).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    def sources(self) -> list[dict[str, str]]:
+        """Every saved tool's source, in name order; unreadable files are skipped (and logged)."""
+        tools = []
+        for path in sorted(self.directory.glob("*.py")) if self.directory.is_dir() else ():
+            if not path.stem.isidentifier():
+                continue
+            try:
+                tools.append(
+                    {"name": path.stem, "path": str(path), "source": path.read_text(encoding="utf-8")}
+                )
+            except (OSError, ValueError) as exc:
+                logger.warning("saved tool %s cannot be read: %s", path, exc)
+        return tools
+
+    def entries(self) -> list[dict[str, str]]:
+        entries = []
+        for tool in self.sources():
+            try:
+                definition = ast.parse(tool["source"]).body[0]
+                doc = (
+                    ast.get_docstring(definition)
+                    if isinstance(definition, ast.FunctionDef | ast.AsyncFunctionDef)
+                    else None
+                )
+            except (SyntaxError, ValueError, IndexError) as exc:
+                doc = "(cannot be parsed: %s)" % exc
+            entries.append(
+                {"name": tool["name"], "doc": (doc or "").strip().split("\n")[0], "path": tool["path"]}
+            )
+        return entries
+
+
 def _iso_time(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, tz=UTC).isoformat(timespec="seconds")
 
@@ -2502,6 +2578,15 @@ class MemoryListParams(_SandboxParams):
     pass
 
 
+class ToolSaveParams(_SandboxParams):
+    name: str = Field(min_length=1, max_length=100)
+    source: str = Field(max_length=SavedTools.MAX_SOURCE_BYTES)
+
+
+class ToolNameParams(_SandboxParams):
+    name: str = Field(min_length=1, max_length=100)
+
+
 MAX_ARGUMENT_DEPTH = 100
 
 
@@ -2558,7 +2643,12 @@ class HostAPI:
             "memory_delete": (MemoryKeyParams, self.memory_delete),
             "memory_info": (MemoryKeyParams, self.memory_info),
             "memory_list": (MemoryListParams, self.memory_list),
+            "tool_save": (ToolSaveParams, self.tool_save),
+            "tool_list": (MemoryListParams, self.tool_list),
+            "tool_delete": (ToolNameParams, self.tool_delete),
+            "tool_sources": (MemoryListParams, self.tool_sources),
         }
+        self.saved_tools = SavedTools(config.state_dir / MEMORY_DIRNAME)
         self.memory = MemoryStore(
             config.state_dir / MEMORY_DIRNAME, config.max_memory_bytes, config.max_memory_total_bytes
         )
@@ -2719,6 +2809,18 @@ class HostAPI:
 
     async def memory_list(self) -> Any:
         return await self._in_store(self.memory.entries)
+
+    async def tool_save(self, name: str, source: str) -> Any:
+        return await self._in_store(self.saved_tools.save, name, source)
+
+    async def tool_list(self) -> Any:
+        return await self._in_store(self.saved_tools.entries)
+
+    async def tool_delete(self, name: str) -> Any:
+        return await self._in_store(self.saved_tools.delete, name)
+
+    async def tool_sources(self) -> Any:
+        return await self._in_store(self.saved_tools.sources)
 
     async def capability_summary(self) -> str:
         lines = ["MCP servers available in this sandbox (none is started until used):"]
@@ -2883,6 +2985,7 @@ class SandboxSession:
             "memory": self.config.memory,  # named when the out-of-memory killer strikes
             "workdir": WORKDIR,
             "servers": self.host.server_list(),
+            "saved_tools": True,  # the executor asks for them before its first call
         }
         (self.ipc_dir / SESSION_CONFIG_FILENAME).write_text(json.dumps(session_config))
         for path in self.ipc_dir.iterdir():

@@ -194,3 +194,92 @@ async def test_a_corrupt_store_is_reported_and_left_untouched(engine: Engine, st
         assert "left untouched" in answer["text"]
         assert (await run_cell(client, "6 * 7"))["value"] == "42"
     assert path.read_bytes() == b"this is not a database" * 100
+
+
+# --- saved tools ------------------------------------------------------------------------------
+
+
+async def test_a_saved_tool_is_defined_after_reset_and_in_a_new_bridge(
+    engine: Engine, state_dir: Path
+) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        await run_cell(
+            client,
+            '''
+            SCALE = 2
+            def circle_area(radius):
+                """Area of a circle of the given radius."""
+                import math
+                return round(math.pi * radius ** 2, 2)
+            def scaled(x):
+                return x * SCALE
+            ''',
+        )
+        saved = await run_cell(client, "save_tool(circle_area)")
+        assert not saved["is_error"] and "'warnings': []" in saved["value"], saved
+        warned = await run_cell(client, "save_tool(scaled)['warnings']")
+        assert "SCALE is not defined inside the function" in warned["value"], warned
+        await run_cell(client, "delete_tool('scaled')")
+        fresh = await run_cell(client, "circle_area(1)", timeout=60)
+        reset = await client.call_tool("run_python", {"code": "circle_area(2)", "reset": True})
+        assert not reset.is_error, reset
+        assert "12.57" in str(reset.structured_content), reset.structured_content
+        assert fresh["value"] == "3.14"
+    path = state_dir / bridge.MEMORY_DIRNAME / "circle_area.py"
+    assert '"""Area of a circle of the given radius."""' in path.read_text()
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        answer = await run_cell(client, "import math\n(circle_area(1), list_saved_tools())")
+        value, tools = eval(answer["value"])
+        assert value == 3.14
+        assert [(tool["name"], tool["doc"]) for tool in tools] == [
+            ("circle_area", "Area of a circle of the given radius.")
+        ]
+        assert any("Saved tools defined" in notice for notice in answer["notices"]), answer["notices"]
+        assert (await run_cell(client, "delete_tool('circle_area'), list_saved_tools()"))[
+            "value"
+        ] == "(True, [])"
+
+
+async def test_lambdas_closures_and_builtins_are_refused_with_a_reason(
+    engine: Engine, state_dir: Path
+) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        answer = await run_cell(
+            client,
+            """
+            def outer():
+                base = 10
+                def inner(x):
+                    return x + base
+                return inner
+            reasons = {}
+            for name, candidate in (("lambda", lambda x: x), ("closure", outer()), ("builtin", len)):
+                try:
+                    save_tool(candidate)
+                    reasons[name] = "saved"
+                except TypeError as exc:
+                    reasons[name] = str(exc)
+            (reasons, list_saved_tools())
+            """,
+        )
+        reasons, tools = eval(answer["value"])
+        assert "cannot save a lambda" in reasons["lambda"], reasons
+        assert "defined inside another function" in reasons["closure"], reasons
+        assert "needs a function defined with def" in reasons["builtin"], reasons
+        assert tools == []
+
+
+async def test_a_hand_broken_saved_tool_is_reported_and_the_others_still_load(
+    engine: Engine, state_dir: Path
+) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        await run_cell(client, "def good():\n    return 'good'\ndef bad():\n    return 'bad'")
+        await run_cell(client, "save_tool(good)\nsave_tool(bad)")
+    broken = state_dir / bridge.MEMORY_DIRNAME / "bad.py"
+    broken.write_text("def bad(:\n    return 'broken by hand'\n")
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        answer = await run_cell(client, "good()")
+        assert answer["value"] == "'good'", answer
+        assert any(
+            "Saved tool bad could not be loaded (SyntaxError" in notice for notice in answer["notices"]
+        ), answer
