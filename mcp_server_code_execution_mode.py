@@ -3740,6 +3740,17 @@ are runtime.ToolImage(data, mime_type); raw=True returns the whole MCP result. A
 tool raises runtime.MCPToolError (a runtime.MCPError); wrap calls in try/except.
 runtime.discovered_servers(detailed=True) shows where each server came from and any
 configuration problems; runtime.capability_summary() is a short overview.
+
+## Memory and saved tools (kept on the host, across sessions and bridges)
+
+    save_memory("project", {"name": "x"}, metadata={"about": "..."})   # JSON values
+    load_memory("project", default=None); list_memories(); delete_memory("project")
+    update_memory("counter", lambda v: (v or 0) + 1)   # atomic, even with other bridges
+    save_tool(my_function)   # a top-level def; defined in every future session
+    list_saved_tools(); delete_tool("my_function")
+
+Saved tools are already defined when a session starts; list_saved_tools() names them.
+In code that uses await, await these like tool calls.
 """
 
 
@@ -3786,6 +3797,133 @@ def describe_validation_error(exc: ValidationError) -> str:
         'Invalid run_python arguments (%s). Call run_python with {"code": "..."} and optionally '
         '"timeout" (seconds) and "reset" (true/false).' % problems
     )
+
+
+# --- resources: the manual, each memory, each saved tool --------------------------------
+# What the agent saved is the user's to see: a client lists it under resources, beside the
+# manual. The store and the files are read in a worker thread (blocking I/O).
+
+MEMORY_URI_PREFIX = "memory://"
+TOOL_URI_PREFIX = "tool://"
+RESOURCES_PAGE_SIZE = 500
+MAX_RESOURCE_FILE_BYTES = 1024 * 1024
+MAX_DESCRIBED_METADATA_CHARS = 200
+
+CAPABILITIES_RESOURCE = types.Resource(
+    uri=CAPABILITIES_URI,
+    name="capabilities",
+    description="Manual of the run_python sandbox",
+    mime_type="text/markdown",
+)
+
+
+def memory_uri(key: str) -> str:
+    return MEMORY_URI_PREFIX + urllib.parse.quote(key, safe="")
+
+
+def tool_uri(name: str) -> str:
+    return TOOL_URI_PREFIX + name
+
+
+def memory_key_of(uri: str) -> str | None:
+    """The memory key a ``memory://`` URI names (percent-decoded), or None."""
+    if not uri.startswith(MEMORY_URI_PREFIX):
+        return None
+    try:
+        return urllib.parse.unquote(uri[len(MEMORY_URI_PREFIX) :], errors="strict")
+    except UnicodeDecodeError:
+        return None
+
+
+def saved_tool_files(directory: Path) -> list[Path]:
+    """The saved tools' files, STATE_DIR/user_tools/<name>.py, in name order; [] if none."""
+    if not directory.is_dir():
+        return []
+    return sorted(path for path in directory.glob("*.py") if path.stem.isidentifier() and path.is_file())
+
+
+def memory_resource(entry: Mapping[str, Any]) -> types.Resource:
+    metadata = json.dumps(entry["metadata"], ensure_ascii=False, separators=(",", ":"))
+    if len(metadata) > MAX_DESCRIBED_METADATA_CHARS:
+        metadata = metadata[:MAX_DESCRIBED_METADATA_CHARS] + "..."
+    return types.Resource(
+        uri=memory_uri(entry["key"]),
+        name=entry["key"],
+        title="memory " + entry["key"],
+        description="Memory saved by run_python code (save_memory): %d bytes of JSON, updated %s%s"
+        % (entry["size"], entry["updated"], "; metadata " + metadata if entry["metadata"] else ""),
+        mime_type="application/json",
+        size=entry["size"],
+    )
+
+
+def tool_resource(path: Path) -> types.Resource:
+    status = path.stat()
+    return types.Resource(
+        uri=tool_uri(path.stem),
+        name=path.stem,
+        title="saved tool " + path.stem,
+        description="Saved tool (save_tool), loaded in every new session: %s, %d bytes, updated %s"
+        % (path, status.st_size, _iso_time(status.st_mtime)),
+        mime_type="text/x-python",
+        size=status.st_size,
+    )
+
+
+def user_resources(store: MemoryStore) -> list[types.Resource]:
+    """One resource per memory and per saved tool file. Blocking: call it in a worker
+    thread. A store or folder that cannot be read is logged and left out; the rest lists."""
+    resources = []
+    if store.path.exists():  # reading must not create the store
+        try:
+            resources += [memory_resource(entry) for entry in store.entries()]
+        except (MemoryStoreError, ValueError) as exc:
+            logger.warning("resources/list leaves out the memories: %s", exc)
+    try:
+        resources += [tool_resource(path) for path in saved_tool_files(store.path.parent)]
+    except OSError as exc:
+        logger.warning("resources/list leaves out the saved tools: %s", exc)
+    return resources
+
+
+def read_memory_text(store: MemoryStore, key: str) -> str | None:
+    """The memory's value as the JSON text the store keeps, or None if there is no such
+    memory. Blocking. MemoryStoreError if the key is invalid or the store unusable."""
+    validate_memory_key(key)
+    if not store.path.exists():
+        return None
+    loaded = store.load(key)
+    return memory_json(loaded["value"], "value") if loaded["found"] else None
+
+
+def read_saved_tool(directory: Path, name: str) -> str | None:
+    """A saved tool's source, or None if there is no such tool. Blocking; OSError or
+    ValueError (not UTF-8, too large) if the file cannot be served."""
+    # Defense in depth: the name becomes a path; an identifier cannot leave the folder.
+    if not name.isidentifier():
+        return None
+    path = directory / (name + ".py")
+    if not path.is_file():
+        return None
+    with path.open("rb") as file:
+        data = file.read(MAX_RESOURCE_FILE_BYTES + 1)
+    if len(data) > MAX_RESOURCE_FILE_BYTES:
+        raise ValueError("the file is over %d bytes" % MAX_RESOURCE_FILE_BYTES)
+    return data.decode("utf-8")
+
+
+def resource_error(code: int, uri: str, message: str) -> McpProtocolError:
+    return McpProtocolError(code=code, message=message, data={"uri": uri})
+
+
+def page_start(cursor: str | None) -> int:
+    if cursor is None:
+        return 0
+    if not (cursor.isascii() and cursor.isdigit() and len(cursor) <= 12):
+        raise McpProtocolError(
+            code=types.INVALID_PARAMS, message="Invalid cursor %r; list again without one." % cursor[:40]
+        )
+    return int(cursor)
 
 
 @dataclass
