@@ -17,8 +17,8 @@ Sections, in dependency order (``grep -n '^# ====' mcp_server_code_execution_mod
     sandbox API (host)   -> serves the sandbox's requests: discovery, docs, tool calls
     sandbox session      -> one container + kernel; SessionManager keeps it warm
     rendering            -> ExecutionOutcome -> text / TOON + structuredContent
-    MCP server & tool    -> run_python, the capabilities resource
-    command line         -> main()
+    MCP server & tool    -> run_python; resources: the manual, memories, saved tools
+    command line         -> main(); the memory subcommand (list/get/delete/export)
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import ast
 import difflib
 import fnmatch
 import hashlib
+import io
 import json
 import keyword
 import logging
@@ -42,6 +43,7 @@ import subprocess
 import sys
 import time
 import tomllib
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field, replace
@@ -3835,13 +3837,6 @@ def memory_key_of(uri: str) -> str | None:
         return None
 
 
-def saved_tool_files(directory: Path) -> list[Path]:
-    """The saved tools' files, STATE_DIR/user_tools/<name>.py, in name order; [] if none."""
-    if not directory.is_dir():
-        return []
-    return sorted(path for path in directory.glob("*.py") if path.stem.isidentifier() and path.is_file())
-
-
 def memory_resource(entry: Mapping[str, Any]) -> types.Resource:
     metadata = json.dumps(entry["metadata"], ensure_ascii=False, separators=(",", ":"))
     if len(metadata) > MAX_DESCRIBED_METADATA_CHARS:
@@ -3857,32 +3852,34 @@ def memory_resource(entry: Mapping[str, Any]) -> types.Resource:
     )
 
 
-def tool_resource(path: Path) -> types.Resource:
-    status = path.stat()
+def tool_resource(entry: Mapping[str, str]) -> types.Resource:
+    status = Path(entry["path"]).stat()
+    doc = ": " + entry["doc"].rstrip(".") if entry["doc"] else ""
     return types.Resource(
-        uri=tool_uri(path.stem),
-        name=path.stem,
-        title="saved tool " + path.stem,
-        description="Saved tool (save_tool), loaded in every new session: %s, %d bytes, updated %s"
-        % (path, status.st_size, _iso_time(status.st_mtime)),
+        uri=tool_uri(entry["name"]),
+        name=entry["name"],
+        title="saved tool " + entry["name"],
+        description="Saved tool (save_tool), defined in every new session%s. File %s, %d bytes, updated %s"
+        % (doc, entry["path"], status.st_size, _iso_time(status.st_mtime)),
         mime_type="text/x-python",
         size=status.st_size,
     )
 
 
-def user_resources(store: MemoryStore) -> list[types.Resource]:
-    """One resource per memory and per saved tool file. Blocking: call it in a worker
-    thread. A store or folder that cannot be read is logged and left out; the rest lists."""
+def user_resources(store: MemoryStore, tools: SavedTools) -> list[types.Resource]:
+    """One resource per memory and per saved tool. Blocking: call it in a worker thread.
+    A store or file that cannot be read is logged and left out; the rest still lists."""
     resources = []
-    if store.path.exists():  # reading must not create the store
+    if store.path.exists():  # listing must not create the store
         try:
             resources += [memory_resource(entry) for entry in store.entries()]
         except (MemoryStoreError, ValueError) as exc:
             logger.warning("resources/list leaves out the memories: %s", exc)
-    try:
-        resources += [tool_resource(path) for path in saved_tool_files(store.path.parent)]
-    except OSError as exc:
-        logger.warning("resources/list leaves out the saved tools: %s", exc)
+    for entry in tools.entries():
+        try:
+            resources.append(tool_resource(entry))
+        except OSError as exc:  # deleted or replaced since it was read
+            logger.warning("resources/list leaves out saved tool %s: %s", entry["name"], exc)
     return resources
 
 
@@ -3896,13 +3893,13 @@ def read_memory_text(store: MemoryStore, key: str) -> str | None:
     return memory_json(loaded["value"], "value") if loaded["found"] else None
 
 
-def read_saved_tool(directory: Path, name: str) -> str | None:
+def read_saved_tool(tools: SavedTools, name: str) -> str | None:
     """A saved tool's source, or None if there is no such tool. Blocking; OSError or
     ValueError (not UTF-8, too large) if the file cannot be served."""
-    # Defense in depth: the name becomes a path; an identifier cannot leave the folder.
-    if not name.isidentifier():
+    try:
+        path = tools.path(name)  # defense in depth: only an identifier, so never outside the folder
+    except MemoryStoreError:
         return None
-    path = directory / (name + ".py")
     if not path.is_file():
         return None
     with path.open("rb") as file:
@@ -3942,6 +3939,10 @@ def build_server(
     created it (serve() needs it to answer calls in flight on a stop signal)."""
     input_model = run_python_input_model(config)
     tool = run_python_tool(config)
+    store = MemoryStore(
+        config.state_dir / MEMORY_DIRNAME, config.max_memory_bytes, config.max_memory_total_bytes
+    )
+    saved_tools = SavedTools(config.state_dir / MEMORY_DIRNAME)
 
     @asynccontextmanager
     async def lifespan(_: Server[BridgeState]) -> AsyncIterator[BridgeState]:
@@ -3995,31 +3996,68 @@ def build_server(
             )
 
     async def list_resources(
-        ctx: ServerRequestContext[BridgeState], params: Any
+        ctx: ServerRequestContext[BridgeState], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
+        start = page_start(params.cursor if params is not None else None)
+        saved = await anyio.to_thread.run_sync(user_resources, store, saved_tools)
+        resources = [CAPABILITIES_RESOURCE, *saved]
+        end = start + RESOURCES_PAGE_SIZE
         return types.ListResourcesResult(
-            resources=[
-                types.Resource(
-                    uri=CAPABILITIES_URI,
-                    name="capabilities",
-                    description="Manual of the run_python sandbox",
-                    mime_type="text/markdown",
-                )
-            ]
+            resources=resources[start:end], next_cursor=str(end) if end < len(resources) else None
         )
 
     async def read_resource(
         ctx: ServerRequestContext[BridgeState], params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
-        if str(params.uri) != CAPABILITIES_URI:
-            raise ValueError("Unknown resource %s; the only resource is %s" % (params.uri, CAPABILITIES_URI))
+        uri = str(params.uri)
+        if uri == CAPABILITIES_URI:
+            mime_type, text = "text/markdown", CAPABILITIES_MANUAL
+        elif (key := memory_key_of(uri)) is not None:
+            mime_type, text = "application/json", await _read_memory_resource(uri, key)
+        elif uri.startswith(TOOL_URI_PREFIX):
+            mime_type, text = "text/x-python", await _read_tool_resource(uri, uri[len(TOOL_URI_PREFIX) :])
+        else:
+            raise resource_error(
+                types.INVALID_PARAMS,
+                uri,
+                "Unknown resource %s; resources/list shows the manual (%s), memories (%s<key>) and saved "
+                "tools (%s<name>)." % (uri, CAPABILITIES_URI, MEMORY_URI_PREFIX, TOOL_URI_PREFIX),
+            )
         return types.ReadResourceResult(
-            contents=[
-                types.TextResourceContents(
-                    uri=CAPABILITIES_URI, mime_type="text/markdown", text=CAPABILITIES_MANUAL
-                )
-            ]
+            contents=[types.TextResourceContents(uri=uri, mime_type=mime_type, text=text)]
         )
+
+    async def _read_memory_resource(uri: str, key: str) -> str:
+        try:
+            validate_memory_key(key)
+        except MemoryStoreError as exc:
+            raise resource_error(types.INVALID_PARAMS, uri, str(exc)) from None
+        try:
+            text = await anyio.to_thread.run_sync(read_memory_text, store, key)
+        except MemoryStoreError as exc:
+            raise resource_error(types.INTERNAL_ERROR, uri, str(exc)) from None
+        except ValueError as exc:  # a row that is not JSON: written by something other than a bridge
+            raise resource_error(
+                types.INTERNAL_ERROR, uri, "The memory store %s holds a damaged value: %s" % (store.path, exc)
+            ) from None
+        if text is None:
+            raise resource_error(
+                types.INVALID_PARAMS, uri, "No memory named %s; resources/list shows them." % ascii(key)
+            )
+        return text
+
+    async def _read_tool_resource(uri: str, name: str) -> str:
+        try:
+            source = await anyio.to_thread.run_sync(read_saved_tool, saved_tools, name)
+        except (OSError, ValueError) as exc:
+            raise resource_error(
+                types.INTERNAL_ERROR, uri, "The saved tool %s cannot be read: %s" % (name, exc)
+            ) from None
+        if source is None:
+            raise resource_error(
+                types.INVALID_PARAMS, uri, "No saved tool named %s; resources/list shows them." % ascii(name)
+            )
+        return source
 
     return Server(
         SERVER_NAME,
@@ -4066,9 +4104,186 @@ async def serve(config: BridgeConfig, discovery: DiscoveryResult) -> None:
 # =============================================================================
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+# --- the memory subcommand ------------------------------------------------------------
+# `mcp-server-code-execution-mode memory list|get KEY|delete KEY|export`: the user sees
+# and manages what the agent saved, without the agent. This is not the MCP server: stdout
+# is the output; messages go to stderr, one line each, never a traceback.
+
+MEMORY_COMMAND = "memory"
+MAX_LISTED_METADATA_CHARS = 60
+
+
+class MemoryCommandError(BridgeError):
+    """A memory command that cannot do what was asked: its message and exit status."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def build_memory_parser() -> argparse.ArgumentParser:
+    state_dir = next(option for option in OPTIONS if option.field == "state_dir")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        state_dir.flag,
+        dest=state_dir.field,
+        metavar=state_dir.field.upper(),
+        default=argparse.SUPPRESS,  # given before or after the command, never reset by it
+        help="%s [env %s; default: %s]" % (state_dir.help, state_dir.env, BridgeConfig().state_dir),
+    )
+    parser = argparse.ArgumentParser(
+        prog="%s %s" % (SERVER_NAME, MEMORY_COMMAND),
+        parents=[common],
+        description="See and manage what run_python code saved (save_memory, save_tool) without the "
+        "agent. Output goes to stdout, messages to stderr.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    listing = commands.add_parser(
+        "list", parents=[common], help="the memories (key, size, updated, metadata), then the saved tools"
+    )
+    listing.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per line: each memory (key, metadata, size, version, created, "
+        "updated), then each saved tool (tool, doc, path)",
+    )
+    get = commands.add_parser("get", parents=[common], help="print a memory's value as JSON")
+    get.add_argument("key")
+    delete = commands.add_parser("delete", parents=[common], help="delete a memory")
+    delete.add_argument("key")
+    commands.add_parser(
+        "export",
+        parents=[common],
+        help='print every memory as one JSON object: {key: {"value": ..., "metadata": ..., "size": ..., '
+        '"version": ..., "created": ..., "updated": ...}}',
+    )
+    return parser
+
+
+def _command_key(key: str) -> str:
     try:
-        config = load_config(sys.argv[1:] if argv is None else argv, os.environ)
+        return validate_memory_key(key)
+    except MemoryStoreError as exc:
+        raise MemoryCommandError(str(exc), status=2) from None
+
+
+def _no_memory(store: MemoryStore, key: str) -> MemoryCommandError:
+    return MemoryCommandError(
+        "There is no memory named %s in %s; `%s %s list` shows the keys."
+        % (ascii(key), store.path, SERVER_NAME, MEMORY_COMMAND)
+    )
+
+
+def _stored_entries(store: MemoryStore) -> list[dict[str, Any]]:
+    return store.entries() if store.path.exists() else []  # reading must not create the store
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
+    return "\n".join(
+        "  ".join([*(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[-1]]).rstrip()
+        for row in rows
+    )
+
+
+def _list_memories(store: MemoryStore, tools: SavedTools, as_json: bool) -> None:
+    entries, saved = _stored_entries(store), tools.entries()
+    if as_json:
+        for entry in entries:
+            print(json.dumps(entry, ensure_ascii=False))
+        for tool in saved:
+            print(json.dumps({"tool": tool["name"], "doc": tool["doc"], "path": tool["path"]}))
+        return
+    if not entries:
+        print("No memories in %s." % store.path, file=sys.stderr)
+    else:
+        rows = [("KEY", "SIZE", "UPDATED", "METADATA")]
+        for entry in entries:
+            metadata = json.dumps(entry["metadata"], ensure_ascii=False) if entry["metadata"] else ""
+            if len(metadata) > MAX_LISTED_METADATA_CHARS:
+                metadata = metadata[: MAX_LISTED_METADATA_CHARS - 3] + "..."
+            rows.append((entry["key"], str(entry["size"]), entry["updated"], metadata))
+        print(_table(rows))
+    if saved:
+        tool_rows = [("SAVED TOOL", "FILE", "DOC")]
+        tool_rows += [(tool["name"], tool["path"], tool["doc"]) for tool in saved]
+        print("\n" + _table(tool_rows))
+
+
+def _get_memory(store: MemoryStore, key: str) -> None:
+    loaded = store.load(key) if store.path.exists() else {"found": False}
+    if not loaded["found"]:
+        raise _no_memory(store, key)
+    print(json.dumps(loaded["value"], ensure_ascii=False, indent=2))
+
+
+def _delete_memory(store: MemoryStore, key: str) -> None:
+    if not (store.path.exists() and store.delete(key)):
+        raise _no_memory(store, key)
+    print("Deleted memory %s." % ascii(key), file=sys.stderr)
+
+
+def _export_memories(store: MemoryStore) -> None:
+    memories = {}
+    for entry in _stored_entries(store):
+        # One transaction per memory, so another bridge may write in between: a memory
+        # deleted meanwhile is left out, one rewritten is described again.
+        loaded = store.load(entry["key"])
+        if not loaded["found"]:
+            continue
+        info = entry if loaded["version"] == entry["version"] else store.info(entry["key"]) or entry
+        memories[entry["key"]] = {"value": loaded["value"], **{k: v for k, v in info.items() if k != "key"}}
+    print(json.dumps(memories, ensure_ascii=False, indent=2))
+
+
+def memory_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    """The ``memory`` subcommand; its settings come from the same load_config as the server's."""
+    args = build_memory_parser().parse_args(list(argv))  # a bad command line: usage, status 2
+    try:
+        config = load_config(["--state-dir=%s" % args.state_dir] if "state_dir" in args else [], environ)
+    except ConfigError as exc:
+        print("%s %s: %s" % (SERVER_NAME, MEMORY_COMMAND, exc), file=sys.stderr)
+        return 2
+    logging.basicConfig(level=config.log_level, stream=sys.stderr, format="%(levelname)s: %(message)s")
+    store = MemoryStore(
+        config.state_dir / MEMORY_DIRNAME, config.max_memory_bytes, config.max_memory_total_bytes
+    )
+    tools = SavedTools(config.state_dir / MEMORY_DIRNAME)
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(encoding="utf-8")  # JSON's encoding, whatever the locale's
+    try:
+        if args.command == "list":
+            _list_memories(store, tools, args.json)
+        elif args.command == "get":
+            _get_memory(store, _command_key(args.key))
+        elif args.command == "delete":
+            _delete_memory(store, _command_key(args.key))
+        else:
+            _export_memories(store)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (`... | head`): stop quietly
+        with suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (MemoryCommandError, MemoryStoreError) as exc:
+        print("%s %s: %s" % (SERVER_NAME, MEMORY_COMMAND, exc), file=sys.stderr)
+        return exc.status if isinstance(exc, MemoryCommandError) else 1
+    except (OSError, ValueError) as exc:  # an unreadable folder, a damaged row
+        print(
+            "%s %s: cannot read %s (%s: %s)"
+            % (SERVER_NAME, MEMORY_COMMAND, store.path.parent, type(exc).__name__, exc),
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == [MEMORY_COMMAND]:
+        return memory_main(args[1:], os.environ)
+    try:
+        config = load_config(args, os.environ)
     except ConfigError as exc:
         print("%s: %s" % (SERVER_NAME, exc), file=sys.stderr)
         return 2
