@@ -54,6 +54,7 @@ from bench_core import (  # the sibling benchmark: same conventions, same helper
     tail_of,
     text_of,
 )
+from bench_proxy import Row, render_table  # the same table as the proxy benchmark
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -160,14 +161,6 @@ VERIFY_CELL = """
 import json
 json.dumps({{key: load_memory(key) for key in {keys!r}}})
 """
-
-
-@dataclass
-class Row:
-    metric: str
-    value: str
-    unit: str
-    note: str = ""
 
 
 @dataclass
@@ -548,21 +541,6 @@ def check_updates(
             "%s: a cell began %.3f s after the common start time, so the bridges did not start "
             "together (see start skew)" % (label, late)
         )
-
-
-def render_table(rows: Sequence[Row]) -> str:
-    cells = [["metric", "value", "unit", "note"], *([r.metric, r.value, r.unit, r.note] for r in rows)]
-    widths = [max(len(line[i]) for line in cells) for i in range(4)]
-
-    def fmt(line: list[str]) -> str:
-        parts = [
-            cell.rjust(w) if i == 1 else cell.ljust(w)  # the value column is right-aligned
-            for i, (cell, w) in enumerate(zip(line, widths, strict=True))
-        ]
-        return "  ".join(parts).rstrip()
-
-    rule = "  ".join("-" * w for w in widths)
-    return "\n".join([fmt(cells[0]), rule, *(fmt(line) for line in cells[1:])])
 
 
 # --- command line -----------------------------------------------------------------------
