@@ -761,29 +761,41 @@ class SandboxRuntime:
         self._requests = requests
         self._servers = servers
 
+    # The discovery helpers answer at once, in any code, and their results can also be
+    # awaited (the original project's README writes `await runtime.search_tool_docs(...)`).
     def discovered_servers(self, detailed: bool = False) -> Any:
         """Configured servers (none is started by this): aliases, or dicts with details."""
-        return self._requests.call("discovered_servers", {"detailed": detailed})
+        return awaitable(self._requests.call("discovered_servers", {"detailed": detailed}))
 
-    def list_servers(self) -> list[str]:
+    def list_servers(self) -> Any:
         """Aliases of the servers this sandbox may call."""
-        return [server["alias"] for server in self._servers]
+        return AwaitableList(server["alias"] for server in self._servers)
 
     def list_tools(self, server: str) -> Any:
         """Tool names and one-line descriptions of one server (starts it if needed)."""
-        return self._requests.call("list_tools", {"server": server})
+        return awaitable(self._requests.call("list_tools", {"server": server}))
 
     def query_tool_docs(self, server: str, tool: str | None = None, detail: str = "summary") -> Any:
         """Python signatures of a server's tools (or one tool); detail="full" adds schemas."""
-        return self._requests.call("query_tool_docs", {"server": server, "tool": tool, "detail": detail})
+        params = {"server": server, "tool": tool, "detail": detail}
+        return awaitable(self._requests.call("query_tool_docs", params))
 
     def search_tool_docs(self, query: str, limit: int = 5) -> Any:
         """Best-matching tools across all configured servers for a plain-words query."""
-        return self._requests.call("search_tool_docs", {"query": query, "limit": limit})
+        return awaitable(self._requests.call("search_tool_docs", {"query": query, "limit": limit}))
 
-    def capability_summary(self) -> str:
+    def capability_summary(self) -> Any:
         """A short text: servers, how to discover and call their tools."""
-        return str(self._requests.call("capability_summary", {}))
+        return AwaitableStr(self._requests.call("capability_summary", {}))
+
+    def list_loaded_server_metadata(self) -> Any:
+        """The original project's name: details of every configured server."""
+        return AwaitableList(self._requests.call("discovered_servers", {"detailed": True})["servers"])
+
+    # The original project's synchronous names: the same helpers.
+    list_servers_sync = list_servers
+    query_tool_docs_sync = query_tool_docs
+    search_tool_docs_sync = search_tool_docs
 
     def call_tool(
         self, server: str, tool: str, arguments: dict[str, Any] | None = None, raw: bool = False
@@ -991,6 +1003,43 @@ def _require_json(value: Any, what: str) -> None:
         raise TypeError(
             "%s must be JSON (dict, list, str, int, float, bool or None): %s" % (what, exc)
         ) from None
+
+
+def _itself(value: Any) -> Any:
+    return value
+    yield  # a generator, which is what ``await`` needs: awaiting gives the value itself
+
+
+class AwaitableList(list):  # type: ignore[type-arg]
+    """A list that ``await`` also accepts, giving itself back."""
+
+    def __await__(self) -> Any:
+        return _itself(self)
+
+
+class AwaitableDict(dict):  # type: ignore[type-arg]
+    """A dict that ``await`` also accepts, giving itself back."""
+
+    def __await__(self) -> Any:
+        return _itself(self)
+
+
+class AwaitableStr(str):
+    """A str that ``await`` also accepts, giving itself back."""
+
+    def __await__(self) -> Any:
+        return _itself(self)
+
+
+def awaitable(value: Any) -> Any:
+    """``value`` (a list, dict or str from the host) in a form ``await`` accepts too."""
+    if isinstance(value, list):
+        return AwaitableList(value)
+    if isinstance(value, dict):
+        return AwaitableDict(value)
+    if isinstance(value, str):
+        return AwaitableStr(value)
+    return value
 
 
 class PendingToolCall:
