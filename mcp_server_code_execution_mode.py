@@ -345,8 +345,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         description="Stdio MCP server with one tool, run_python, that runs code in a persistent, "
         "hardened Podman/Docker sandbox. Each option can also be set by the environment "
         "variable shown; the flag wins.",
-        epilog="Memory without the agent: %(prog)s memory list|get KEY|delete KEY|export "
-        "[--state-dir DIR].",
+        epilog="Memory without the agent: %(prog)s memory list|get KEY|delete KEY|export [--state-dir DIR].",
     )
     parser.add_argument("--version", action="version", version="%(prog)s " + __version__)
     for option in OPTIONS:
