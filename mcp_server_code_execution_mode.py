@@ -112,7 +112,7 @@ class BridgeConfig:
     pids: int = 128
     cpus: float = 1.0
     container_user: str = "65534:65534"
-    idle_timeout: float = 900.0
+    idle_timeout: float = 3600.0
     prewarm: bool = True
     max_output_chars: int = 50_000
     max_frame_bytes: int = 32 * 1024 * 1024
@@ -128,6 +128,7 @@ class BridgeConfig:
     tool_timeout: float = 120.0
     max_tool_result_bytes: int = 16 * 1024 * 1024
     oci_runtime: str | None = None
+    allow_root: bool = False
     max_memory_bytes: int = 1024 * 1024
     max_memory_total_bytes: int = 100 * 1024 * 1024
 
@@ -199,6 +200,15 @@ def _existing_file(text: str) -> Path:
 
 def _patterns(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _tool_patterns(text: str) -> tuple[str, ...]:
+    patterns = _patterns(text)
+    for pattern in patterns:
+        if "." not in pattern:
+            # A bare "write_*" would match no "server.tool" name: the rule would do nothing.
+            raise ValueError("each entry is server.tool (e.g. filesystem.write_*); %r has no dot" % pattern)
+    return patterns
 
 
 @dataclass(frozen=True)
@@ -293,13 +303,13 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "allow_tools",
         "MCP_BRIDGE_ALLOW_TOOLS",
-        _patterns,
+        _tool_patterns,
         "comma-separated server.tool patterns the sandbox may call (default: all)",
     ),
     Option(
         "deny_tools",
         "MCP_BRIDGE_DENY_TOOLS",
-        _patterns,
+        _tool_patterns,
         "server.tool patterns to hide and refuse, e.g. filesystem.write_*",
     ),
     Option(
@@ -310,6 +320,12 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "tool_timeout", "MCP_BRIDGE_TOOL_TIMEOUT", _positive_float, "seconds one proxied tool call may take"
+    ),
+    Option(
+        "allow_root",
+        "MCP_BRIDGE_ALLOW_ROOT",
+        _boolean,
+        "allow MCP_BRIDGE_CONTAINER_USER to be root (refused otherwise)",
     ),
     Option(
         "oci_runtime",
@@ -382,6 +398,12 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> BridgeConfig
         raise ConfigError(
             "MCP_BRIDGE_MAX_TOOL_RESULT_BYTES (%d) must be at most half of MCP_BRIDGE_MAX_FRAME_BYTES (%d): "
             "a result must fit in one frame" % (config.max_tool_result_bytes, config.max_frame_bytes)
+        )
+    if config.container_user.split(":")[0] in ("0", "root") and not config.allow_root:
+        raise ConfigError(
+            "MCP_BRIDGE_CONTAINER_USER=%s would run the sandbox as root; use an unprivileged user (the "
+            "default is 65534:65534), or set MCP_BRIDGE_ALLOW_ROOT=1 if you really mean it"
+            % config.container_user
         )
     if config.timeout > config.max_timeout:
         raise ConfigError(
@@ -1968,6 +1990,24 @@ def server_allowed(name: str, config: BridgeConfig) -> bool:
     if config.allow_servers and not _matches(name, config.allow_servers):
         return False
     return not _matches(name, config.deny_servers)
+
+
+def policy_problems(config: BridgeConfig, servers: Iterable[ServerSpec]) -> list[str]:
+    """Patterns that match no configured server: a policy that silently does nothing (a
+    typo in a deny list) is reported, in the log and in discovered_servers(detailed=True)."""
+    names = [spec.name for spec in servers]
+    problems = []
+    for variable, patterns, server_part in (
+        ("MCP_BRIDGE_ALLOW_SERVERS", config.allow_servers, False),
+        ("MCP_BRIDGE_DENY_SERVERS", config.deny_servers, False),
+        ("MCP_BRIDGE_ALLOW_TOOLS", config.allow_tools, True),
+        ("MCP_BRIDGE_DENY_TOOLS", config.deny_tools, True),
+    ):
+        for pattern in patterns:
+            server_pattern = pattern.split(".", 1)[0] if server_part else pattern
+            if not any(fnmatch.fnmatchcase(name, server_pattern) for name in names):
+                problems.append("%s: %r matches no configured server" % (variable, pattern))
+    return problems
 
 
 def tool_allowed(server: str, tool: str, config: BridgeConfig) -> bool:
@@ -4298,6 +4338,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         environ=os.environ,
         state_dir=config.state_dir,
         explicit=config.servers_config,
+    )
+    discovery = replace(
+        discovery, problems=(*discovery.problems, *policy_problems(config, discovery.servers))
     )
     for problem in discovery.problems:
         logger.warning("MCP server configuration: %s", problem)

@@ -44,6 +44,7 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "MCP_BRIDGE_MAX_TOOL_RESULT_BYTES": ("1_000_000", 1_000_000),
     "MCP_BRIDGE_OCI_RUNTIME": ("/usr/bin/runsc", "/usr/bin/runsc"),
     "MCP_BRIDGE_MAX_MEMORY_BYTES": ("2048", 2048),
+    "MCP_BRIDGE_ALLOW_ROOT": ("yes", True),
     "MCP_BRIDGE_MAX_MEMORY_TOTAL_BYTES": ("1_000_000", 1_000_000),
 }
 
@@ -159,6 +160,9 @@ def test_flag_names_are_derived_from_field_names() -> None:
         ("MCP_BRIDGE_MAX_TOOL_RESULT_BYTES", "lots"),
         ("MCP_BRIDGE_OCI_RUNTIME", "runsc --debug"),
         ("MCP_BRIDGE_MAX_MEMORY_BYTES", "0"),
+        ("MCP_BRIDGE_ALLOW_ROOT", "maybe"),
+        ("MCP_BRIDGE_DENY_TOOLS", "write_*"),
+        ("MCP_BRIDGE_ALLOW_TOOLS", "time.*, get_time"),
     ],
 )
 def test_invalid_environment_value_raises_config_error_naming_the_variable(env: str, raw: str) -> None:
@@ -293,3 +297,36 @@ def test_readme_documents_every_option() -> None:
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     missing = [option.env for option in OPTIONS if "`%s`" % option.env not in readme]
     assert missing == []
+
+
+# --- settings that would silently weaken or disable things --------------------------------
+
+
+@pytest.mark.parametrize("user", ["0", "root", "0:0", "root:root", "0:65534"])
+def test_a_root_sandbox_user_is_refused_unless_allowed(user: str) -> None:
+    with pytest.raises(ConfigError, match="MCP_BRIDGE_ALLOW_ROOT=1"):
+        load_config([], {"MCP_BRIDGE_CONTAINER_USER": user})
+    assert (
+        load_config([], {"MCP_BRIDGE_CONTAINER_USER": user, "MCP_BRIDGE_ALLOW_ROOT": "1"}).container_user
+        == user
+    )
+
+
+def test_a_policy_pattern_that_matches_no_configured_server_is_reported() -> None:
+    config = load_config(
+        [],
+        {
+            "MCP_BRIDGE_DENY_SERVERS": "githb,time",
+            "MCP_BRIDGE_DENY_TOOLS": "filesytem.write_*,time.convert_*",
+            "MCP_BRIDGE_ALLOW_SERVERS": "*",
+        },
+    )
+    servers = [
+        bridge.ServerSpec("time", "time", "stdio", command="t"),
+        bridge.ServerSpec("filesystem", "filesystem", "stdio", command="f"),
+    ]
+
+    assert bridge.policy_problems(config, servers) == [
+        "MCP_BRIDGE_DENY_SERVERS: 'githb' matches no configured server",
+        "MCP_BRIDGE_DENY_TOOLS: 'filesytem.write_*' matches no configured server",
+    ]
