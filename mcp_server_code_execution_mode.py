@@ -129,6 +129,7 @@ class BridgeConfig:
     max_tool_result_bytes: int = 16 * 1024 * 1024
     oci_runtime: str | None = None
     allow_root: bool = False
+    discover: bool = True
     max_memory_bytes: int = 1024 * 1024
     max_memory_total_bytes: int = 100 * 1024 * 1024
 
@@ -320,6 +321,12 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "tool_timeout", "MCP_BRIDGE_TOOL_TIMEOUT", _positive_float, "seconds one proxied tool call may take"
+    ),
+    Option(
+        "discover",
+        "MCP_BRIDGE_DISCOVER",
+        _boolean,
+        "read MCP clients' config files for servers (0: only MCP_SERVERS_CONFIG or the state dir's *.json)",
     ),
     Option(
         "allow_root",
@@ -1090,7 +1097,8 @@ async def sweep_orphans(
 #                       .cursor/mcp.json                                          mcpServers
 #                       ~/.claude.json, this project's entry                      projects[<cwd>].mcpServers
 #                       .mcp.json                                                 mcpServers
-#  10. MCP_SERVERS_CONFIG (wins over everything)                                  mcpServers or servers
+#  10. MCP_SERVERS_CONFIG: when set, the ONLY source                              mcpServers or servers
+#  MCP_BRIDGE_DISCOVER=0 leaves out 2-9 (every client's config).
 #
 # JSON files may hold // and /* */ comments and trailing commas (VS Code writes them).
 # In command, args, env values, cwd, url and header values, ${VAR}, ${VAR:-default} (used
@@ -1155,8 +1163,17 @@ def config_sources(
     environ: Mapping[str, str],
     state_dir: Path,
     explicit: Path | None,
+    clients: bool = True,
 ) -> list[ConfigSource]:
-    """The table above, for this host: every file discovery looks at, lowest precedence first."""
+    """The table above, for this host: every file discovery looks at, lowest precedence first.
+    MCP_SERVERS_CONFIG, when given, is the only source ("this file", as users expect);
+    ``clients=False`` (MCP_BRIDGE_DISCOVER=0) leaves out every client's config."""
+    servers = (("servers",),)
+    if explicit is not None:
+        return [ConfigSource("MCP_SERVERS_CONFIG", explicit, keys=(("mcpServers",), *servers), required=True)]
+    own = [ConfigSource("bridge state dir", path) for path in sorted(state_dir.glob("*.json"))]
+    if not clients:
+        return own
     if platform == "darwin":
         app_config = home / "Library" / "Application Support"
     elif platform == "win32":
@@ -1166,9 +1183,8 @@ def config_sources(
         app_config = xdg if xdg.is_absolute() else home / ".config"  # the XDG spec ignores relative paths
     vscode = app_config / "Code" / "User"
     claude_json = home / ".claude.json"
-    servers = (("servers",),)
-    sources = [ConfigSource("bridge state dir", path) for path in sorted(state_dir.glob("*.json"))]
-    sources += [
+    return [
+        *own,
         ConfigSource("Claude Desktop", app_config / "Claude" / "claude_desktop_config.json"),
         ConfigSource("Windsurf", home / ".codeium" / "windsurf" / "mcp_config.json"),
         ConfigSource("Gemini CLI", home / ".gemini" / "settings.json", url_transport="sse"),
@@ -1192,11 +1208,6 @@ def config_sources(
         ),
         ConfigSource("Claude Code (project)", cwd / ".mcp.json"),
     ]
-    if explicit is not None:
-        sources.append(
-            ConfigSource("MCP_SERVERS_CONFIG", explicit, keys=(("mcpServers",), *servers), required=True)
-        )
-    return sources
 
 
 # --- reading one file ---------------------------------------------------------------
@@ -1427,6 +1438,7 @@ def discover_servers(
     state_dir: Path,
     explicit: Path | None,
     self_markers: tuple[str, ...] = SELF_MARKERS,
+    clients: bool = True,
 ) -> DiscoveryResult:
     """Every configured MCP server, merged by name across config_sources(). Never raises
     for bad input: what cannot be used is skipped and described in `problems`; problem
@@ -1434,7 +1446,7 @@ def discover_servers(
     chosen: dict[str, tuple[ServerSpec | None, list[str]]] = {}
     problems: list[str] = []
     read: list[str] = []
-    for source in config_sources(home, cwd, platform, environ, state_dir, explicit):
+    for source in config_sources(home, cwd, platform, environ, state_dir, explicit, clients):
         try:
             document = _read_document(source.path, source.format)
         except (FileNotFoundError, NotADirectoryError):
@@ -4338,6 +4350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         environ=os.environ,
         state_dir=config.state_dir,
         explicit=config.servers_config,
+        clients=config.discover,
     )
     discovery = replace(
         discovery, problems=(*discovery.problems, *policy_problems(config, discovery.servers))

@@ -45,6 +45,7 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "MCP_BRIDGE_OCI_RUNTIME": ("/usr/bin/runsc", "/usr/bin/runsc"),
     "MCP_BRIDGE_MAX_MEMORY_BYTES": ("2048", 2048),
     "MCP_BRIDGE_ALLOW_ROOT": ("yes", True),
+    "MCP_BRIDGE_DISCOVER": ("0", False),
     "MCP_BRIDGE_MAX_MEMORY_TOTAL_BYTES": ("1_000_000", 1_000_000),
 }
 
@@ -161,6 +162,7 @@ def test_flag_names_are_derived_from_field_names() -> None:
         ("MCP_BRIDGE_OCI_RUNTIME", "runsc --debug"),
         ("MCP_BRIDGE_MAX_MEMORY_BYTES", "0"),
         ("MCP_BRIDGE_ALLOW_ROOT", "maybe"),
+        ("MCP_BRIDGE_DISCOVER", "sometimes"),
         ("MCP_BRIDGE_DENY_TOOLS", "write_*"),
         ("MCP_BRIDGE_ALLOW_TOOLS", "time.*, get_time"),
     ],

@@ -329,8 +329,7 @@ def test_config_sources_lists_linux_files_lowest_precedence_first(host: Host, tm
     write(host.state_dir / "z.json", {})
     write(host.state_dir / "a.json", {})
     labels = [
-        source.label
-        for source in config_sources(host.home, host.cwd, "linux", {}, host.state_dir, tmp_path / "x.json")
+        source.label for source in config_sources(host.home, host.cwd, "linux", {}, host.state_dir, None)
     ]
     home, cwd = host.home, host.cwd
     assert labels == [
@@ -348,8 +347,29 @@ def test_config_sources_lists_linux_files_lowest_precedence_first(host: Host, tm
         str(cwd / ".cursor/mcp.json"),
         "%s projects[%s]" % (home / ".claude.json", cwd),
         str(cwd / ".mcp.json"),
-        str(tmp_path / "x.json"),
     ]
+
+
+def test_mcp_servers_config_is_the_only_source_when_set(host: Host, tmp_path: Path) -> None:
+    write(host.state_dir / "own.json", {"mcpServers": {"own": stdio("own")}})
+    write(host.home / ".config/Claude/claude_desktop_config.json", {"mcpServers": {"claude": stdio("c")}})
+    explicit = write(tmp_path / "explicit.json", {"mcpServers": {"mine": stdio("mine")}})
+
+    result = host.discover(explicit=explicit)
+
+    assert sorted(servers(result)) == ["mine"]
+    assert result.sources == (str(explicit),)
+
+
+def test_client_discovery_can_be_turned_off_leaving_the_bridges_own_files(host: Host) -> None:
+    write(host.state_dir / "own.json", {"mcpServers": {"own": stdio("own")}})
+    write(host.home / ".config/Claude/claude_desktop_config.json", {"mcpServers": {"claude": stdio("c")}})
+    write(host.cwd / ".mcp.json", {"mcpServers": {"project": stdio("p")}})
+
+    off = discover_servers(host.home, host.cwd, "linux", {}, host.state_dir, None, clients=False)
+
+    assert sorted(servers(off)) == ["own"]
+    assert sorted(servers(host.discover())) == ["claude", "own", "project"]
 
 
 # --- variables --------------------------------------------------------------------
