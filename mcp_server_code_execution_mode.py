@@ -2470,22 +2470,29 @@ class MemoryStore:
     def entries(self) -> list[dict[str, Any]]:
         return self._infos("ORDER BY key", ())
 
-    def _infos(self, where: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        """Every memory, its value first, then its info, read in one transaction: a
+        consistent copy even while another bridge writes."""
+        return {entry.pop("key"): entry for entry in self._infos("ORDER BY key", (), with_values=True)}
+
+    def _infos(self, where: str, args: tuple[Any, ...], with_values: bool = False) -> list[dict[str, Any]]:
+        columns = "key, metadata, size, version, created, updated" + (", value" if with_values else "")
         with self._transaction(write=False) as db:
-            rows = db.execute(
-                "SELECT key, metadata, size, version, created, updated FROM memories " + where, args
-            ).fetchall()
-        return [
-            {
-                "key": key,
-                "metadata": json.loads(metadata) if metadata else {},
-                "size": size,
-                "version": version,
-                "created": _iso_time(created),
-                "updated": _iso_time(updated),
-            }
-            for key, metadata, size, version, created, updated in rows
-        ]
+            rows = db.execute("SELECT %s FROM memories %s" % (columns, where), args).fetchall()
+        infos = []
+        for key, metadata, size, version, created, updated, *value in rows:
+            info: dict[str, Any] = {"key": key}
+            if with_values:
+                info["value"] = json.loads(value[0])
+            info.update(
+                metadata=json.loads(metadata) if metadata else {},
+                size=size,
+                version=version,
+                created=_iso_time(created),
+                updated=_iso_time(updated),
+            )
+            infos.append(info)
+        return infos
 
 
 class SavedTools:
@@ -2752,11 +2759,10 @@ class HostAPI:
         return {"servers": servers, "problems": list(self.pool.discovery.problems)}
 
     async def _allowed_tools(self, client: PooledClient) -> list[types.Tool]:
-        return [
-            tool
-            for tool in await client.list_tools()
-            if tool_allowed(client.spec.name, tool.name, self.config)
-        ]
+        return self._permitted(client, await client.list_tools())
+
+    def _permitted(self, client: PooledClient, tools: list[types.Tool]) -> list[types.Tool]:
+        return [tool for tool in tools if tool_allowed(client.spec.name, tool.name, self.config)]
 
     async def _find_tool(self, client: PooledClient, name: str) -> types.Tool:
         tools = await self._allowed_tools(client)
@@ -2784,12 +2790,12 @@ class HostAPI:
             for tool in await self._allowed_tools(client)
         ]
 
-    async def query_tool_docs(self, server: str, tool: str | None = None, detail: str = "summary") -> Any:
-        if detail not in ("summary", "full"):
-            raise ProxyError('detail must be "summary" or "full", not %r.' % detail)
-        client = self.pool.client(server)
+    async def query_tool_docs(
+        self, server: str, tool: str | None = None, detail: Literal["summary", "full"] = "summary"
+    ) -> Any:
+        client = self.pool.client(server)  # detail was checked by QueryToolDocsParams
         chosen = [await self._find_tool(client, tool)] if tool else await self._allowed_tools(client)
-        docs = [render_tool_doc(client.spec.alias, _tool_dict(item), detail) for item in chosen]  # type: ignore[arg-type]
+        docs = [render_tool_doc(client.spec.alias, _tool_dict(item), detail) for item in chosen]
         return docs[0] if tool else docs
 
     async def search_tool_docs(self, query: str, limit: int = 5) -> list[dict[str, Any]]:
@@ -2820,7 +2826,7 @@ class HostAPI:
         tools = await client.list_tools()
         cached = self._search_index.get(client.spec.alias)
         if cached is None or cached[0] is not tools:
-            allowed = [tool for tool in tools if tool_allowed(client.spec.name, tool.name, self.config)]
+            allowed = self._permitted(client, tools)
             cached = (tools, index_tools((client.spec.alias, _tool_dict(tool)) for tool in allowed))
             self._search_index[client.spec.alias] = cached
         return cached[1]
@@ -4277,15 +4283,7 @@ def _delete_memory(store: MemoryStore, key: str) -> None:
 
 
 def _export_memories(store: MemoryStore) -> None:
-    memories = {}
-    for entry in _stored_entries(store):
-        # One transaction per memory, so another bridge may write in between: a memory
-        # deleted meanwhile is left out, one rewritten is described again.
-        loaded = store.load(entry["key"])
-        if not loaded["found"]:
-            continue
-        info = entry if loaded["version"] == entry["version"] else store.info(entry["key"]) or entry
-        memories[entry["key"]] = {"value": loaded["value"], **{k: v for k, v in info.items() if k != "key"}}
+    memories = store.snapshot() if store.path.exists() else {}  # reading must not create the store
     print(json.dumps(memories, ensure_ascii=False, indent=2))
 
 
