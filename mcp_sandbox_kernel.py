@@ -806,22 +806,16 @@ class SandboxRuntime:
 
     def _dispatch_call(self, server: str, tool: str, arguments: dict[str, Any], raw: bool, label: str) -> Any:
         params = {"server": server, "tool": tool, "arguments": arguments}
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return unwrap_tool_result(server, tool, self._requests.call("call_tool", params), raw)
-        return PendingToolCall(self._call_async(params, raw), label)
-
-    async def _call_async(self, params: dict[str, Any], raw: bool) -> Any:
-        result = await self._requests.call_async("call_tool", params)
-        return unwrap_tool_result(params["server"], params["tool"], result, raw)
+        return self._host(
+            "call_tool", params, label, lambda result: unwrap_tool_result(server, tool, result, raw)
+        )
 
     # --- memory: kept on the host, across sessions and bridges ------------------------------
     def _host(
         self, method: str, params: dict[str, Any], label: str, then: Callable[[Any], Any] = lambda r: r
     ) -> Any:
-        """One host request: the value in plain code, an awaitable in code that uses await
-        (the same rule as tool calls)."""
+        """One host request (a tool call, a memory helper): the value in plain code, an
+        awaitable in code that uses await."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:

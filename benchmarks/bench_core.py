@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TextIO, cast
 
 import anyio
@@ -147,6 +148,35 @@ def server_env(runtime: str, image: str, prewarm: bool) -> dict[str, str]:
     env["MCP_BRIDGE_RUNTIME"] = runtime
     env["MCP_BRIDGE_IMAGE"] = image
     env["MCP_BRIDGE_PREWARM"] = "1" if prewarm else "0"
+    return env
+
+
+def isolated_bridge_env(
+    runtime: str, image: str, root: Path, servers: dict[str, Any], settings: dict[str, str]
+) -> dict[str, str]:
+    """This environment without any MCP_BRIDGE_* setting, plus an isolated bridge: an empty
+    HOME (no client config files) and a state dir under ``root`` (created if missing),
+    ``servers`` as the one servers config, and ``settings`` (more MCP_BRIDGE_* values)."""
+    home, state, config = root / "home", root / "state", root / "servers.json"
+    home.mkdir(exist_ok=True)
+    state.mkdir(exist_ok=True)
+    config.write_text(json.dumps({"mcpServers": servers}), encoding="utf-8")
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("MCP_BRIDGE_") and key not in ("MCP_SERVERS_CONFIG", "XDG_CONFIG_HOME")
+    }
+    env.update(
+        {
+            "HOME": str(home),
+            "MCP_SERVERS_CONFIG": str(config),
+            "MCP_BRIDGE_STATE_DIR": str(state),
+            "MCP_BRIDGE_RUNTIME": runtime,
+            "MCP_BRIDGE_IMAGE": image,
+            "MCP_BRIDGE_LOG_LEVEL": "WARNING",
+            **settings,
+        }
+    )
     return env
 
 

@@ -49,6 +49,7 @@ from bench_core import (  # the sibling benchmark: same conventions, same helper
     DEFAULT_IMAGE,
     TOOL_NAME,
     captured_stderr,
+    isolated_bridge_env,
     percentile,
     server_command,
     tail_of,
@@ -204,28 +205,12 @@ def describe(exc: BaseException) -> str:
 
 
 def bridge_env(runtime: str, image: str, root: Path, cell_timeout: float) -> dict[str, str]:
-    """This environment without any MCP_BRIDGE_* setting, plus an isolated bridge: an empty
-    HOME, the shared state dir and an explicit, empty servers config."""
-    config = root / "servers.json"
-    config.write_text(json.dumps({"mcpServers": {}}), encoding="utf-8")
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith("MCP_BRIDGE_") and key not in ("MCP_SERVERS_CONFIG", "XDG_CONFIG_HOME")
+    """An isolated bridge with no MCP server; both bridges of a run share ``root`` (one store)."""
+    settings = {
+        "MCP_BRIDGE_MAX_TIMEOUT": "%g" % max(cell_timeout, DEFAULT_CELL_TIMEOUT_S),
+        "MCP_BRIDGE_MAX_OUTPUT": str(MAX_OUTPUT_CHARS),
     }
-    env.update(
-        {
-            "HOME": str(root / "home"),
-            "MCP_SERVERS_CONFIG": str(config),
-            "MCP_BRIDGE_STATE_DIR": str(root / "state"),
-            "MCP_BRIDGE_RUNTIME": runtime,
-            "MCP_BRIDGE_IMAGE": image,
-            "MCP_BRIDGE_LOG_LEVEL": "WARNING",
-            "MCP_BRIDGE_MAX_TIMEOUT": "%g" % max(cell_timeout, DEFAULT_CELL_TIMEOUT_S),
-            "MCP_BRIDGE_MAX_OUTPUT": str(MAX_OUTPUT_CHARS),
-        }
-    )
-    return env
+    return isolated_bridge_env(runtime, image, root, {}, settings)
 
 
 @dataclass
@@ -328,8 +313,6 @@ async def measure(
 ) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
         root = Path(tmp)
-        (root / "home").mkdir()
-        (root / "state").mkdir()
         params = StdioServerParameters(
             command=server_command(), env=bridge_env(runtime, image, root, cell_timeout), cwd=str(root)
         )

@@ -47,6 +47,7 @@ from bench_core import (  # the sibling benchmark: same conventions, same helper
     TOOL_NAME,
     captured_stderr,
     compact_json,
+    isolated_bridge_env,
     ms_since,
     percentile,
     server_command,
@@ -169,30 +170,10 @@ def describe(exc: BaseException) -> str:
 
 
 def bridge_env(runtime: str, image: str, root: Path, cell_timeout: float) -> dict[str, str]:
-    """This environment without any MCP_BRIDGE_* setting, plus an isolated bridge: an empty
-    HOME (no client config files), its own state dir and one explicit servers config."""
-    home, state = root / "home", root / "state"
-    home.mkdir()
-    state.mkdir()
-    config = root / "servers.json"
-    config.write_text(json.dumps({"mcpServers": {ALIAS: {"command": str(EVERYTHING)}}}), encoding="utf-8")
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith("MCP_BRIDGE_") and key not in ("MCP_SERVERS_CONFIG", "XDG_CONFIG_HOME")
-    }
-    env.update(
-        {
-            "HOME": str(home),
-            "MCP_SERVERS_CONFIG": str(config),
-            "MCP_BRIDGE_STATE_DIR": str(state),
-            "MCP_BRIDGE_RUNTIME": runtime,
-            "MCP_BRIDGE_IMAGE": image,
-            "MCP_BRIDGE_LOG_LEVEL": "WARNING",
-            "MCP_BRIDGE_MAX_TIMEOUT": "%g" % max(cell_timeout, DEFAULT_CELL_TIMEOUT_S),
-        }
-    )
-    return env
+    """An isolated bridge with server-everything as its one server."""
+    servers = {ALIAS: {"command": str(EVERYTHING)}}
+    max_timeout = "%g" % max(cell_timeout, DEFAULT_CELL_TIMEOUT_S)
+    return isolated_bridge_env(runtime, image, root, servers, {"MCP_BRIDGE_MAX_TIMEOUT": max_timeout})
 
 
 async def run_cell(session: ClientSession, template: str, cell_timeout: float, **fields: Any) -> Any:

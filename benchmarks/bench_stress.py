@@ -53,6 +53,7 @@ from bench_core import (  # the sibling benchmark: same conventions, same helper
     DEFAULT_IMAGE,
     TOOL_NAME,
     captured_stderr,
+    isolated_bridge_env,
     percentile,
     server_command,
     tail_of,
@@ -1364,35 +1365,16 @@ def read_log(run: Run, errlog: TextIO) -> None:
 
 
 def bridge_env(runtime: str, image: str, root: Path, with_time: bool) -> dict[str, str]:
-    """This environment without any MCP_BRIDGE_* setting, plus an isolated bridge: an empty
-    HOME, its own state dir, an explicit servers config and this run's limits."""
-    home, state = root / "home", root / "state"
-    home.mkdir()
-    state.mkdir()
+    """An isolated bridge with server-everything (and mcp-server-time) and this run's limits."""
     servers: dict[str, Any] = {"everything": {"command": str(EVERYTHING)}}
     if with_time:
         servers["time"] = {"command": str(TIME_SERVER)}
-    config = root / "servers.json"
-    config.write_text(json.dumps({"mcpServers": servers}), encoding="utf-8")
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith("MCP_BRIDGE_") and key not in ("MCP_SERVERS_CONFIG", "XDG_CONFIG_HOME")
+    limits = {
+        "MCP_BRIDGE_MAX_FRAME_BYTES": str(MAX_FRAME_BYTES),
+        "MCP_BRIDGE_MAX_TOOL_RESULT_BYTES": str(MAX_TOOL_RESULT_BYTES),
+        "MCP_BRIDGE_MAX_OUTPUT": str(MAX_OUTPUT_CHARS),
     }
-    env.update(
-        {
-            "HOME": str(home),
-            "MCP_SERVERS_CONFIG": str(config),
-            "MCP_BRIDGE_STATE_DIR": str(state),
-            "MCP_BRIDGE_RUNTIME": runtime,
-            "MCP_BRIDGE_IMAGE": image,
-            "MCP_BRIDGE_LOG_LEVEL": "WARNING",
-            "MCP_BRIDGE_MAX_FRAME_BYTES": str(MAX_FRAME_BYTES),
-            "MCP_BRIDGE_MAX_TOOL_RESULT_BYTES": str(MAX_TOOL_RESULT_BYTES),
-            "MCP_BRIDGE_MAX_OUTPUT": str(MAX_OUTPUT_CHARS),
-        }
-    )
-    return env
+    return isolated_bridge_env(runtime, image, root, servers, limits)
 
 
 def build_parser() -> argparse.ArgumentParser:

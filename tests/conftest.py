@@ -132,6 +132,17 @@ def proxy_env(engine: Engine, state_dir: Path, home: Path, **overrides: str) -> 
     return env
 
 
+# Code that swallows every KeyboardInterrupt: a timeout can only end it by a kill.
+IGNORES_INTERRUPTS = """
+import time
+while True:
+    try:
+        time.sleep(10)
+    except KeyboardInterrupt:
+        pass
+"""
+
+
 async def run_cell(client: ClientSession, code: str, timeout: float = 60) -> dict[str, Any]:
     """One run_python call (code dedented): its structuredContent plus the text and isError."""
     result = await client.call_tool("run_python", {"code": textwrap.dedent(code), "timeout": timeout})

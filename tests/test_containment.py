@@ -14,6 +14,7 @@ import anyio
 import pytest
 
 from tests.conftest import (
+    IGNORES_INTERRUPTS,
     Engine,
     bridge_client,
     bridge_env,
@@ -199,18 +200,7 @@ async def test_background_shells_leave_no_zombies(engine: Engine, state_dir: Pat
 async def test_a_hard_kill_starts_a_fresh_process_and_keeps_files(engine: Engine, state_dir: Path) -> None:
     async with bridge_client(bridge_env(engine, state_dir)) as client:
         await run(client, "open('/tmp/kept.txt', 'w').write('file kept')\nvariable = 1")
-        stubborn = await run(
-            client,
-            """
-            import time
-            while True:
-                try:
-                    time.sleep(10)
-                except KeyboardInterrupt:
-                    pass
-            """,
-            timeout=2,
-        )
+        stubborn = await run(client, IGNORES_INTERRUPTS, timeout=2)
         assert stubborn["status"] == "timeout" and stubborn["state_kept"] is False, stubborn
         assert "fresh Python process" in stubborn["text"], stubborn
         after = await run(client, "open('/tmp/kept.txt').read()")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Engine, bridge_client, bridge_env, run_cell, text_of
+from tests.conftest import IGNORES_INTERRUPTS, Engine, bridge_client, bridge_env, run_cell, text_of
 from tests.test_integration import HARDENING_CHECKS
 
 pytestmark = pytest.mark.anyio
@@ -40,18 +40,7 @@ async def test_timeouts_under_gvisor_interrupt_then_kill(engine: Engine, state_d
         interrupted = await run(client, "while True: pass", timeout=2)
         assert interrupted["status"] == "timeout" and interrupted["state_kept"] is True, interrupted
         assert (await run(client, "kept"))["value"] == "'yes'"
-        stubborn = await run(
-            client,
-            """
-            import time
-            while True:
-                try:
-                    time.sleep(10)
-                except KeyboardInterrupt:
-                    pass
-            """,
-            timeout=2,
-        )
+        stubborn = await run(client, IGNORES_INTERRUPTS, timeout=2)
         assert stubborn["status"] == "timeout" and stubborn["state_kept"] is False, stubborn
         assert (await run(client, "open('/tmp/file').read()"))["value"] == "'kept'"
 
