@@ -151,6 +151,21 @@ def server_env(runtime: str, image: str, prewarm: bool) -> dict[str, str]:
     return env
 
 
+def add_runtime_and_image(parser: argparse.ArgumentParser) -> None:
+    """--runtime (one engine) and --image, as the single-runtime benchmarks take them."""
+    parser.add_argument(
+        "--runtime",
+        choices=RUNTIMES,
+        default=os.environ.get("MCP_BRIDGE_RUNTIME") or "podman",
+        help="container runtime (default: $MCP_BRIDGE_RUNTIME or podman)",
+    )
+    parser.add_argument(
+        "--image",
+        default=os.environ.get("MCP_BRIDGE_IMAGE") or DEFAULT_IMAGE,
+        help="sandbox image (default: $MCP_BRIDGE_IMAGE or %s)" % DEFAULT_IMAGE,
+    )
+
+
 def isolated_bridge_env(
     runtime: str, image: str, root: Path, servers: dict[str, Any], settings: dict[str, str]
 ) -> dict[str, str]:

@@ -46,8 +46,8 @@ from typing import Any, TextIO
 import anyio
 import mcp_types as types
 from bench_core import (  # the sibling benchmark: same conventions, same helpers
-    DEFAULT_IMAGE,
     TOOL_NAME,
+    add_runtime_and_image,
     captured_stderr,
     isolated_bridge_env,
     percentile,
@@ -61,7 +61,6 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from mcp_server_code_execution_mode import MEMORY_DIRNAME, MEMORY_FILENAME
 
-RUNTIMES = ("podman", "docker")
 MIN_CALLS = 50
 DEFAULT_CALLS = 200
 DEFAULT_THREADS = 4
@@ -531,12 +530,7 @@ def check_updates(
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument(
-        "--runtime",
-        choices=RUNTIMES,
-        default=os.environ.get("MCP_BRIDGE_RUNTIME") or "podman",
-        help="container runtime (default: $MCP_BRIDGE_RUNTIME or podman)",
-    )
+    add_runtime_and_image(parser)
     parser.add_argument(
         "--calls",
         type=int,
@@ -555,11 +549,6 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_UPDATES,
         help="update_memory calls per thread (default %d)" % DEFAULT_UPDATES,
-    )
-    parser.add_argument(
-        "--image",
-        default=os.environ.get("MCP_BRIDGE_IMAGE") or DEFAULT_IMAGE,
-        help="sandbox image (default: $MCP_BRIDGE_IMAGE or %s)" % DEFAULT_IMAGE,
     )
     parser.add_argument(
         "--cell-timeout",

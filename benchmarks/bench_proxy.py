@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-import os
 import sys
 import tempfile
 import textwrap
@@ -43,8 +42,8 @@ import anyio
 import mcp_types as types
 from anthropic_tokenizer import count_tokens  # Rust-native local tokenizer: no network.
 from bench_core import (  # the sibling benchmark: same conventions, same helpers
-    DEFAULT_IMAGE,
     TOOL_NAME,
+    add_runtime_and_image,
     captured_stderr,
     compact_json,
     isolated_bridge_env,
@@ -63,7 +62,6 @@ REPO = Path(__file__).resolve().parent.parent
 EVERYTHING = REPO / ".cache" / "mcp-servers" / "node_modules" / ".bin" / "mcp-server-everything"
 ALIAS = "everything"  # the server's name in the config: mcp_everything in the sandbox
 ECHO = "echo"
-RUNTIMES = ("podman", "docker")
 MIN_CALLS = 50
 DEFAULT_CALLS = 200
 DEFAULT_BATCHES = 20
@@ -447,12 +445,7 @@ def render_table(rows: Sequence[Row]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument(
-        "--runtime",
-        choices=RUNTIMES,
-        default=os.environ.get("MCP_BRIDGE_RUNTIME") or "podman",
-        help="container runtime (default: $MCP_BRIDGE_RUNTIME or podman)",
-    )
+    add_runtime_and_image(parser)
     parser.add_argument(
         "--calls",
         type=int,
@@ -464,11 +457,6 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_BATCHES,
         help="batches of %d concurrent calls per path (default %d)" % (IN_FLIGHT, DEFAULT_BATCHES),
-    )
-    parser.add_argument(
-        "--image",
-        default=os.environ.get("MCP_BRIDGE_IMAGE") or DEFAULT_IMAGE,
-        help="sandbox image (default: $MCP_BRIDGE_IMAGE or %s)" % DEFAULT_IMAGE,
     )
     parser.add_argument(
         "--verbose", action="store_true", help="also print the signatures and the schema JSON to stderr"

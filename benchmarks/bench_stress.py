@@ -50,8 +50,8 @@ from typing import Any, TextIO
 import anyio
 import mcp_types as types
 from bench_core import (  # the sibling benchmark: same conventions, same helpers
-    DEFAULT_IMAGE,
     TOOL_NAME,
+    add_runtime_and_image,
     captured_stderr,
     isolated_bridge_env,
     percentile,
@@ -68,7 +68,6 @@ from mcp_server_code_execution_mode import OWNER_PID_LABEL
 REPO = Path(__file__).resolve().parent.parent
 TIME_SERVER = Path(sys.executable).parent / "mcp-server-time"
 CONSOLE_NAME = b"mcp-server-code-execution-mode"
-RUNTIMES = ("podman", "docker")
 DEFAULT_MINUTES = 10.0
 
 # The bridge's limits for this run (the hostile kinds are sized against them).
@@ -1385,17 +1384,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MINUTES,
         help="how long to hammer the bridge; fractions work (default %g)" % DEFAULT_MINUTES,
     )
-    parser.add_argument(
-        "--runtime",
-        choices=RUNTIMES,
-        default=os.environ.get("MCP_BRIDGE_RUNTIME") or "podman",
-        help="container runtime (default: $MCP_BRIDGE_RUNTIME or podman)",
-    )
-    parser.add_argument(
-        "--image",
-        default=os.environ.get("MCP_BRIDGE_IMAGE") or DEFAULT_IMAGE,
-        help="sandbox image (default: $MCP_BRIDGE_IMAGE or %s)" % DEFAULT_IMAGE,
-    )
+    add_runtime_and_image(parser)
     parser.add_argument(
         "--no-time-server", action="store_true", help="configure server-everything only, not mcp-server-time"
     )
