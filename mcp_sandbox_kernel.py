@@ -31,11 +31,13 @@ import base64
 import builtins
 import codecs
 import collections
+import collections.abc
 import difflib
 import functools
 import inspect
 import json
 import linecache
+import operator
 import os
 import queue
 import random
@@ -47,6 +49,7 @@ import threading
 import time
 import traceback
 import types
+from collections.abc import Coroutine
 from typing import Any, Callable, NamedTuple
 
 # =============================================================================
@@ -478,6 +481,165 @@ def _partial_suffix(buffer: bytes, marker: bytes) -> int:
 
 CELL_PREFIX = "<cell-"
 
+# --- deferred calls: the one rule for `await` ---------------------------------------------
+# A tool call (or host helper) gives its value, in any code. Only where the code itself
+# awaits the call or hands it to asyncio (`await f()`, `asyncio.gather(f(), g())`,
+# `create_task(f())`, a list of calls later gathered) does the call start later instead,
+# as an awaitable, so several run at once. The cell's syntax tree says which calls those
+# are: each is rewritten to `__mcp_defer__(f, ...)`, which tells a deferrable callee to
+# return an awaitable; every other callee is called as written.
+
+DEFER_NAME = "__mcp_defer__"
+# asyncio functions that take awaitables, and how many leading positional arguments are
+# awaitables (None: all of them).
+_ASYNCIO_TAKERS: dict[str, int | None] = {
+    "gather": None, "create_task": 1, "ensure_future": 1, "shield": 1, "wait_for": 1, "as_completed": 1,
+    "run_until_complete": 1, "run_coroutine_threadsafe": 1,
+}  # fmt: skip
+_ASYNCIO_ONLY = {"run": 1, "wait": 1}  # names too common elsewhere: only as asyncio.run / asyncio.wait
+_COLLECTORS = ("append", "add", "extend", "insert")  # tasks.append(f()): a list later gathered
+_deferral = threading.local()
+
+
+def defer_call(func: Any, /, *args: Any, **kwargs: Any) -> Any:
+    """``__mcp_defer__(f, ...)``: call ``f``; a deferrable ``f`` returns an awaitable."""
+    target = func.__func__ if isinstance(func, types.MethodType) else type(func)
+    if getattr(target, "_mcp_deferrable", False) is not True:
+        return func(*args, **kwargs)
+    _deferral.next = True
+    try:
+        return func(*args, **kwargs)
+    finally:
+        _deferral.next = False
+
+
+def take_deferral() -> bool:
+    """Whether the deferrable call now running was written to be awaited (see defer_call)."""
+    deferred = getattr(_deferral, "next", False)
+    _deferral.next = False
+    return deferred
+
+
+def _awaitable_arguments(call: ast.Call) -> int | None:
+    """How many leading positional arguments of ``call`` asyncio will await (None: all)."""
+    func = call.func
+    if isinstance(func, ast.Attribute):
+        if func.attr in _ASYNCIO_ONLY and isinstance(func.value, ast.Name) and func.value.id == "asyncio":
+            return _ASYNCIO_ONLY[func.attr]
+        name = func.attr
+    else:
+        name = func.id if isinstance(func, ast.Name) else ""
+    return _ASYNCIO_TAKERS.get(name, 0)
+
+
+def _defer(node: ast.expr) -> ast.expr:
+    if isinstance(node, ast.Call):
+        if isinstance(node.func, ast.Name) and node.func.id == DEFER_NAME:
+            return node
+        marker = ast.Name(DEFER_NAME, ast.Load())
+        return ast.copy_location(ast.Call(marker, [node.func, *node.args], node.keywords), node)
+    if isinstance(node, ast.Starred):
+        node.value = _defer(node.value)
+    elif isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        node.elts = [_defer(element) for element in node.elts]
+    elif isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp)):
+        node.elt = _defer(node.elt)
+    elif isinstance(node, ast.IfExp):
+        node.body, node.orelse = _defer(node.body), _defer(node.orelse)
+    return node
+
+
+def _awaited_names(tree: ast.AST) -> set[str]:
+    """Names the code awaits or hands to asyncio: `await task`, `gather(*tasks)`."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Await):
+            candidates = [node.value]
+        elif isinstance(node, ast.Call):
+            candidates = node.args[: _awaitable_arguments(node)]
+        else:
+            continue
+        for candidate in candidates:
+            named = candidate.value if isinstance(candidate, ast.Starred) else candidate
+            if isinstance(named, ast.Name):
+                names.add(named.id)
+    return names
+
+
+# function name -> (its positional parameters, the parameters it awaits)
+AwaitingFunctions = dict[str, tuple[list[str], set[str]]]
+
+
+class DeferAwaitedCalls(ast.NodeTransformer):
+    """Rewrites the calls a cell awaits or hands to asyncio (see the section's comment):
+    directly, through a name it awaits later (`task = f()` ... `await task`, a list of
+    calls it gathers), or as the argument of a function that awaits that parameter
+    (`async def timed(coro): await coro` ... `timed(f())`). ``functions`` carries the
+    functions defined so far from cell to cell."""
+
+    def __init__(self, tree: ast.AST, functions: AwaitingFunctions) -> None:
+        self.awaited_names = _awaited_names(tree)
+        self.functions = functions
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                positional = [argument.arg for argument in node.args.posonlyargs + node.args.args]
+                every = set(positional) | {argument.arg for argument in node.args.kwonlyargs}
+                awaited = _awaited_names(node) & every
+                if awaited:
+                    functions[node.name] = (positional, awaited)
+                else:
+                    functions.pop(node.name, None)
+
+    def visit_Await(self, node: ast.Await) -> ast.AST:
+        self.generic_visit(node)
+        node.value = _defer(node.value)
+        return node
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        count = _awaitable_arguments(node)
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in _COLLECTORS and self._awaited(func.value):
+            count = None
+        node.args[:count] = [_defer(argument) for argument in node.args[:count]]
+        if isinstance(func, ast.Name) and func.id in self.functions:
+            positional, awaited = self.functions[func.id]
+            for index, argument in enumerate(node.args[: len(positional)]):
+                if isinstance(argument, ast.Starred):
+                    break
+                if positional[index] in awaited:
+                    node.args[index] = _defer(argument)
+            for keyword in node.keywords:
+                if keyword.arg in awaited:
+                    keyword.value = _defer(keyword.value)
+        return node
+
+    def visit_Assign(self, node: ast.Assign) -> ast.AST:
+        self.generic_visit(node)
+        if any(self._awaited(target) for target in node.targets):
+            node.value = _defer(node.value)
+        return node
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
+        self.generic_visit(node)
+        if node.value is not None and self._awaited(node.target):
+            node.value = _defer(node.value)
+        return node
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> ast.AST:
+        self.generic_visit(node)
+        if self._awaited(node.target):
+            node.value = _defer(node.value)
+        return node
+
+    def _awaited(self, target: ast.AST) -> bool:
+        return isinstance(target, ast.Name) and target.id in self.awaited_names
+
+
+def defer_awaited_calls(tree: ast.Module, functions: AwaitingFunctions) -> ast.Module:
+    DeferAwaitedCalls(tree, functions).visit(tree)
+    return ast.fix_missing_locations(tree)
+
 
 class Executor:
     """One persistent namespace. Each execute is compiled as a cell that allows
@@ -486,8 +648,11 @@ class Executor:
 
     def __init__(self) -> None:
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
+        # In builtins, not the namespace: code that clears its globals keeps working.
+        setattr(builtins, DEFER_NAME, defer_call)
         self.loop = asyncio.new_event_loop()
         self.cell_count = 0
+        self.awaiting_functions: AwaitingFunctions = {}
 
     def run(self, source: str) -> Any:
         """Run ``source``; return the final expression's value (None if there is none).
@@ -497,7 +662,7 @@ class Executor:
         # Registered so tracebacks can show the user's own lines.
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
-        tree = ast.parse(source, filename, "exec")
+        tree = defer_awaited_calls(ast.parse(source, filename, "exec"), self.awaiting_functions)
         last: ast.expr | None = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = tree.body.pop().value  # type: ignore[attr-defined]
@@ -748,10 +913,16 @@ def _unwrap_block(block: dict[str, Any]) -> Any:
     return block
 
 
+def deferrable(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Marks a sandbox API callable that returns a PendingCall when written to be awaited."""
+    method._mcp_deferrable = True  # type: ignore[attr-defined]
+    return method
+
+
 class SandboxRuntime:
-    """What ``from mcp import runtime`` gives. Discovery helpers are plain functions that
-    return values in any code; ``call_tool`` (like every ``mcp_<alias>.<tool>``) returns
-    the value directly in plain code, and an awaitable in code that uses ``await``."""
+    """What ``from mcp import runtime`` gives. Every helper, like every ``mcp_<alias>.<tool>``,
+    returns its value, in any code; ``await helper(...)`` works too, and calls handed to
+    ``asyncio.gather`` run at the same time (see "deferred calls")."""
 
     MCPError = MCPError
     MCPToolError = MCPToolError
@@ -761,46 +932,76 @@ class SandboxRuntime:
         self._requests = requests
         self._servers = servers
 
-    # The discovery helpers answer at once, in any code, and their results can also be
-    # awaited (the original project's README writes `await runtime.search_tool_docs(...)`).
+    def _now_or_deferred(
+        self, run: Callable[[], Any], run_async: Callable[[], Coroutine[Any, Any, Any]], label: str
+    ) -> Any:
+        return PendingCall(run, run_async, label) if take_deferral() else run()
+
+    def _host(
+        self, method: str, params: dict[str, Any], label: str, then: Callable[[Any], Any] = lambda r: r
+    ) -> Any:
+        """One host request (a tool call, a memory helper): its value, or a PendingCall."""
+
+        async def run_async() -> Any:
+            return then(await self._requests.call_async(method, params))
+
+        return self._now_or_deferred(lambda: then(self._requests.call(method, params)), run_async, label)
+
+    @deferrable
     def discovered_servers(self, detailed: bool = False) -> Any:
         """Configured servers (none is started by this): aliases, or dicts with details."""
-        return awaitable(self._requests.call("discovered_servers", {"detailed": detailed}))
+        return self._host("discovered_servers", {"detailed": detailed}, "runtime.discovered_servers()")
 
+    @deferrable
     def list_servers(self) -> Any:
         """Aliases of the servers this sandbox may call."""
-        return AwaitableList(server["alias"] for server in self._servers)
+        aliases = [server["alias"] for server in self._servers]
 
+        async def run_async() -> Any:
+            return list(aliases)
+
+        return self._now_or_deferred(lambda: list(aliases), run_async, "runtime.list_servers()")
+
+    @deferrable
     def list_tools(self, server: str) -> Any:
         """Tool names and one-line descriptions of one server (starts it if needed)."""
-        return awaitable(self._requests.call("list_tools", {"server": server}))
+        return self._host("list_tools", {"server": server}, "runtime.list_tools(%r)" % (server,))
 
+    @deferrable
     def query_tool_docs(self, server: str, tool: str | None = None, detail: str = "summary") -> Any:
         """Python signatures of a server's tools (or one tool); detail="full" adds schemas."""
         params = {"server": server, "tool": tool, "detail": detail}
-        return awaitable(self._requests.call("query_tool_docs", params))
+        return self._host("query_tool_docs", params, "runtime.query_tool_docs(%r)" % (server,))
 
-    def search_tool_docs(self, query: str, limit: int = 5) -> Any:
-        """Best-matching tools across all configured servers for a plain-words query."""
-        return awaitable(self._requests.call("search_tool_docs", {"query": query, "limit": limit}))
+    @deferrable
+    def search_tool_docs(self, query: str, limit: int = 5, detail: str = "line") -> Any:
+        """The tools of all configured servers that best match a plain-words query, best
+        first: one line each (``detail="summary"`` or ``"full"``: dicts)."""
+        params = {"query": query, "limit": limit, "detail": detail}
+        return self._host("search_tool_docs", params, "runtime.search_tool_docs(%r)" % (query,))
 
+    @deferrable
     def capability_summary(self) -> Any:
         """A short text: servers, how to discover and call their tools."""
-        return AwaitableStr(self._requests.call("capability_summary", {}))
+        return self._host("capability_summary", {}, "runtime.capability_summary()")
 
+    @deferrable
     def list_loaded_server_metadata(self) -> Any:
         """The original project's name: details of every configured server."""
-        return AwaitableList(self._requests.call("discovered_servers", {"detailed": True})["servers"])
+        params = {"detailed": True}
+        label = "runtime.list_loaded_server_metadata()"
+        return self._host("discovered_servers", params, label, lambda result: result["servers"])
 
     # The original project's synchronous names: the same helpers.
     list_servers_sync = list_servers
     query_tool_docs_sync = query_tool_docs
     search_tool_docs_sync = search_tool_docs
 
+    @deferrable
     def call_tool(
         self, server: str, tool: str, arguments: dict[str, Any] | None = None, raw: bool = False
     ) -> Any:
-        """Call one tool. In code that uses ``await``, ``await`` it."""
+        """Call one tool: its result as plain Python (see unwrap_tool_result)."""
         label = "runtime.call_tool(%r, %r, ...)" % (server, tool)
         return self._dispatch_call(server, tool, arguments or {}, raw, label)
 
@@ -811,21 +1012,7 @@ class SandboxRuntime:
         )
 
     # --- memory: kept on the host, across sessions and bridges ------------------------------
-    def _host(
-        self, method: str, params: dict[str, Any], label: str, then: Callable[[Any], Any] = lambda r: r
-    ) -> Any:
-        """One host request (a tool call, a memory helper): the value in plain code, an
-        awaitable in code that uses await."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return then(self._requests.call(method, params))
-
-        async def later() -> Any:
-            return then(await self._requests.call_async(method, params))
-
-        return PendingToolCall(later(), label)
-
+    @deferrable
     def save_memory(self, key: str, value: Any, metadata: dict[str, Any] | None = None) -> Any:
         """Remember ``value`` (JSON: dict, list, str, int, float, bool, None) under ``key`` for
         future sessions; ``metadata`` (a dict) describes it. Returns the entry's info."""
@@ -834,6 +1021,7 @@ class SandboxRuntime:
         params = {"key": key, "value": value, "metadata": metadata}
         return self._host("memory_save", params, "save_memory(%r, ...)" % (key,))
 
+    @deferrable
     def load_memory(self, key: str, default: Any = None) -> Any:
         """The value saved under ``key``, or ``default`` when there is none."""
         return self._host(
@@ -843,31 +1031,36 @@ class SandboxRuntime:
             lambda r: r["value"] if r["found"] else default,
         )
 
+    @deferrable
     def delete_memory(self, key: str) -> Any:
         """Forget ``key``; True when it existed."""
         return self._host("memory_delete", {"key": key}, "delete_memory(%r)" % (key,))
 
+    @deferrable
     def memory_exists(self, key: str) -> Any:
         return self._host("memory_info", {"key": key}, "memory_exists(%r)" % (key,), lambda r: r is not None)
 
+    @deferrable
     def get_memory_info(self, key: str) -> Any:
         """{key, metadata, size, version, created, updated} of ``key``, or None."""
         return self._host("memory_info", {"key": key}, "get_memory_info(%r)" % (key,))
 
+    @deferrable
     def list_memories(self) -> Any:
         """Every saved key with its metadata, size and timestamps."""
         return self._host("memory_list", {}, "list_memories()")
 
+    @deferrable
     def update_memory(self, key: str, fn: Callable[[Any], Any], default: Any = None) -> Any:
         """Atomically replace the value of ``key`` with ``fn(value)`` (``fn(default)`` when
         there is none), even with other sessions and bridges updating it at the same time:
         the host commits only if nobody wrote in between, else ``fn`` runs again on the new
         value. ``fn`` raising leaves the value unchanged. Returns the new value."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return self._update_sync(key, fn, default)
-        return PendingToolCall(self._update_async(key, fn, default), "update_memory(%r, ...)" % (key,))
+        return self._now_or_deferred(
+            lambda: self._update_sync(key, fn, default),
+            lambda: self._update_async(key, fn, default),
+            "update_memory(%r, ...)" % (key,),
+        )
 
     def _update_sync(self, key: str, fn: Callable[[Any], Any], default: Any) -> Any:
         for attempt in range(UPDATE_MEMORY_ATTEMPTS):
@@ -892,6 +1085,7 @@ class SandboxRuntime:
         raise MCPError(_CONTENDED % (key, UPDATE_MEMORY_ATTEMPTS))
 
     # --- saved tools: functions kept on the host, defined in every future session ------------
+    @deferrable
     def save_tool(self, func: Callable[..., Any]) -> Any:
         """Save a function defined with ``def`` at the top level of a cell, so every future
         session (and every other bridge) has it. Saving the same name again replaces it.
@@ -902,10 +1096,12 @@ class SandboxRuntime:
             "tool_save", params, "save_tool(%s)" % func.__name__, lambda info: dict(info, warnings=warnings)
         )
 
+    @deferrable
     def list_saved_tools(self) -> Any:
         """[{"name", "doc", "path"}] of the saved tools (``doc``: the docstring's first line)."""
         return self._host("tool_list", {}, "list_saved_tools()")
 
+    @deferrable
     def delete_tool(self, name: str) -> Any:
         """Forget a saved tool (sessions that have it keep it until they end); True if it existed."""
         return self._host("tool_delete", {"name": name}, "delete_tool(%r)" % (name,))
@@ -999,72 +1195,151 @@ def _require_json(value: Any, what: str) -> None:
         ) from None
 
 
-def _itself(value: Any) -> Any:
-    return value
-    yield  # a generator, which is what ``await`` needs: awaiting gives the value itself
+class PendingCall(collections.abc.Coroutine):  # type: ignore[type-arg]
+    """A call the code awaits or hands to asyncio (see "deferred calls"): a coroutine that
+    sends nothing until it runs, so the calls of one ``gather`` overlap. Should the code
+    use it as a value after all (a list of calls it also gathers, say), it runs then and
+    there and stands for its value: printing, indexing, methods, operators."""
 
-
-class AwaitableList(list):  # type: ignore[type-arg]
-    """A list that ``await`` also accepts, giving itself back."""
-
-    def __await__(self) -> Any:
-        return _itself(self)
-
-
-class AwaitableDict(dict):  # type: ignore[type-arg]
-    """A dict that ``await`` also accepts, giving itself back."""
-
-    def __await__(self) -> Any:
-        return _itself(self)
-
-
-class AwaitableStr(str):
-    """A str that ``await`` also accepts, giving itself back."""
-
-    def __await__(self) -> Any:
-        return _itself(self)
-
-
-def awaitable(value: Any) -> Any:
-    """``value`` (a list, dict or str from the host) in a form ``await`` accepts too."""
-    if isinstance(value, list):
-        return AwaitableList(value)
-    if isinstance(value, dict):
-        return AwaitableDict(value)
-    if isinstance(value, str):
-        return AwaitableStr(value)
-    return value
-
-
-class PendingToolCall:
-    """What a tool call gives in code that uses ``await``: an awaitable, so several calls
-    can run at once (``asyncio.gather``). Using it as a value instead is a mistake with a
-    clear message, not a confusing error about coroutines."""
-
-    def __init__(self, coroutine: Any, label: str) -> None:
-        self._coroutine = coroutine
+    def __init__(
+        self, run: Callable[[], Any], run_async: Callable[[], Coroutine[Any, Any, Any]], label: str
+    ) -> None:
+        self._run = run
+        self._run_async = run_async
         self._label = label
-        self._awaited = False
+        self._coroutine: Coroutine[Any, Any, Any] | None = None
+        self._settled = False
+        self._value: Any = None
+
+    # --- as a coroutine: await, gather, create_task ---------------------------------------
+    def _started(self) -> Coroutine[Any, Any, Any]:
+        if self._coroutine is None:
+            self._coroutine = self._settle()
+        return self._coroutine
+
+    async def _settle(self) -> Any:
+        if not self._settled:
+            self._value = await self._run_async()
+            self._settled = True
+        return self._value
 
     def __await__(self) -> Any:
-        self._awaited = True
-        return self._coroutine.__await__()
+        return self._started().__await__()
 
-    def _misuse(self, *args: Any) -> Any:
-        raise TypeError(
-            "%s has not run yet: this code uses await, so calls to tools and the host must be awaited. Write "
-            "`result = await %s`, or `await asyncio.gather(...)` for several at once."
-            % (self._label, self._label)
-        )
+    def send(self, value: Any) -> Any:
+        return self._started().send(value)
 
-    __getitem__ = __iter__ = __len__ = __contains__ = __bool__ = __int__ = __float__ = _misuse
+    def throw(self, *args: Any) -> Any:
+        return self._started().throw(*args)
 
-    def __repr__(self) -> str:
-        return "<pending tool call %s: await it>" % self._label
+    def close(self) -> None:
+        if self._coroutine is not None:
+            self._coroutine.close()
 
     def __del__(self) -> None:
-        if not self._awaited:
-            self._coroutine.close()  # never started, so nothing was sent
+        coroutine = self._coroutine
+        if coroutine is not None and inspect.getcoroutinestate(coroutine) == inspect.CORO_CREATED:
+            coroutine.close()  # never ran: nothing was sent, and Python need not warn
+
+    # --- as its value ---------------------------------------------------------------------
+    def _resolve(self) -> Any:
+        if not self._settled:
+            if self._coroutine is not None:  # a task runs it on this thread: cannot wait here
+                raise TypeError("%s is still running: await it before using its value" % self._label)
+            self._value = self._run()
+            self._settled = True
+        return self._value
+
+    def __getattr__(self, name: str) -> Any:
+        # Private and coroutine attributes (asyncio probes cr_code, cr_frame) do not run the call.
+        if name.startswith(("_", "cr_", "gi_", "ag_")):
+            raise AttributeError(name)
+        return getattr(self._resolve(), name)
+
+    def __repr__(self) -> str:
+        return repr(self._resolve())
+
+    def __format__(self, spec: str) -> str:
+        return format(self._resolve(), spec)
+
+    __hash__ = object.__hash__  # identity: asyncio.wait puts awaitables in a set
+
+
+def _on_value(operation: Callable[..., Any], reflected: bool = False) -> Callable[..., Any]:
+    if reflected:
+        return lambda self, other: operation(other, self._resolve())
+    return lambda self, *args: operation(self._resolve(), *args)
+
+
+_OPERATIONS: dict[str, Callable[..., Any]] = {
+    "__str__": str, "__bytes__": bytes, "__bool__": bool, "__len__": len, "__iter__": iter,
+    "__reversed__": reversed, "__int__": int, "__float__": float, "__index__": operator.index,
+    "__abs__": abs, "__neg__": operator.neg, "__getitem__": operator.getitem,
+    "__contains__": operator.contains, "__eq__": operator.eq, "__ne__": operator.ne,
+    "__lt__": operator.lt, "__le__": operator.le, "__gt__": operator.gt, "__ge__": operator.ge,
+    "__add__": operator.add, "__sub__": operator.sub, "__mul__": operator.mul,
+    "__truediv__": operator.truediv, "__floordiv__": operator.floordiv, "__mod__": operator.mod,
+    "__or__": operator.or_, "__and__": operator.and_,
+}  # fmt: skip
+_REFLECTED_OPERATIONS: dict[str, Callable[..., Any]] = {
+    "__radd__": operator.add, "__rsub__": operator.sub, "__rmul__": operator.mul,
+    "__rtruediv__": operator.truediv, "__rmod__": operator.mod, "__ror__": operator.or_,
+}  # fmt: skip
+for _name, _operation in _OPERATIONS.items():
+    setattr(PendingCall, _name, _on_value(_operation))
+for _name, _operation in _REFLECTED_OPERATIONS.items():
+    setattr(PendingCall, _name, _on_value(_operation, reflected=True))
+
+
+class TypeText:
+    """A parameter's type as the host renders it (``list[str] | None``), shown unquoted."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def signature_from_text(text: str) -> inspect.Signature | None:
+    """An inspect.Signature from the host's ``name(a: str, b: int = 1) -> T  # summary``;
+    every parameter is keyword-only, as tools take them, plus the ``raw`` option."""
+    try:
+        definition = ast.parse("def %s: pass" % text.split("  # ", 1)[0]).body[0]
+        assert isinstance(definition, ast.FunctionDef)
+        arguments = definition.args
+        defaults = [None] * (len(arguments.args) - len(arguments.defaults)) + list(arguments.defaults)
+        parameters = [
+            inspect.Parameter(
+                argument.arg,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=inspect.Parameter.empty if default is None else ast.literal_eval(default),
+                annotation=TypeText(ast.unparse(argument.annotation))
+                if argument.annotation
+                else inspect.Parameter.empty,
+            )
+            for argument, default in zip(arguments.args, defaults)
+        ]
+        if "raw" not in {parameter.name for parameter in parameters}:
+            parameters.append(
+                inspect.Parameter(
+                    "raw", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=TypeText("bool")
+                )
+            )
+        if arguments.kwarg is not None:
+            annotation = arguments.kwarg.annotation
+            kind = inspect.Parameter.VAR_KEYWORD
+            parameters.append(
+                inspect.Parameter(
+                    arguments.kwarg.arg,
+                    kind,
+                    annotation=TypeText(ast.unparse(annotation)) if annotation else inspect.Parameter.empty,
+                )
+            )
+        returns = TypeText(ast.unparse(definition.returns)) if definition.returns else inspect.Signature.empty
+        return inspect.Signature(parameters, return_annotation=returns)
+    except (SyntaxError, ValueError, TypeError, AssertionError):
+        return None
 
 
 class ServerProxy:
@@ -1104,21 +1379,68 @@ class ServerProxy:
 
 
 class ToolFunction:
+    # ``mcp_<alias>.<tool>``: called with keyword arguments. Its __doc__ and __signature__
+    # come from the tool's docs, fetched from the host the first time help() or inspect
+    # asks; and __get__ makes it a routine to them, as a function is.
+
+    _mcp_deferrable = True
+
     def __init__(self, runtime: SandboxRuntime, server: str, tool: str, name: str) -> None:
         self._runtime = runtime
         self._server = server
         self._tool = tool
+        self._docs: dict[str, Any] | None = None
         self.__name__ = name
+        self.__qualname__ = "mcp_%s.%s" % (server, name)
+        self.__module__ = "mcp.servers.%s" % server
 
     def __call__(self, *args: Any, raw: bool = False, **arguments: Any) -> Any:
         if args:
             raise TypeError(
                 "mcp_%s.%s takes keyword arguments only, e.g. %s(name=value); see "
-                "runtime.query_tool_docs(%r, %r)"
-                % (self._server, self.__name__, self.__name__, self._server, self._tool)
+                "help(mcp_%s.%s)" % (self._server, self.__name__, self.__name__, self._server, self.__name__)
             )
         label = "mcp_%s.%s(...)" % (self._server, self.__name__)
         return self._runtime._dispatch_call(self._server, self._tool, arguments, raw, label)
+
+    def __get__(self, instance: Any, owner: Any = None) -> ToolFunction:
+        return self
+
+    def _tool_docs(self) -> dict[str, Any]:
+        if self._docs is None:
+            params = {"server": self._server, "tool": self._tool, "detail": "full"}
+            self._docs = self._runtime._requests.call("query_tool_docs", params)
+        return self._docs
+
+    @property
+    def __signature__(self) -> inspect.Signature | None:
+        try:
+            return signature_from_text(str(self._tool_docs().get("signature", "")))
+        except MCPError:
+            return None
+
+    @property
+    def __doc__(self) -> str:  # type: ignore[override]
+        try:
+            docs = self._tool_docs()
+        except MCPError as exc:
+            return "The docs of %s.%s are unavailable: %s" % (self._server, self._tool, exc)
+        lines = [str(docs.get("description") or "(The tool has no description.)").strip(), ""]
+        schema = docs.get("input_schema")
+        properties = schema.get("properties") if isinstance(schema, dict) else None
+        described = [
+            (name, prop["description"])
+            for name, prop in (properties.items() if isinstance(properties, dict) else ())
+            if isinstance(prop, dict) and isinstance(prop.get("description"), str)
+        ]
+        if described:
+            lines += ["Parameters:"] + ["  %s: %s" % (name, text.strip()) for name, text in described] + [""]
+        lines.append(
+            "Returns the result as plain Python (structuredContent, or the content with JSON text "
+            "parsed); raw=True gives the MCP result dict. Raises runtime.MCPToolError when the "
+            "tool reports failure."
+        )
+        return "\n".join(lines)
 
     def __repr__(self) -> str:
         return "<MCP tool %s.%s>" % (self._server, self._tool)
@@ -1194,7 +1516,9 @@ class ExecutorProcess:
             filename = "%s%s>" % (SAVED_TOOL_PREFIX, name)
             linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
             try:
-                exec(compile(source, filename, "exec", dont_inherit=True), self.executor.namespace)
+                tree = ast.parse(source, filename, "exec")
+                tree = defer_awaited_calls(tree, self.executor.awaiting_functions)
+                exec(compile(tree, filename, "exec", dont_inherit=True), self.executor.namespace)
                 loaded.append(name)
             except Exception as exc:
                 notices.append(

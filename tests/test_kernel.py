@@ -831,3 +831,80 @@ def test_output_limiter_is_safe_under_concurrent_writers() -> None:
 
     assert sum(len(text) for text in kept) == 1000
     assert limiter.sent["stdout"] + limiter.dropped["stdout"] == 4 * 500 * 2
+
+
+# --- deferred calls: which calls a cell awaits --------------------------------------------
+
+
+def deferred(source: str, functions: dict[str, Any] | None = None) -> str:
+    import ast
+
+    tree = mcp_sandbox_kernel.defer_awaited_calls(ast.parse(source), {} if functions is None else functions)
+    return ast.unparse(tree)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("x = f(1)", "x = f(1)"),
+        ("x = await f(1, k=2)", "x = await __mcp_defer__(f, 1, k=2)"),
+        ("await g(f(1))", "await __mcp_defer__(g, f(1))"),  # only the awaited call
+        ("asyncio.gather(f(), g())", "asyncio.gather(__mcp_defer__(f), __mcp_defer__(g))"),
+        ("gather(*(f(i) for i in r))", "gather(*(__mcp_defer__(f, i) for i in r))"),
+        ("asyncio.wait_for(f(), t())", "asyncio.wait_for(__mcp_defer__(f), t())"),
+        ("asyncio.run(f())", "asyncio.run(__mcp_defer__(f))"),
+        ("subprocess.run(f())", "subprocess.run(f())"),  # `run`/`wait` count only as asyncio's
+        ("tg.create_task(f())", "tg.create_task(__mcp_defer__(f))"),
+        ("t = f()\nawait t", "t = __mcp_defer__(f)\nawait t"),
+        (
+            "ts = [f(i) for i in r]\nawait asyncio.gather(*ts)",
+            "ts = [__mcp_defer__(f, i) for i in r]\nawait __mcp_defer__(asyncio.gather, *ts)",
+        ),
+        (
+            "ts = []\nts.append(f())\nasyncio.gather(*ts)",
+            "ts = []\nts.append(__mcp_defer__(f))\nasyncio.gather(*ts)",
+        ),
+        ("ys = [f(i) for i in r]\nprint(ys)", "ys = [f(i) for i in r]\nprint(ys)"),
+        (
+            "async def timed(c):\n    return await c\ntimed(f(), g())",
+            "async def timed(c):\n    return await c\ntimed(__mcp_defer__(f), g())",
+        ),
+    ],
+)
+def test_calls_are_deferred_exactly_where_the_code_awaits_them(source: str, expected: str) -> None:
+    assert deferred(source) == expected
+
+
+def test_functions_that_await_a_parameter_are_remembered_from_cell_to_cell() -> None:
+    functions: dict[str, Any] = {}
+    deferred("async def timed(name, coro):\n    return name, await coro", functions)
+    assert deferred("timed(f(), coro=g())", functions) == "timed(f(), coro=__mcp_defer__(g))"
+    deferred("def timed(name, coro):\n    return coro", functions)  # redefined: awaits nothing
+    assert deferred("timed(f(), coro=g())", functions) == "timed(f(), coro=g())"
+
+
+def test_only_deferrable_callees_return_awaitables() -> None:
+    class Tool:
+        _mcp_deferrable = True
+
+        def __call__(self) -> bool:
+            return mcp_sandbox_kernel.take_deferral()
+
+    assert mcp_sandbox_kernel.defer_call(Tool()) is True
+    assert Tool()() is False  # written without await: no deferral
+    assert mcp_sandbox_kernel.defer_call(mcp_sandbox_kernel.take_deferral) is False
+
+
+def test_a_signature_is_rebuilt_from_the_hosts_text() -> None:
+    text = (
+        "write_file(path: str, mode: Literal['a', 'w'] = 'w', tags: list[str] | None = None) -> dict  # Write"
+    )
+    signature = mcp_sandbox_kernel.signature_from_text(text)
+    assert str(signature) == (
+        "(*, path: str, mode: Literal['a', 'w'] = 'w', tags: list[str] | None = None, raw: bool = False)"
+        " -> dict"
+    )
+    assert str(mcp_sandbox_kernel.signature_from_text("anything(**kwargs: Any) -> Any")) == (
+        "(*, raw: bool = False, **kwargs: Any) -> Any"
+    )
+    assert mcp_sandbox_kernel.signature_from_text("broken(") is None
