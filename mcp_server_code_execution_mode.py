@@ -44,6 +44,7 @@ import sys
 import time
 import tomllib
 import urllib.parse
+import zoneinfo
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field, replace
@@ -221,10 +222,21 @@ class Option:
     env: str
     parse: Callable[[str], Any]
     help: str
+    default_text: str = ""  # how --help and README show the default, where its value says too little
 
     @property
     def flag(self) -> str:
-        return "--" + self.field.replace("_", "-")
+        """The variable's name without its prefix: MCP_BRIDGE_MAX_OUTPUT <-> --max-output."""
+        name = self.env.removeprefix("MCP_BRIDGE_").removeprefix("MCP_")
+        return "--" + name.lower().replace("_", "-")
+
+    def shown_default(self, defaults: BridgeConfig) -> str:
+        if self.default_text:
+            return self.default_text
+        value = getattr(defaults, self.field)
+        if isinstance(value, bool):
+            return str(value).lower()
+        return "%g" % value if isinstance(value, float) else str(value)
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -232,7 +244,8 @@ OPTIONS: tuple[Option, ...] = (
         "runtime",
         "MCP_BRIDGE_RUNTIME",
         _choice("podman", "docker"),
-        "container runtime; default: Podman if it answers, else Docker",
+        "container runtime; auto: Podman if it answers, else Docker",
+        "auto",
     ),
     Option(
         "image",
@@ -242,7 +255,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("timeout", "MCP_BRIDGE_TIMEOUT", _positive_float, "default per-call timeout, seconds"),
     Option("max_timeout", "MCP_BRIDGE_MAX_TIMEOUT", _positive_float, "largest timeout a call may ask for"),
-    Option("state_dir", "MCP_BRIDGE_STATE_DIR", _directory, "bridge state directory"),
+    Option("state_dir", "MCP_BRIDGE_STATE_DIR", _directory, "bridge state directory", "~/MCPs"),
     Option("output_mode", "MCP_BRIDGE_OUTPUT_MODE", _choice("compact", "toon"), "result text format"),
     Option(
         "memory",
@@ -290,28 +303,36 @@ OPTIONS: tuple[Option, ...] = (
         "servers_config",
         "MCP_SERVERS_CONFIG",
         _existing_file,
-        "MCP servers config file (mcpServers JSON); wins over every discovered config",
+        "MCP servers config file (mcpServers JSON); when set, the only source of servers",
+        "none",
     ),
     Option(
         "allow_servers",
         "MCP_BRIDGE_ALLOW_SERVERS",
         _patterns,
-        "comma-separated name patterns of servers the sandbox may use (default: all)",
+        "comma-separated name patterns of servers the sandbox may use",
+        "all",
     ),
     Option(
-        "deny_servers", "MCP_BRIDGE_DENY_SERVERS", _patterns, "server name patterns to hide from the sandbox"
+        "deny_servers",
+        "MCP_BRIDGE_DENY_SERVERS",
+        _patterns,
+        "server name patterns to hide from the sandbox",
+        "none",
     ),
     Option(
         "allow_tools",
         "MCP_BRIDGE_ALLOW_TOOLS",
         _tool_patterns,
-        "comma-separated server.tool patterns the sandbox may call (default: all)",
+        "comma-separated server.tool patterns the sandbox may call",
+        "all",
     ),
     Option(
         "deny_tools",
         "MCP_BRIDGE_DENY_TOOLS",
         _tool_patterns,
         "server.tool patterns to hide and refuse, e.g. filesystem.write_*",
+        "none",
     ),
     Option(
         "server_start_timeout",
@@ -338,7 +359,8 @@ OPTIONS: tuple[Option, ...] = (
         "oci_runtime",
         "MCP_BRIDGE_OCI_RUNTIME",
         _pattern(r"[\w./-]+", "an OCI runtime name such as runsc, or its path"),
-        "OCI runtime for the sandbox, e.g. runsc (gVisor); default: the engine's own",
+        "OCI runtime for the sandbox, e.g. runsc (gVisor)",
+        "the engine's",
     ),
     Option(
         "max_memory_bytes",
@@ -372,14 +394,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version="%(prog)s " + __version__)
     for option in OPTIONS:
-        default = getattr(defaults, option.field)
         parser.add_argument(
             option.flag,
             dest=option.field,
             metavar=option.field.upper(),
             default=None,
-            help="%s [env %s; default: %s]"
-            % (option.help, option.env, "auto" if default is None else default),
+            help="%s [env %s; default: %s]" % (option.help, option.env, option.shown_default(defaults)),
         )
     return parser
 
@@ -1102,7 +1122,9 @@ async def sweep_orphans(
 #
 # JSON files may hold // and /* */ comments and trailing commas (VS Code writes them).
 # In command, args, env values, cwd, url and header values, ${VAR}, ${VAR:-default} (used
-# when VAR is unset or empty) and ${env:VAR} are replaced from the bridge's environment.
+# when VAR is unset or empty) and ${env:VAR} are replaced from the bridge's environment,
+# ${workspaceFolder}/${userHome} as VS Code would; an entry with a reference nothing here
+# can resolve (${input:...}) is skipped with a problem, never started with the literal.
 
 Transport = Literal["stdio", "http", "sse"]
 SELF_MARKERS = ("mcp-server-code-execution-mode", "mcp_server_code_execution_mode")
@@ -1232,7 +1254,13 @@ def strip_jsonc(text: str) -> str:
 def _read_document(path: Path, format: Literal["json", "toml"]) -> Any:
     """The parsed file. Raises FileNotFoundError when it is absent, OSError or ValueError
     (which covers JSON, TOML and UTF-8 decoding errors) when it cannot be used."""
-    text = path.read_text(encoding="utf-8-sig")  # -sig: editors on Windows may add a BOM
+    # -sig: editors on Windows may add a BOM
+    return parse_document(path.read_text(encoding="utf-8-sig"), format)
+
+
+def parse_document(text: str, format: Literal["json", "toml"]) -> Any:
+    """A config file's text, parsed as discovery reads it (JSON with comments, or TOML);
+    ValueError when it cannot be."""
     if format == "toml":
         return tomllib.loads(text)
     try:
@@ -1270,16 +1298,35 @@ _REMOTE_TYPES: dict[str, Transport] = {
     "sse": "sse",
 }
 _URL_KEYS = ("url", "serverUrl", "httpUrl")  # serverUrl: Windsurf; httpUrl: Gemini CLI's streamable HTTP
-_VARIABLE = re.compile(r"\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_REFERENCE = re.compile(r"\$\{([^}]*)\}")
+_ENV_REFERENCE = re.compile(r"(?:env:)?([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?", re.DOTALL)
 
 
-def expand_variables(value: str, environ: Mapping[str, str]) -> tuple[str, list[str]]:
-    """Replace ${VAR}, ${VAR:-default} and ${env:VAR}. Returns the expanded text and the
-    names of the unset variables that had no default (they expand to "")."""
+def editor_variables(home: Path, cwd: Path) -> dict[str, str]:
+    """VS Code's predefined variables that have a meaning here: the workspace is the
+    directory the bridge was started in (where clients start it)."""
+    return {"workspaceFolder": str(cwd), "workspaceFolderBasename": cwd.name, "userHome": str(home)}
+
+
+def expand_variables(
+    value: str, environ: Mapping[str, str], editor: Mapping[str, str] | None = None
+) -> tuple[str, list[str], list[str]]:
+    """Replace ${VAR}, ${VAR:-default}, ${env:VAR} and the ``editor`` variables
+    (${workspaceFolder}). Returns the expanded text, the unset variables that had no
+    default (they expand to ""), and the references nothing here can resolve
+    (${input:key}: VS Code asks the user; they expand to "", never to their own text)."""
     unset: list[str] = []
+    unresolved: list[str] = []
 
     def substitute(match: re.Match[str]) -> str:
-        name, default = match.group(1), match.group(2)
+        inner = match.group(1)
+        if editor is not None and inner in editor:
+            return editor[inner]
+        variable = _ENV_REFERENCE.fullmatch(inner)
+        if variable is None:
+            unresolved.append(match.group(0))
+            return ""
+        name, default = variable.group(1), variable.group(2)
         found = environ.get(name)
         if found or default is None:
             if found is None:
@@ -1287,7 +1334,7 @@ def expand_variables(value: str, environ: Mapping[str, str]) -> tuple[str, list[
             return found or ""
         return default
 
-    return _VARIABLE.sub(substitute, value), list(dict.fromkeys(unset))
+    return _REFERENCE.sub(substitute, value), list(dict.fromkeys(unset)), list(dict.fromkeys(unresolved))
 
 
 def _entry_text(entry: Mapping[str, Any], key: str) -> str | None:
@@ -1332,6 +1379,7 @@ def _parse_entry(
     source: ConfigSource,
     environ: Mapping[str, str],
     self_markers: tuple[str, ...],
+    editor: Mapping[str, str] | None = None,
 ) -> tuple[ServerSpec | None, list[str]]:
     """One entry of a servers table -> (its spec, or None when it is skipped; problem lines).
     The alias is assigned later, once every name is known."""
@@ -1364,10 +1412,12 @@ def _parse_entry(
         return None, ["%s: skipped %s: %s" % (source.label, name, exc)]
 
     unset: list[str] = []
+    unresolved: list[str] = []
 
     def expand(value: str) -> str:
-        expanded, missing = expand_variables(value, environ)
+        expanded, missing, unknown = expand_variables(value, environ, editor)
         unset.extend(missing)
+        unresolved.extend(unknown)
         return expanded
 
     spec = replace(
@@ -1382,6 +1432,12 @@ def _parse_entry(
     )
     if spec.command and launches_self((spec.command, *spec.args), self_markers):
         return None, ["%s: skipped %s: it launches this bridge itself" % (source.label, name)]
+    if unresolved:  # a prompt for a secret (${input:...}): starting without it would mislead
+        return None, [
+            "%s: skipped %s: %s cannot be resolved here (VS Code asks for ${input:...} values "
+            "itself); write ${env:NAME} and set NAME in the bridge's environment instead"
+            % (source.label, name, ", ".join(dict.fromkeys(unresolved)))
+        ]
     return spec, [
         "%s: server %s: ${%s} is not set, so it expanded to an empty string" % (source.label, name, variable)
         for variable in dict.fromkeys(unset)
@@ -1446,6 +1502,7 @@ def discover_servers(
     chosen: dict[str, tuple[ServerSpec | None, list[str]]] = {}
     problems: list[str] = []
     read: list[str] = []
+    editor = editor_variables(home, cwd)
     for source in config_sources(home, cwd, platform, environ, state_dir, explicit, clients):
         try:
             document = _read_document(source.path, source.format)
@@ -1467,7 +1524,7 @@ def discover_servers(
         if table is None and source.required:
             problems.append("%s: has no mcpServers or servers table" % source.label)
         for name, entry in (table or {}).items():
-            chosen[name] = _parse_entry(name, entry, source, environ, self_markers)
+            chosen[name] = _parse_entry(name, entry, source, environ, self_markers, editor)
     specs = [spec for spec, _ in chosen.values() if spec is not None]
     problems += [line for _, lines in chosen.values() for line in lines]
     aliases = assign_aliases(spec.name for spec in specs)
@@ -1756,6 +1813,7 @@ class PooledClient:
         self.task_group = task_group
         self.session: ClientSession | None = None
         self.tools: list[types.Tool] = []
+        self.initialized: types.InitializeResult | None = None  # serverInfo, instructions
         self.tools_stale = False
         self.failure: str | None = None
         self.starts = 0
@@ -1800,7 +1858,7 @@ class PooledClient:
                 relays.start_soon(self._relay, read, relayed_send, closed)
                 async with ClientSession(relayed_read, write, message_handler=self._on_message) as session:
                     with anyio.fail_after(self.config.server_start_timeout):
-                        await session.initialize()
+                        self.initialized = await session.initialize()
                         self.tools = await list_all_tools(session)
                     self.session = owned = session
                     ready.set()
@@ -2160,6 +2218,15 @@ def render_signature(tool: Mapping[str, Any]) -> str:
     return "%s  # %s" % (signature, summary) if summary else signature
 
 
+# What str.splitlines splits on: a "line" must stay one line whatever a schema holds.
+_LINE_BREAKS = re.compile("[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]+")
+
+
+def render_tool_line(server_alias: str, tool: Mapping[str, Any]) -> str:
+    """``mcp_<alias>.name(params) -> T  # summary``: one line, the call as the model writes it."""
+    return _LINE_BREAKS.sub(" ", "mcp_%s.%s" % (server_alias, render_signature(tool)))
+
+
 def render_tool_doc(
     server_alias: str, tool: Mapping[str, Any], detail: Literal["summary", "full"]
 ) -> dict[str, Any]:
@@ -2187,7 +2254,7 @@ _STOP_WORDS = frozenset({
     "how", "i", "if", "in", "into", "is", "it", "its", "me", "my", "of", "on", "or", "please", "some",
     "that", "the", "their", "them", "then", "there", "these", "this", "those", "to", "use", "used",
     "using", "via", "want", "was", "what", "when", "where", "which", "while", "who", "will", "with",
-    "would", "you", "your",
+    "would", "you", "your", "tool", "tools",
 })  # fmt: skip
 # (suffix, replacement, shortest stem left): one rule applies, first match wins.
 _SUFFIXES = (
@@ -2196,7 +2263,14 @@ _SUFFIXES = (
     ("ed", "", 3), ("ly", "", 4), ("s", "", 3),
 )  # fmt: skip
 _KEEP_ENDINGS = ("eed", "ss", "us", "is")  # speed, process, status, analysis
-_NAME_WEIGHT, _SERVER_WEIGHT, _TEXT_WEIGHT = 3.0, 1.5, 1.0  # parameter names and descriptions: text
+# Field weights: a tool's name and titles 3; its server's names 1.5; its description and
+# parameters (names and descriptions, nested ones too) 1; what its server says about itself
+# (description, instructions: the same for all its tools) 0.5.
+_NAME_WEIGHT, _SERVER_WEIGHT, _TEXT_WEIGHT, _ABOUT_WEIGHT = 3.0, 1.5, 1.0, 0.5
+_RELATED_WEIGHT = 0.75  # a word of the same concept (_CONCEPTS), not the word itself
+_NAME_COVERAGE_WEIGHT = 1.0  # times the share of the tool's name that the query covers
+_UNASKED_DESTRUCTIVE = 0.85  # a destructive tool, when the query asks for no change
+_GENERIC_NAME_WORDS = frozenset({"get"})  # left out of a name's coverage: get_sum is "sum"
 
 
 # Bounds on what the sandbox may ask of a search (defense in depth: the ranking runs on
@@ -2204,6 +2278,78 @@ _NAME_WEIGHT, _SERVER_WEIGHT, _TEXT_WEIGHT = 3.0, 1.5, 1.0  # parameter names an
 MAX_SEARCH_QUERY_CHARS = 500
 MAX_SEARCH_TERMS = 16
 MAX_SEARCH_LIMIT = 50
+# Bounds on what a server's own text adds to its index (it is tokenized once per tool list).
+MAX_ABOUT_CHARS = 4000
+_MAX_INDEXED_PROPERTIES = 200
+_MAX_PROPERTY_DEPTH = 3
+
+# Search by meaning with a small thesaurus: words that mean the same thing to someone
+# looking for a tool. A query word also finds the other words of each group it is in, at
+# _RELATED_WEIGHT. Plain English, about what tools do; no server's tool names.
+_CONCEPTS = (
+    "remember memory memorize recall",
+    "remember store save keep note record",
+    "fact observation note knowledge information info",
+    "person people someone somebody user contact human individual friend colleague entity",
+    "entity node",
+    "folder directory dir",
+    "file document",
+    "save write store persist record",
+    "read open load view",
+    "show display print view",
+    "delete remove erase forget drop unlink",
+    "create make new",
+    "add sum plus total addition",
+    "number integer numeric",
+    "now current today present",
+    "clock time",
+    "timezone zone tz",
+    "move rename",
+    "find search lookup locate query grep",
+    "list enumerate",
+    "size big large bytes",
+    "info information metadata detail stat",
+    "edit modify change update patch replace",
+    "compress gzip zip archive",
+    "echo repeat",
+    "environment env",
+    "variable var setting",
+    "image picture photo screenshot png",
+    "relation relationship link connect",
+    "url link web page website",
+    "fetch download",
+    "run execute invoke launch",
+    "message chat post send",
+    "email mail",
+    "issue bug ticket",
+    "repository repo",
+    "calendar event meeting schedule appointment",
+    "database db sql table",
+    "log logging",
+    "error failure exception",
+    "copy duplicate",
+    "tree hierarchy recursive",
+)
+# Two words that ask for a concept neither says: a term of its own.
+_PHRASES = {
+    ("what", "time"): "now", ("what", "date"): "now", ("what", "day"): "now",
+    ("how", "many"): "count", ("look", "up"): "search",
+}  # fmt: skip
+# A place with a time zone of its own ("Tokyo", "New York": the tz database's cities) also
+# finds these.
+_PLACE_RELATED = ("timezone", "time")
+_TIME_ZONE_REGIONS = frozenset({
+    "Africa", "America", "Antarctica", "Arctic", "Asia", "Atlantic", "Australia", "Europe", "Indian",
+    "Pacific",
+})  # fmt: skip
+# Destructive tools rank lower unless a query word asks for a change.
+_DESTRUCTIVE_VERBS = frozenset(
+    {"delete", "remove", "erase", "drop", "destroy", "purge", "clear", "wipe", "unlink"}
+)
+_CHANGE_WORDS = _DESTRUCTIVE_VERBS | {
+    "forget", "overwrite", "replace", "edit", "modify", "change", "update", "patch", "move", "rename",
+    "write", "save", "store", "reset",
+}  # fmt: skip
 
 
 def _stem(word: str) -> str:
@@ -2223,6 +2369,80 @@ def _tokens(text: str) -> tuple[str, ...]:
     # per tool list instead (index_tools, kept by the caller).
     words = (word.lower() for word in _WORD.findall(text))
     return tuple(_stem(word) for word in words if len(word) > 1 and word not in _STOP_WORDS)
+
+
+def _related_stems() -> dict[str, frozenset[str]]:
+    """stem -> the other stems of every _CONCEPTS group it is in."""
+    related: dict[str, set[str]] = {}
+    for group in _CONCEPTS:
+        stems = {_stem(word) for word in group.split()}
+        for stem in stems:
+            related.setdefault(stem, set()).update(stems - {stem})
+    return {stem: frozenset(others) for stem, others in related.items()}
+
+
+_RELATED = _related_stems()
+_PLACE_STEMS = tuple(_stem(word) for word in _PLACE_RELATED)
+_DESTRUCTIVE_STEMS = frozenset(_stem(word) for word in _DESTRUCTIVE_VERBS)
+_CHANGE_STEMS = frozenset(_stem(word) for word in _CHANGE_WORDS)
+
+
+@lru_cache(maxsize=1)
+def _places() -> frozenset[str]:
+    """The cities of the tz database, lower case, letters only ("newyork"); empty where the
+    system has no time zone data."""
+    return frozenset(
+        re.sub(r"[^a-z]", "", name.rsplit("/", 1)[-1].lower())
+        for name in zoneinfo.available_timezones()
+        if name.split("/", 1)[0] in _TIME_ZONE_REGIONS
+    )
+
+
+@dataclass(frozen=True)
+class QueryTerm:
+    """One term of a query: a stem, and the other stems that count for it, with their
+    weight (related words: _RELATED_WEIGHT; the compound with the word before it: 1)."""
+
+    stem: str
+    related: Mapping[str, float]
+
+
+def query_terms(query: str) -> list[QueryTerm]:
+    """The terms of a query, at most MAX_SEARCH_TERMS (the first ones): the distinct stems
+    of its words, each with the related stems of _CONCEPTS, the compound it makes with the
+    previous word ("time zones" -> "timezone") and, for a city ("Tokyo", "New York"),
+    "timezone" and "time"; plus a term for each phrase of _PHRASES ("what time" -> "now")."""
+    terms: dict[str, dict[str, float]] = {}
+
+    def add(stem: str) -> dict[str, float]:
+        related = terms.setdefault(stem, {})
+        for other in sorted(_RELATED.get(stem, ())):
+            related.setdefault(other, _RELATED_WEIGHT)
+        return related
+
+    recent: list[str] = []  # the last three words, stop words included
+    for match in _WORD.finditer(_text(query)):
+        if len(terms) >= MAX_SEARCH_TERMS:
+            break
+        word = match.group().lower()
+        previous = recent[-1] if recent else ""
+        recent = [*recent[-2:], word]
+        if len(word) > 1 and word not in _STOP_WORDS:
+            related = add(_stem(word))
+            if len(previous) > 1 and previous not in _STOP_WORDS:
+                related[_stem(previous + word)] = 1.0
+            if any("".join(recent[-n:]) in _places() for n in range(1, len(recent) + 1)):
+                for stem in _PLACE_STEMS:
+                    related.setdefault(stem, _RELATED_WEIGHT)
+        phrase = _PHRASES.get((previous, word))
+        if phrase and len(terms) < MAX_SEARCH_TERMS:
+            add(_stem(phrase))
+    return [QueryTerm(stem, related) for stem, related in terms.items()]
+
+
+def search_terms(query: str) -> list[str]:
+    """The stems of a query's terms (query_terms), at most MAX_SEARCH_TERMS."""
+    return [term.stem for term in query_terms(query)]
 
 
 def _transposed(a: str, b: str) -> bool:
@@ -2248,30 +2468,92 @@ def _similarity(term: str, token: str) -> float:
     return score
 
 
-def _tool_tokens(server_alias: str, tool: Mapping[str, Any]) -> dict[str, float]:
-    """Each stem in the tool's text, with the weight of the heaviest field it appears in."""
-    fields = [(tool.get("name"), _NAME_WEIGHT), (server_alias, _SERVER_WEIGHT)]
-    fields.append((tool.get("description"), _TEXT_WEIGHT))
-    schema = tool.get("inputSchema")
+def _property_fields(schema: object, fields: list[tuple[object, float]], depth: int = 0) -> None:
+    """The names and descriptions of a schema's properties, nested ones (objects, arrays of
+    objects) included, up to _MAX_PROPERTY_DEPTH levels and _MAX_INDEXED_PROPERTIES fields."""
     properties = schema.get("properties") if isinstance(schema, Mapping) else None
-    for name, prop in properties.items() if isinstance(properties, Mapping) else ():
+    if not isinstance(properties, Mapping) or depth > _MAX_PROPERTY_DEPTH:
+        return
+    for name, prop in properties.items():
+        if len(fields) >= _MAX_INDEXED_PROPERTIES:
+            return
         fields.append((name, _TEXT_WEIGHT))
-        fields.append((prop.get("description") if isinstance(prop, Mapping) else None, _TEXT_WEIGHT))
-    # Fields run heaviest first, so reversed, the heaviest weight of a token is written last.
-    return {token: weight for text, weight in reversed(fields) for token in _tokens(_text(text))}
+        if isinstance(prop, Mapping):
+            fields.append((prop.get("description"), _TEXT_WEIGHT))
+            items = prop.get("items")
+            _property_fields(items if isinstance(items, Mapping) else prop, fields, depth + 1)
 
 
-# (server alias, tool, the tool's weighted stems): what the ranking reads.
-IndexedTool = tuple[str, Mapping[str, Any], dict[str, float]]
+def server_tokens(names: Iterable[object], about: object = "") -> dict[str, float]:
+    """What a server says about itself, as weighted stems for each of its tools: its names
+    (alias, configured name, serverInfo name and title) at the server weight; ``about``
+    (serverInfo description and instructions, the first MAX_ABOUT_CHARS) at _ABOUT_WEIGHT."""
+    tokens = dict.fromkeys(_tokens(_text(about)[:MAX_ABOUT_CHARS]), _ABOUT_WEIGHT)
+    for name in names:
+        tokens.update(dict.fromkeys(_tokens(_text(name)), _SERVER_WEIGHT))
+    return tokens
 
 
-def index_tools(tools: Iterable[tuple[str, Mapping[str, Any]]]) -> list[IndexedTool]:
-    return [(alias, tool, _tool_tokens(alias, tool)) for alias, tool in tools]
+def _tool_tokens(
+    server_alias: str, tool: Mapping[str, Any], server: Mapping[str, float] | None = None
+) -> dict[str, float]:
+    """Each stem in the tool's text and its server's (server_tokens), with the weight of
+    the heaviest field it appears in."""
+    annotations = tool.get("annotations")
+    fields: list[tuple[object, float]] = [(tool.get("name"), _NAME_WEIGHT), (tool.get("title"), _NAME_WEIGHT)]
+    if isinstance(annotations, Mapping):
+        fields.append((annotations.get("title"), _NAME_WEIGHT))
+    fields += [(server_alias, _SERVER_WEIGHT), (tool.get("description"), _TEXT_WEIGHT)]
+    _property_fields(tool.get("inputSchema"), fields)
+    tokens = dict(server or {})
+    for text, weight in fields:
+        for token in _tokens(_text(text)):
+            if weight > tokens.get(token, 0.0):
+                tokens[token] = weight
+    return tokens
 
 
-def search_terms(query: str) -> list[str]:
-    """The distinct stems of a query, at most MAX_SEARCH_TERMS of them (the first ones)."""
-    return list(dict.fromkeys(_tokens(_text(query))))[:MAX_SEARCH_TERMS]
+@dataclass(frozen=True)
+class IndexedTool:
+    """A tool as the ranking reads it: its weighted stems (_tool_tokens) and the stems of
+    its name (for the name's coverage)."""
+
+    alias: str
+    tool: Mapping[str, Any]
+    tokens: Mapping[str, float]
+    name: tuple[str, ...]
+
+
+def index_tools(
+    tools: Iterable[tuple[str, Mapping[str, Any]]], servers: Mapping[str, Mapping[str, float]] | None = None
+) -> list[IndexedTool]:
+    """The search index of (server alias, tool) pairs; ``servers``: alias -> server_tokens."""
+    servers = servers or {}
+    return [
+        IndexedTool(
+            alias,
+            tool,
+            _tool_tokens(alias, tool, servers.get(alias)),
+            tuple(dict.fromkeys(t for t in _tokens(_text(tool.get("name"))) if t not in _GENERIC_NAME_WORDS)),
+        )
+        for alias, tool in tools
+    ]
+
+
+def _term_matches(term: QueryTerm, vocabulary: set[str]) -> dict[str, float]:
+    """The stems of the vocabulary a term finds, with how well (before field weights)."""
+    found = {token: score for token in vocabulary if (score := _similarity(term.stem, token)) > 0}
+    for stem, weight in term.related.items():
+        if stem in vocabulary and weight > found.get(stem, 0.0):
+            found[stem] = weight
+    return found
+
+
+def _destructive(entry: IndexedTool) -> bool:
+    annotations = entry.tool.get("annotations")
+    if isinstance(annotations, Mapping) and annotations.get("destructiveHint") is True:
+        return True
+    return bool(entry.name) and entry.name[0] in _DESTRUCTIVE_STEMS
 
 
 def rank_tools(
@@ -2279,30 +2561,51 @@ def rank_tools(
 ) -> list[tuple[float, str, Mapping[str, Any]]]:
     """The ``limit`` best (score, server alias, tool) matches for ``query``, best first.
 
-    Each query word scores its best match among a tool's words (same stem 1.0, prefix 0.7,
-    near spelling up to 0.6) times that word's field weight (name 3, server 1.5, parameter
-    names and descriptions 1); the sum is divided by the number of query words. Ties go to
-    the shorter tool name, then alphabetical order, so results are deterministic.
+    Each query term (query_terms) scores its best match among a tool's stems (same stem
+    1.0, prefix 0.7, near spelling up to 0.6, related word 0.75, compound 1.0) times that
+    stem's field weight (name and titles 3, server names 1.5, description and parameters
+    1, server description and instructions 0.5). The terms' mean is weighted by rarity
+    (BM25's idf over the tools searched: a word every tool has counts little); to it is
+    added the share of the tool's name the query covers. A destructive tool (its
+    destructiveHint, or a name starting with delete/remove/...) scores x0.85 unless the
+    query asks for a change. Ties go to the shorter tool name, then alphabetical order,
+    so results are deterministic.
     """
-    terms = search_terms(query)
+    terms = query_terms(query)
     if not terms or limit <= 0:
         return []
-    vocabulary = {token for _, _, tokens in indexed for token in tokens}
-    matches = [{t: s for t in vocabulary if (s := _similarity(term, t)) > 0} for term in terms]
+    vocabulary = {token for entry in indexed for token in entry.tokens}
+    matches = [_term_matches(term, vocabulary) for term in terms]
+    best = [
+        [max((m[token] * w for token, w in entry.tokens.items() if token in m), default=0.0) for m in matches]
+        for entry in indexed
+    ]
+    count = len(indexed)
+    found_in = [sum(1 for scores in best if scores[i] > 0) for i in range(len(terms))]
+    idf = [math.log(1 + (count - df + 0.5) / (df + 0.5)) for df in found_in]
+    asks_change = any(term.stem in _CHANGE_STEMS for term in terms)
     ranked: list[tuple[float, str, Mapping[str, Any]]] = []
-    for alias, tool, tokens in indexed:
-        total = sum(max((m[t] * w for t, w in tokens.items() if t in m), default=0.0) for m in matches)
-        if total > 0:
-            ranked.append((round(total / len(terms), 4), alias, tool))
+    for entry, scores in zip(indexed, best, strict=True):
+        mean = sum(weight * score for weight, score in zip(idf, scores, strict=True)) / sum(idf)
+        if mean <= 0:
+            continue
+        covered = sum(max(m.get(word, 0.0) for m in matches) for word in entry.name)
+        score = mean + _NAME_COVERAGE_WEIGHT * covered / max(len(entry.name), 1)
+        if not asks_change and _destructive(entry):
+            score *= _UNASKED_DESTRUCTIVE
+        ranked.append((round(score, 4), entry.alias, entry.tool))
     ranked.sort(key=lambda hit: (-hit[0], len(_text(hit[2].get("name"))), _text(hit[2].get("name")), hit[1]))
     return ranked[:limit]
 
 
 def search_tools(
-    query: str, tools: Sequence[tuple[str, Mapping[str, Any]]], limit: int = 5
+    query: str,
+    tools: Sequence[tuple[str, Mapping[str, Any]]],
+    limit: int = 5,
+    servers: Mapping[str, Mapping[str, float]] | None = None,
 ) -> list[tuple[float, str, Mapping[str, Any]]]:
     """rank_tools over tools not indexed yet."""
-    return rank_tools(query, index_tools(tools), limit)
+    return rank_tools(query, index_tools(tools, servers), limit)
 
 
 # =============================================================================
@@ -2605,6 +2908,7 @@ class QueryToolDocsParams(_SandboxParams):
 class SearchToolDocsParams(_SandboxParams):
     query: str = Field(max_length=MAX_SEARCH_QUERY_CHARS)
     limit: int = Field(default=5, ge=1, le=MAX_SEARCH_LIMIT)
+    detail: Literal["line", "summary", "full"] = "line"
 
 
 class CallToolParams(_SandboxParams):
@@ -2798,9 +3102,12 @@ class HostAPI:
         docs = [render_tool_doc(client.spec.alias, _tool_dict(item), detail) for item in chosen]
         return docs[0] if tool else docs
 
-    async def search_tool_docs(self, query: str, limit: int = 5) -> list[dict[str, Any]]:
-        # Every configured server is searched, so those not started yet are started
-        # here (concurrently); a server that fails is left out of the ranking.
+    async def search_tool_docs(
+        self, query: str, limit: int = 5, detail: Literal["line", "summary", "full"] = "line"
+    ) -> list[str] | list[dict[str, Any]]:
+        """One line per hit (render_tool_line), or docs with their score ("summary", "full").
+        Every configured server is searched, so those not started yet are started here
+        (concurrently); a server that fails is left out of the ranking."""
         catalogue: list[IndexedTool] = []
 
         async def collect(client: PooledClient) -> None:
@@ -2812,22 +3119,31 @@ class HostAPI:
         async with anyio.create_task_group() as group:
             for client in self.pool.clients.values():
                 group.start_soon(collect, client)
-        catalogue.sort(key=lambda entry: (entry[0], str(entry[1].get("name"))))
+        catalogue.sort(key=lambda entry: (entry.alias, str(entry.tool.get("name"))))
         ranked = await anyio.to_thread.run_sync(
             rank_tools, query, catalogue, limit, limiter=self._search_limiter, abandon_on_cancel=True
         )
+        if detail == "line":
+            return [render_tool_line(alias, tool) for _, alias, tool in ranked]
         return [
-            dict(render_tool_doc(alias, tool, "summary"), score=round(score, 3))
-            for score, alias, tool in ranked
+            dict(render_tool_doc(alias, tool, detail), score=round(score, 3)) for score, alias, tool in ranked
         ]
 
     async def _indexed_tools(self, client: PooledClient) -> list[IndexedTool]:
-        """The server's allowed tools, tokenized once per tool list (not per search)."""
+        """The server's allowed tools, tokenized once per tool list (not per search), with
+        what the server said about itself at initialize (a restart brings a new tool list)."""
         tools = await client.list_tools()
         cached = self._search_index.get(client.spec.alias)
         if cached is None or cached[0] is not tools:
             allowed = self._permitted(client, tools)
-            cached = (tools, index_tools((client.spec.alias, _tool_dict(tool)) for tool in allowed))
+            alias, init = client.spec.alias, client.initialized
+            names: list[str | None] = [alias, client.spec.name]
+            about: list[str | None] = []
+            if init is not None:
+                names += [init.server_info.name, init.server_info.title]
+                about += [init.server_info.description, init.instructions]
+            server = server_tokens(names, "\n".join(text for text in about if text))
+            cached = (tools, index_tools(((alias, _tool_dict(tool)) for tool in allowed), {alias: server}))
             self._search_index[client.spec.alias] = cached
         return cached[1]
 
@@ -2890,8 +3206,9 @@ class HostAPI:
         if not self.pool.clients:
             lines.append("- (none configured)")
         lines += [
-            "Find tools: runtime.search_tool_docs('what you need'); "
-            "runtime.query_tool_docs('<alias>') lists signatures.",
+            "Find tools: runtime.search_tool_docs('what you need in plain words') gives one line per "
+            "tool, mcp_<alias>.<tool>(signature)  # summary; runtime.query_tool_docs('<alias>') lists "
+            "a server's signatures.",
             "Call: mcp_<alias>.<tool>(name=value) in plain code, or await it in code that uses await; "
             "failures raise runtime.MCPToolError.",
         ]
@@ -4188,7 +4505,8 @@ def build_memory_parser() -> argparse.ArgumentParser:
         dest=state_dir.field,
         metavar=state_dir.field.upper(),
         default=argparse.SUPPRESS,  # given before or after the command, never reset by it
-        help="%s [env %s; default: %s]" % (state_dir.help, state_dir.env, BridgeConfig().state_dir),
+        help="%s [env %s; default: %s]"
+        % (state_dir.help, state_dir.env, state_dir.shown_default(BridgeConfig())),
     )
     parser = argparse.ArgumentParser(
         prog="%s %s" % (SERVER_NAME, MEMORY_COMMAND),
@@ -4329,10 +4647,771 @@ def memory_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     return 0
 
 
+# --- the adopt subcommand -------------------------------------------------------------
+# `mcp-server-code-execution-mode adopt --client NAME [--dry-run] [--undo]` moves the
+# servers of an MCP client's config into the bridge's own servers file and leaves that
+# client with only this bridge. Without it, the client starts every server itself AND the
+# bridge starts them again: the user pays twice, in context and in processes.
+# Where each client keeps its config, and in which format, is config_sources(): adopt
+# takes a client's user-level files (a project's files are shared with others: left as
+# they are). Before writing, a copy of each file it changes goes to
+# <state dir>/backups/adopt-<UTC time>/ with manifest.json; every write is atomic (a
+# temporary file, then os.replace). --undo restores the newest backup and renames its
+# folder *.undone. Diffs and lists go to stdout, messages to stderr, one line each.
+
+ADOPT_COMMAND = "adopt"
+ADOPT_CLIENTS = {  # --client NAME -> the ConfigSource.client of the files it adopts
+    "claude-desktop": "Claude Desktop",
+    "claude-code": "Claude Code",
+    "cursor": "Cursor",
+    "vscode": "VS Code",
+    "windsurf": "Windsurf",
+    "gemini": "Gemini CLI",
+    "codex": "Codex",
+}
+SERVERS_FILE = "servers.json"  # in the state dir, read like every <state dir>/*.json
+BRIDGE_ENTRY_NAME = "code-execution"
+BACKUPS_DIRNAME = "backups"
+ADOPT_MANIFEST = "manifest.json"
+_UNDONE = ".undone"
+_BOM = b"\xef\xbb\xbf"
+# Values only the client can fill in (VS Code, Cursor): the bridge would get them literally.
+_CLIENT_ONLY_VARIABLE = re.compile(r"\$\{(?:input:[^}]*|workspaceFolder[A-Za-z]*)\}")
+_TOML_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+class AdoptError(BridgeError):
+    """adopt refuses, having changed nothing (or says what it could not finish)."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class FileChange:
+    """One file that adopt (or its undo) writes: its bytes before and after; None: absent."""
+
+    path: Path
+    before: bytes | None
+    after: bytes | None
+
+
+@dataclass
+class _ClientFile:
+    """One config file, read, and its entries sorted into those that move and those that stay."""
+
+    source: ConfigSource
+    data: bytes
+    document: Any
+    keys: tuple[str, ...]  # where its servers table is (or would be)
+    table: dict[str, Any]
+    moved: dict[str, Any] = field(default_factory=dict)  # name -> the entry for servers.json
+    bridges: list[str] = field(default_factory=list)  # entries that start this bridge: they stay
+    kept: list[str] = field(default_factory=list)  # "name (why)": entries only the client can use
+
+
+class _BackedUpFile(BaseModel):
+    path: str
+    backup: str | None = Field(pattern=r"^[^/\\]+$")  # a name in the backup folder; None: was absent
+    written_sha256: str | None  # of what adopt wrote; None: adopt removed it
+
+
+class _AdoptManifest(BaseModel):
+    clients: list[str]
+    created: str
+    files: list[_BackedUpFile]
+
+
+def _sha256(data: bytes | None) -> str | None:
+    return None if data is None else hashlib.sha256(data).hexdigest()
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise AdoptError("cannot read %s: %s. Nothing was changed." % (path, exc.strerror or exc)) from None
+
+
+def _write_atomically(path: Path, data: bytes | None) -> None:
+    """Replace `path` by `data` (None: remove it) in one step: a temporary file beside it,
+    then os.replace. An existing file keeps its mode; a new one is private (0600): server
+    entries often carry tokens."""
+    if data is None:
+        path.unlink(missing_ok=True)
+        return
+    try:
+        mode = os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        mode = 0o600
+    temporary = path.with_name(".%s.%s.tmp" % (path.name, secrets.token_hex(4)))
+    try:
+        with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+# --- reading a client's files and sorting their entries ------------------------------
+
+
+def _table_keys(document: Any, source: ConfigSource) -> tuple[str, ...]:
+    """The key path of the servers table _server_table() reads: the first present one."""
+    for keys in source.keys:
+        node = document
+        for key in keys:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is not None:
+            return keys
+    return source.keys[0]
+
+
+def _read_config_file(source: ConfigSource) -> _ClientFile | None:
+    """The file, parsed as discovery parses it; None when it does not exist."""
+    data = _read_bytes(source.path)
+    if data is None:
+        return None
+    try:
+        document = parse_document(data.removeprefix(_BOM).decode("utf-8"), source.format)
+        table = _server_table(document, source) or {}
+    except ValueError as exc:  # JSON, TOML and UTF-8 errors, a table of the wrong type
+        raise AdoptError(
+            "%s cannot be read as %s (%s): fix it, or move its servers by hand. Nothing was changed."
+            % (source.path, source.format.upper(), exc)
+        ) from None
+    return _ClientFile(source, data, document, _table_keys(document, source), table)
+
+
+def _starts_this_bridge(entry: Any) -> bool:
+    if not isinstance(entry, dict) or not isinstance(entry.get("command"), str):
+        return False
+    args = entry.get("args")
+    words = [arg for arg in args if isinstance(arg, str)] if isinstance(args, list) else []
+    return launches_self([entry["command"], *words], SELF_MARKERS)
+
+
+def _portable_entry(entry: dict[str, Any], source: ConfigSource, own: ConfigSource) -> dict[str, Any]:
+    """The entry as the bridge's servers file must write it to mean the same: a url without
+    a type is SSE to Gemini CLI but streamable HTTP there."""
+    try:
+        transport = _transport(entry, source)
+    except ValueError:  # a disabled entry the bridge could not run anyway: it moves as it is
+        return entry
+    return entry if _transport(entry, own) == transport else {**entry, "type": transport}
+
+
+def _sort_entries(found: _ClientFile, own: ConfigSource) -> None:
+    """Entries that start this bridge stay; so do those the bridge cannot run as the client
+    does (malformed, client-only ${input:...} values, TOML dates). The rest move, disabled
+    ones included (they stay disabled)."""
+    for name, entry in found.table.items():
+        if _starts_this_bridge(entry):
+            found.bridges.append(name)
+            continue
+        spec, problems = _parse_entry(name, entry, found.source, {}, ())
+        if spec is None and problems:
+            found.kept.append("%s (%s)" % (name, problems[0]))
+            continue
+        try:
+            text = json.dumps(entry)
+        except TypeError:
+            found.kept.append("%s (it holds a TOML date or time, which JSON cannot)" % name)
+            continue
+        if _CLIENT_ONLY_VARIABLE.search(text):
+            found.kept.append(
+                "%s (it uses ${input:...} or ${workspaceFolder}, which only the client fills in)" % name
+            )
+            continue
+        moved = _portable_entry(entry, found.source, own)
+        if spec is not None:
+            again = _parse_entry(name, moved, own, {}, ())[0]
+            if again is None or replace(again, source="") != replace(spec, source=""):
+                found.kept.append("%s (the bridge's servers file cannot say the same)" % name)
+                continue
+        found.moved[name] = moved
+
+
+def _client_sources(
+    client: str, home: Path, platform: str, environ: Mapping[str, str], state_dir: Path
+) -> list[ConfigSource]:
+    """The client's user-level config files, from config_sources()."""
+    return [
+        source
+        for source in config_sources(home, home, platform, environ, state_dir, None)
+        if source.client == ADOPT_CLIENTS[client]
+    ]
+
+
+def _sorted_file(source: ConfigSource, state_dir: Path) -> _ClientFile | None:
+    found = _read_config_file(source)
+    if found is not None:
+        _sort_entries(found, ConfigSource("bridge state dir", state_dir / SERVERS_FILE))
+    return found
+
+
+def _client_names(values: Sequence[str]) -> list[str]:
+    names = [name.strip() for value in values for name in value.split(",") if name.strip()]
+    for name in names:
+        if name not in ADOPT_CLIENTS:
+            raise AdoptError(
+                "unknown client %r; use one of: %s." % (name, ", ".join(ADOPT_CLIENTS)), status=2
+            )
+    return list(dict.fromkeys(names))
+
+
+# --- rewriting a file: only its servers table changes ---------------------------------
+
+
+def _skip_space(text: str, position: int) -> int:
+    while position < len(text) and text[position] in " \t\r\n":
+        position += 1
+    return position
+
+
+def _json_value_span(text: str, keys: Sequence[str]) -> tuple[int, int] | None:
+    """Where the value at `keys` is in JSON `text` (comments already blanked out by
+    strip_jsonc, so positions are the file's); None when a key is missing. Of repeated keys
+    the last counts, as for json.loads."""
+    decoder = json.JSONDecoder()
+    start = _skip_space(text, 0)
+    span = None
+    for key in keys:
+        if text[start : start + 1] != "{":
+            return None
+        found = None
+        position = _skip_space(text, start + 1)
+        while text[position] != "}":
+            name, position = decoder.raw_decode(text, position)
+            value_start = _skip_space(text, _skip_space(text, position) + 1)  # past the ":"
+            _, value_end = decoder.raw_decode(text, value_start)
+            if name == key:
+                found = (value_start, value_end)
+            position = _skip_space(text, value_end)
+            if text[position] == ",":
+                position = _skip_space(text, position + 1)
+        if found is None:
+            return None
+        span = found
+        start = found[0]
+    return span
+
+
+def _json_with_table(text: str, keys: Sequence[str], document: Any, table: dict[str, Any]) -> str:
+    """`text` with the value at `keys` replaced by `table`, written in the file's own style
+    (one line, or indented like the file); every other byte stays as it is, comments too."""
+    span = _json_value_span(strip_jsonc(text), keys)
+    if span is None:  # no table yet (an old servers.json): the whole file is written anew
+        return json.dumps(_with_table(document, keys, table), indent=2, ensure_ascii=False) + "\n"
+    start, end = span
+    if "\n" not in text.strip():
+        return text[:start] + json.dumps(table, ensure_ascii=False) + text[end:]
+    unit = re.search(r"\n([ \t]+)\S", text)
+    line = text[text.rfind("\n", 0, start) + 1 : start]
+    indent = line[: len(line) - len(line.lstrip(" \t"))]
+    newline = "\r\n" if "\r\n" in text else "\n"
+    value = json.dumps(table, indent=unit.group(1) if unit else "  ", ensure_ascii=False)
+    return text[:start] + value.replace("\n", newline + indent) + text[end:]
+
+
+def _toml_header(line: str) -> tuple[str, ...] | None:
+    """The key path of a `[table]` or `[[array]]` header line; None for any other line.
+    tomllib itself reads the header, quoted and dotted keys included."""
+    stripped = line.strip()
+    if not stripped.startswith("["):
+        return None
+    try:
+        node: Any = tomllib.loads(stripped)
+    except tomllib.TOMLDecodeError:
+        return None
+    keys = []
+    while isinstance(node, dict) and len(node) == 1:
+        key, node = next(iter(node.items()))
+        keys.append(key)
+    return tuple(keys) if keys and (node == {} or isinstance(node, list)) else None
+
+
+def _toml_key(key: str) -> str:
+    return key if _TOML_BARE_KEY.fullmatch(key) else json.dumps(key, ensure_ascii=False)
+
+
+def _toml_value(value: Any) -> str:
+    """A JSON string is a TOML basic string; lists and tables of them are all adopt writes."""
+    if isinstance(value, list):
+        return "[%s]" % ", ".join(_toml_value(item) for item in value)
+    if isinstance(value, dict):
+        return "{ %s }" % ", ".join("%s = %s" % (_toml_key(k), _toml_value(v)) for k, v in value.items())
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _toml_with_table(text: str, keys: Sequence[str], old: dict[str, Any], table: dict[str, Any]) -> str:
+    """`text` without the `[<keys>.NAME]` tables (and their sub-tables) of the names that
+    left `table`, and with a table appended for each name new to it. Servers written in
+    another TOML form stay: the caller's check of the result then refuses the rewrite."""
+    prefix, gone = tuple(keys), set(old) - set(table)
+    lines, dropping = [], False
+    for line in text.splitlines(keepends=True):
+        header = _toml_header(line)
+        if header is not None:
+            dropping = (
+                len(header) > len(prefix) and header[: len(prefix)] == prefix and header[len(prefix)] in gone
+            )
+        if not dropping:
+            lines.append(line)
+    newline = "\r\n" if "\r\n" in text else "\n"
+    result = "".join(lines)
+    for name, entry in table.items():
+        if name in old:
+            continue
+        if result:  # a blank line before the new table
+            result += newline if result.endswith("\n") else newline * 2
+        result += "[%s]%s" % (".".join(_toml_key(key) for key in (*prefix, name)), newline)
+        result += "".join("%s = %s%s" % (_toml_key(k), _toml_value(v), newline) for k, v in entry.items())
+    return result
+
+
+def _with_table(document: Any, keys: Sequence[str], table: dict[str, Any]) -> Any:
+    if not keys:
+        return table
+    node = document if isinstance(document, dict) else {}
+    return {**node, keys[0]: _with_table(node.get(keys[0]), keys[1:], table)}
+
+
+def _rewritten(found: _ClientFile, table: dict[str, Any]) -> bytes:
+    """The file's bytes with `table` as its servers table. Checked by parsing the result:
+    it must read as the old document with only that table changed, or adopt refuses."""
+    bom = _BOM if found.data.startswith(_BOM) else b""
+    text = found.data.removeprefix(_BOM).decode("utf-8")
+    try:
+        if found.source.format == "toml":
+            result = _toml_with_table(text, found.keys, found.table, table)
+        else:
+            result = _json_with_table(text, found.keys, found.document, table)
+        same = parse_document(result, found.source.format) == _with_table(found.document, found.keys, table)
+    except (ValueError, IndexError):  # the check below refuses; the file is not touched
+        same = False
+    if not same:
+        raise AdoptError(
+            "cannot rewrite %s safely (its servers are not written as %s): move them by hand. "
+            "Nothing was changed."
+            % (
+                found.source.path,
+                "[%s.NAME] tables" % ".".join(found.keys) if found.source.format == "toml" else "plain JSON",
+            )
+        )
+    return bom + result.encode("utf-8")
+
+
+# --- adopting and undoing -------------------------------------------------------------
+
+
+def bridge_command(environ: Mapping[str, str], script: str) -> list[str]:
+    """The command a client runs to start this bridge, with absolute paths: apps started
+    from a desktop do not inherit the shell's PATH. Run by uvx, the bridge lives in a
+    throw-away environment in uv's cache (uv sets UV to its own path): `uv tool run`."""
+    uv = environ.get("UV")
+    if uv and Path(uv).is_absolute():
+        try:
+            cache = subprocess.run(
+                [uv, "cache", "dir"], capture_output=True, text=True, timeout=30, check=True
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            cache = ""
+        if cache and Path(sys.prefix).resolve().is_relative_to(Path(cache).resolve()):
+            return [uv, "tool", "run", SERVER_NAME]
+    path = Path(script)
+    if path.stem != SERVER_NAME or not path.is_file():
+        found = shutil.which(SERVER_NAME)
+        if found is None:
+            return [sys.executable, "-m", "mcp_server_code_execution_mode"]
+        path = Path(found)
+    return [str(path.absolute())]
+
+
+def _bridge_entry_problem(entry: dict[str, Any], state_dir: Path, default_state_dir: Path) -> str | None:
+    """Why the bridge this entry starts would not read <state_dir>/servers.json; None if it would."""
+
+    def setting(name: str) -> str | None:
+        option = next(option for option in OPTIONS if option.field == name)
+        args = entry.get("args")
+        words = [arg for arg in args if isinstance(arg, str)] if isinstance(args, list) else []
+        for word, following in zip(words, [*words[1:], None], strict=True):
+            if word == option.flag and following is not None:
+                return following
+            if word.startswith(option.flag + "="):
+                return word.split("=", 1)[1]
+        env = entry.get("env")
+        value = env.get(option.env) if isinstance(env, dict) else None
+        return value if isinstance(value, str) and value else None
+
+    servers_config = setting("servers_config")
+    if servers_config:
+        return "it sets MCP_SERVERS_CONFIG=%s, the only file that bridge reads" % servers_config
+    chosen = setting("state_dir")
+    reads = _directory(chosen) if chosen else default_state_dir
+    if reads != state_dir:
+        return "it reads %s, not %s (run adopt with --state-dir %s)" % (
+            reads / SERVERS_FILE,
+            state_dir / SERVERS_FILE,
+            reads,
+        )
+    return None
+
+
+def _nothing_to_move(client: str, sources: Sequence[ConfigSource], files: Sequence[_ClientFile]) -> str:
+    label = ADOPT_CLIENTS[client]
+    if not files:
+        where = " or ".join(str(source.path) for source in sources)
+        return "nothing to move: %s has no config file (looked for %s). Nothing was changed." % (label, where)
+    said = []
+    for found in files:
+        if found.bridges or found.kept:
+            stays = ["%s (this bridge)" % name for name in found.bridges] + found.kept
+            said.append("%s lists only %s" % (found.source.path, ", ".join(stays)))
+        else:
+            said.append("%s lists no MCP servers" % found.source.path)
+    return "nothing to move from %s: %s. Nothing was changed." % (label, "; ".join(said))
+
+
+def plan_adoption(
+    clients: Sequence[str],
+    home: Path,
+    platform: str,
+    environ: Mapping[str, str],
+    state_dir: Path,
+    default_state_dir: Path,
+    command: Sequence[str],
+) -> tuple[list[FileChange], list[str]]:
+    """What `adopt --client ...` would write, and the lines that say so. Raises AdoptError,
+    having written nothing, when it must refuse."""
+    own_path = state_dir / SERVERS_FILE
+    own_files: dict[Path, _ClientFile] = {}
+    defined: dict[str, tuple[Path, Any]] = {}  # what the state dir's files already define
+    for source in config_sources(home, home, platform, environ, state_dir, None, clients=False):
+        found = _read_config_file(source)
+        if found is not None:
+            own_files[source.path] = found
+            defined.update((name, (source.path, entry)) for name, entry in found.table.items())
+    adding: dict[str, tuple[Path, Any]] = {}
+    conflicts: list[str] = []
+    changes: list[FileChange] = []
+    lines: list[str] = []
+    for client in clients:
+        label = ADOPT_CLIENTS[client]
+        sources = _client_sources(client, home, platform, environ, state_dir)
+        files = [found for source in sources if (found := _sorted_file(source, state_dir)) is not None]
+        movable = [found for found in files if found.moved]
+        if not movable:
+            raise AdoptError(_nothing_to_move(client, sources, files))
+        for found in files:
+            for name in found.bridges:
+                problem = _bridge_entry_problem(found.table[name], state_dir, default_state_dir)
+                if problem:
+                    raise AdoptError(
+                        "%s: the entry %s of %s starts this bridge, but %s; the servers would be lost to "
+                        "it. Nothing was changed." % (label, name, found.source.path, problem)
+                    )
+        add_bridge = not any(found.bridges for found in files)
+        for found in movable:
+            for name, entry in found.moved.items():
+                earlier = defined.get(name) or adding.get(name)
+                if earlier is None:
+                    adding[name] = (found.source.path, entry)
+                elif earlier[1] != entry:
+                    conflicts.append(
+                        "%s of %s is also in %s, defined differently" % (name, found.source.path, earlier[0])
+                    )
+            table = {name: entry for name, entry in found.table.items() if name not in found.moved}
+            lines.append(
+                "%s: moves %s from %s to %s" % (label, ", ".join(found.moved), found.source.path, own_path)
+            )
+            lines += ["%s: keeps %s in %s" % (label, stays, found.source.path) for stays in found.kept]
+            lines += ["%s: keeps %s (this bridge)" % (label, name) for name in found.bridges]
+            if add_bridge:
+                add_bridge = False
+                name, number = BRIDGE_ENTRY_NAME, 1
+                while name in table:  # a server the client cannot lend keeps its name
+                    number += 1
+                    name = "%s-%d" % (BRIDGE_ENTRY_NAME, number)
+                entry = {"command": command[0], "args": list(command[1:])}
+                if found.keys[-1] == "servers":  # VS Code's tables: its docs always give the type
+                    entry = {"type": "stdio", **entry}
+                if state_dir != default_state_dir:
+                    entry["env"] = {"MCP_BRIDGE_STATE_DIR": str(state_dir)}
+                table[name] = entry
+                lines.append("%s: adds %s (this bridge: %s)" % (label, name, " ".join(command)))
+            changes.append(FileChange(found.source.path, found.data, _rewritten(found, table)))
+    if conflicts:
+        raise AdoptError(
+            "%s. Rename or remove one of each, then run adopt again. Nothing was changed."
+            % "; ".join(conflicts)
+        )
+    if adding:
+        existing = own_files.get(own_path)
+        table = {
+            **(existing.table if existing else {}),
+            **{name: entry for name, (_, entry) in adding.items()},
+        }
+        if existing is None:
+            after = (json.dumps({"mcpServers": table}, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+            changes.append(FileChange(own_path, None, after))
+        else:
+            changes.append(FileChange(own_path, existing.data, _rewritten(existing, table)))
+    return changes, lines
+
+
+def apply_adoption(changes: Sequence[FileChange], state_dir: Path, clients: Sequence[str]) -> Path:
+    """Back up, then write, every change; returns the backup folder. Refuses, writing
+    nothing, when a file changed since it was read (its client may be running)."""
+    for change in changes:
+        if _read_bytes(change.path) != change.before:
+            raise AdoptError(
+                "%s changed while adopt was reading it (quit its client first); run adopt again. "
+                "Nothing was changed." % change.path
+            )
+    root = state_dir / BACKUPS_DIRNAME
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    folder = root / ("adopt-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ"))
+    folder.mkdir(mode=0o700)
+    files = []
+    for number, change in enumerate(changes, 1):
+        backup = None if change.before is None else "%d-%s" % (number, change.path.name)
+        if backup is not None:
+            _write_atomically(folder / backup, change.before)
+        files.append(
+            _BackedUpFile(path=str(change.path), backup=backup, written_sha256=_sha256(change.after))
+        )
+    manifest = _AdoptManifest(clients=list(clients), created=datetime.now(UTC).isoformat(), files=files)
+    _write_atomically(folder / ADOPT_MANIFEST, manifest.model_dump_json(indent=2).encode("utf-8"))
+    for change in changes:  # symlinked configs (dotfiles) are written through the link
+        try:
+            _write_atomically(change.path.resolve(), change.after)
+        except OSError as exc:
+            raise AdoptError(
+                "could not write %s (%s); `%s %s --undo` restores what was written."
+                % (change.path, exc.strerror or exc, SERVER_NAME, ADOPT_COMMAND)
+            ) from None
+    return folder
+
+
+def plan_undo(state_dir: Path, clients: Sequence[str], force: bool) -> tuple[Path, list[FileChange]]:
+    """The newest adopt's backup folder, and the writes that restore its files. Refuses
+    when a file changed since that adopt, unless `force`."""
+    root = state_dir / BACKUPS_DIRNAME
+    folders = sorted(
+        folder
+        for folder in (root.glob("adopt-*") if root.is_dir() else ())
+        if not folder.name.endswith(_UNDONE) and (folder / ADOPT_MANIFEST).is_file()
+    )
+    if not folders:
+        raise AdoptError("there is no adopt to undo: no backup in %s." % root)
+    folder = folders[-1]
+    try:
+        manifest = _AdoptManifest.model_validate_json((folder / ADOPT_MANIFEST).read_bytes())
+        backups = [
+            None if item.backup is None else (folder / item.backup).read_bytes() for item in manifest.files
+        ]
+    except (OSError, ValidationError) as exc:
+        raise AdoptError("the backup in %s is damaged (%s). Nothing was changed." % (folder, exc)) from None
+    if clients and set(clients) != set(manifest.clients):
+        raise AdoptError(
+            "the latest adopt (%s) was for %s; undo it first (`%s %s --undo`). Nothing was changed."
+            % (folder.name, ", ".join(manifest.clients), SERVER_NAME, ADOPT_COMMAND)
+        )
+    changes, changed_since = [], []
+    for item, backup in zip(manifest.files, backups, strict=True):
+        path = Path(item.path)
+        current = _read_bytes(path)
+        if current == backup:
+            continue  # already as it was
+        if _sha256(current) != item.written_sha256 and not force:
+            changed_since.append(str(path))
+            continue
+        changes.append(FileChange(path, current, backup))
+    if changed_since:
+        raise AdoptError(
+            "%s changed since that adopt; restoring would lose those changes. --force restores anyway "
+            "(the backup is in %s). Nothing was changed." % (", ".join(changed_since), folder)
+        )
+    return folder, changes
+
+
+def apply_undo(folder: Path, changes: Sequence[FileChange]) -> None:
+    for change in changes:
+        _write_atomically(change.path.resolve() if change.after is not None else change.path, change.after)
+    folder.rename(folder.with_name(folder.name + _UNDONE))
+
+
+def _diff_lines(data: bytes | None) -> list[str]:
+    text = "" if data is None else data.decode("utf-8", "replace")
+    if not text:
+        return []
+    lines = [line + "\n" for line in text.split("\n")]
+    if text.endswith("\n"):
+        lines.pop()
+    else:
+        lines[-1] += "\\ No newline at end of file\n"
+    return lines
+
+
+def unified_diff(changes: Sequence[FileChange]) -> str:
+    return "".join(
+        line
+        for change in changes
+        for line in difflib.unified_diff(
+            _diff_lines(change.before),
+            _diff_lines(change.after),
+            "/dev/null" if change.before is None else str(change.path),
+            "/dev/null" if change.after is None else str(change.path),
+        )
+    )
+
+
+def _list_adoptable(home: Path, platform: str, environ: Mapping[str, str], state_dir: Path) -> None:
+    rows = [("CLIENT", "TO MOVE", "FILE")]
+    for client in ADOPT_CLIENTS:
+        for source in _client_sources(client, home, platform, environ, state_dir):
+            try:
+                found = _sorted_file(source, state_dir)
+            except AdoptError:
+                rows.append((client, "(cannot be read)", str(source.path)))
+                continue
+            if found is not None and found.table:
+                rows.append((client, ", ".join(found.moved) or "-", str(found.source.path)))
+    if len(rows) == 1:
+        print("No MCP client config with servers found; nothing to adopt.", file=sys.stderr)
+        return
+    print(_table(rows))
+    print(
+        "Nothing was changed. `%s %s --client CLIENT --dry-run` shows what adopting one would change."
+        % (SERVER_NAME, ADOPT_COMMAND),
+        file=sys.stderr,
+    )
+
+
+def _state_dir_parser() -> argparse.ArgumentParser:
+    """The server's --state-dir, as a parent parser for a subcommand."""
+    state_dir = next(option for option in OPTIONS if option.field == "state_dir")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        state_dir.flag,
+        dest=state_dir.field,
+        metavar=state_dir.field.upper(),
+        default=argparse.SUPPRESS,  # given before or after the command, never reset by it
+        help="%s [env %s; default: %s]"
+        % (state_dir.help, state_dir.env, state_dir.shown_default(BridgeConfig())),
+    )
+    return common
+
+
+def build_adopt_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="%s %s" % (SERVER_NAME, ADOPT_COMMAND),
+        parents=[_state_dir_parser()],
+        description="Move the MCP servers of a client's config into the bridge's own servers file "
+        "(<state dir>/%s) and leave the client with only this bridge, so each server is started "
+        "once, by the bridge, and costs no context until code asks for it. Without --client: list "
+        "the clients found, changing nothing." % SERVERS_FILE,
+    )
+    parser.add_argument(
+        "--client",
+        action="append",
+        default=[],
+        metavar="CLIENT",
+        help="the client to adopt: %s (repeat, or separate with commas, for several)"
+        % ", ".join(ADOPT_CLIENTS),
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print a unified diff of every file it would change; change nothing",
+    )
+    parser.add_argument(
+        "--undo",
+        action="store_true",
+        help="restore the files of the latest adopt, byte for byte, from its backup in <state dir>/%s"
+        % BACKUPS_DIRNAME,
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="with --undo: restore even files changed since (losing the changes)",
+    )
+    return parser
+
+
+def adopt_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    """The ``adopt`` subcommand: 0 when done (or listed), 1 when it refuses, 2 for a bad command line."""
+    args = build_adopt_parser().parse_args(list(argv))  # a bad command line: usage, status 2
+    prefix = "%s %s: " % (SERVER_NAME, ADOPT_COMMAND)
+    try:
+        config = load_config(["--state-dir=%s" % args.state_dir] if "state_dir" in args else [], environ)
+    except ConfigError as exc:
+        print(prefix + str(exc), file=sys.stderr)
+        return 2
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(encoding="utf-8")
+    home, platform = Path.home(), sys.platform
+    try:
+        clients = _client_names(args.client)
+        if args.force and not args.undo:
+            raise AdoptError("--force only goes with --undo.", status=2)
+        if args.undo:
+            folder, changes = plan_undo(config.state_dir, clients, args.force)
+            lines = ["restores %s from %s" % (change.path, folder) for change in changes]
+        elif not clients:
+            _list_adoptable(home, platform, environ, config.state_dir)
+            return 0
+        else:
+            command = bridge_command(environ, sys.argv[0])
+            default_state_dir = BridgeConfig().state_dir
+            changes, lines = plan_adoption(
+                clients, home, platform, environ, config.state_dir, default_state_dir, command
+            )
+        if args.dry_run:
+            sys.stdout.write(unified_diff(changes))
+            sys.stdout.flush()
+            for line in [*lines, "dry run: nothing was changed."]:
+                print(prefix + line, file=sys.stderr)
+            return 0
+        if args.undo:
+            apply_undo(folder, changes)
+            lines.append("undone; restart the clients concerned.")
+        else:
+            folder = apply_adoption(changes, config.state_dir, clients)
+            lines.append(
+                "done; backup in %s. Restart %s; `%s %s --undo` puts everything back."
+                % (
+                    folder,
+                    " and ".join(ADOPT_CLIENTS[client] for client in clients),
+                    SERVER_NAME,
+                    ADOPT_COMMAND,
+                )
+            )
+        for line in lines:
+            print(prefix + line, file=sys.stderr)
+    except AdoptError as exc:
+        print(prefix + str(exc), file=sys.stderr)
+        return exc.status
+    except OSError as exc:  # a folder that cannot be created, a disk that is full
+        print(prefix + "%s: %s" % (exc.filename or type(exc).__name__, exc.strerror or exc), file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == [MEMORY_COMMAND]:
         return memory_main(args[1:], os.environ)
+    if args[:1] == [ADOPT_COMMAND]:
+        return adopt_main(args[1:], os.environ)
     try:
         config = load_config(args, os.environ)
     except ConfigError as exc:

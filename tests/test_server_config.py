@@ -377,15 +377,52 @@ def test_client_discovery_can_be_turned_off_leaving_the_bridges_own_files(host: 
 
 def test_expand_variables_uses_the_environment_defaults_and_the_vscode_env_prefix() -> None:
     environ = {"TOKEN": "t0k", "EMPTY": ""}
-    assert expand_variables("Bearer ${TOKEN}", environ) == ("Bearer t0k", [])
-    assert expand_variables("${env:TOKEN}/${MISSING:-fallback}", environ) == ("t0k/fallback", [])
-    assert expand_variables("${EMPTY:-used when empty}", environ) == ("used when empty", [])
-    assert expand_variables("[${EMPTY}]", environ) == ("[]", [])
-    assert expand_variables("$TOKEN ${input:key} ${TOKEN", environ) == ("$TOKEN ${input:key} ${TOKEN", [])
+    assert expand_variables("Bearer ${TOKEN}", environ) == ("Bearer t0k", [], [])
+    assert expand_variables("${env:TOKEN}/${MISSING:-fallback}", environ) == ("t0k/fallback", [], [])
+    assert expand_variables("${EMPTY:-used when empty}", environ) == ("used when empty", [], [])
+    assert expand_variables("[${EMPTY}]", environ) == ("[]", [], [])
+    assert expand_variables("$TOKEN ${TOKEN", environ) == ("$TOKEN ${TOKEN", [], [])
+
+
+def test_vscode_variables_resolve_and_prompts_are_never_passed_on_literally() -> None:
+    editor = {"workspaceFolder": "/work/app", "userHome": "/home/me"}
+    assert expand_variables("${workspaceFolder}/data:${userHome}", {}, editor) == (
+        "/work/app/data:/home/me",
+        [],
+        [],
+    )
+    assert expand_variables("Bearer ${input:api-key}", {"input": "x"}, editor) == (
+        "Bearer ",
+        [],
+        ["${input:api-key}"],
+    )
+    assert expand_variables("${command:pick} ${config:x.y}", {}, editor)[2] == [
+        "${command:pick}",
+        "${config:x.y}",
+    ]
+
+
+def test_an_entry_that_needs_a_prompted_secret_is_skipped_and_reported(host: Host) -> None:
+    entry = {
+        "type": "stdio",
+        "command": "gh-mcp",
+        "args": ["${workspaceFolder}"],
+        "env": {"T": "${input:token}"},
+    }
+    path = write(host.cwd / ".vscode" / "mcp.json", {"servers": {"gh": entry, "ok": {"command": "ok"}}})
+    result = host.discover()
+    assert [spec.name for spec in result.servers] == ["ok"]
+    assert result.problems == (
+        "%s: skipped gh: ${input:token} cannot be resolved here (VS Code asks for ${input:...} values "
+        "itself); write ${env:NAME} and set NAME in the bridge's environment instead" % path,
+    )
+    entry["env"] = {}
+    write(path, {"servers": {"gh": entry}})
+    assert host.discover().servers[0].args == (str(host.cwd),)
 
 
 def test_unset_variable_expands_to_empty_and_is_reported_once_by_name(host: Host) -> None:
-    assert expand_variables("${NOPE}-${NOPE}-${ALSO}", {}) == ("--", ["NOPE", "ALSO"])
+    assert expand_variables("${NOPE}-${NOPE}-${ALSO}", {}) == ("--", ["NOPE", "ALSO"], [])
     path = write(
         host.cwd / ".mcp.json", {"mcpServers": {"gh": {"command": "gh", "env": {"T": "${GH_TOKEN}"}}}}
     )
