@@ -681,6 +681,14 @@ class ContainerRuntime:
     def kill_argv(self, container: str) -> list[str]:
         return [self.executable, "rm", "--force", container]
 
+    async def has_image(self, image: str) -> bool:
+        """Whether the engine has ``image`` locally (no pull)."""
+        try:
+            result = await run_command([self.executable, "image", "inspect", image])
+        except (TimeoutError, OSError):
+            return False
+        return result.returncode == 0
+
     def list_argv(self, host_key: str) -> list[str]:
         """Names of the sandbox containers of one host key (one machine + pid namespace)."""
         return [
@@ -3422,9 +3430,10 @@ class SandboxSession:
         if self.hello is None:
             reason = self.death_reason or "no hello from the kernel within %gs" % self.config.start_timeout
             raise SandboxStartError(
-                "The sandbox container did not start: %s. Check that the image %r exists (or can be "
-                "pulled) and has python3 >= 3.9; the server log has the runtime's output."
-                % (reason, self.config.image)
+                "The sandbox container did not start: %s. Tried: `%s run ... %s`. Set MCP_BRIDGE_IMAGE "
+                "to an image with python3 >= 3.9 that this machine has or can pull (`%s build-image` "
+                "builds one), then restart the MCP server; the server log has the runtime's output."
+                % (reason, self.runtime.name, self.config.image, SERVER_NAME)
             )
         if self.hello.get("protocol") != PROTOCOL_VERSION:
             raise SandboxStartError(
@@ -3791,6 +3800,9 @@ class SandboxSession:
             shutil.rmtree(self.ipc_dir.parent, ignore_errors=True)
 
 
+START_RETRY_SECONDS = 300
+
+
 class SessionManager:
     """Owns the one sandbox session of this bridge: pre-warms it, serializes executes,
     replaces it after a crash, a kill, a reset or idle shutdown, and tells the model
@@ -3818,6 +3830,10 @@ class SessionManager:
         self.active_calls = 0
         self._no_calls = anyio.Event()  # set while active_calls is 0
         self._no_calls.set()
+        # The last start failure and when it happened: explained in full once, then
+        # answered at once, not retried (a pull that cannot work takes long every time)
+        # until the image appears locally or START_RETRY_SECONDS pass.
+        self.start_failure: tuple[str, float] | None = None
 
     async def _ensure_runtime(self) -> ContainerRuntime:
         if self.runtime is None:
@@ -3837,8 +3853,14 @@ class SessionManager:
             self.session = None
         if self.session is None:
             runtime = await self._ensure_runtime()
+            await self._check_earlier_start_failure(runtime)
             session = SandboxSession(runtime, self.config, self.ipc_root, self.host, problems=self.problems)
-            await session.start(self.task_group)
+            try:
+                await session.start(self.task_group)
+            except SandboxStartError as exc:
+                self.start_failure = (str(exc), time.monotonic())
+                raise
+            self.start_failure = None
             self.session = session
             if self.lost_reason:
                 notices.append(
@@ -3848,6 +3870,19 @@ class SessionManager:
                 self.lost_reason = None
             notices.extend(runtime.warnings)
         return self.session
+
+    async def _check_earlier_start_failure(self, runtime: ContainerRuntime) -> None:
+        if self.start_failure is None:
+            return
+        message, when = self.start_failure
+        waited = time.monotonic() - when
+        if waited >= START_RETRY_SECONDS or await runtime.has_image(self.config.image):
+            return  # worth another try
+        raise SandboxStartError(
+            "The sandbox still cannot start (not retried: the image %s is not on this machine, and the "
+            "last try failed %ds ago; the next try is at most %ds away). The first failure said: %s"
+            % (self.config.image, waited, START_RETRY_SECONDS, message)
+        )
 
     async def prewarm(self) -> None:
         async with self._lock:
@@ -4708,7 +4743,7 @@ class _ClientFile:
     table: dict[str, Any]
     moved: dict[str, Any] = field(default_factory=dict)  # name -> the entry for servers.json
     bridges: list[str] = field(default_factory=list)  # entries that start this bridge: they stay
-    kept: list[str] = field(default_factory=list)  # "name (why)": entries only the client can use
+    kept: dict[str, str] = field(default_factory=dict)  # name -> why only the client can use it
 
 
 class _BackedUpFile(BaseModel):
@@ -4818,23 +4853,21 @@ def _sort_entries(found: _ClientFile, own: ConfigSource) -> None:
             continue
         spec, problems = _parse_entry(name, entry, found.source, {}, ())
         if spec is None and problems:
-            found.kept.append("%s (%s)" % (name, problems[0]))
+            found.kept[name] = problems[0].removeprefix("%s: " % found.source.label)
             continue
         try:
             text = json.dumps(entry)
         except TypeError:
-            found.kept.append("%s (it holds a TOML date or time, which JSON cannot)" % name)
+            found.kept[name] = "it holds a TOML date or time, which JSON cannot"
             continue
         if _CLIENT_ONLY_VARIABLE.search(text):
-            found.kept.append(
-                "%s (it uses ${input:...} or ${workspaceFolder}, which only the client fills in)" % name
-            )
+            found.kept[name] = "it uses ${input:...} or ${workspaceFolder}, which only the client fills in"
             continue
         moved = _portable_entry(entry, found.source, own)
         if spec is not None:
             again = _parse_entry(name, moved, own, {}, ())[0]
             if again is None or replace(again, source="") != replace(spec, source=""):
-                found.kept.append("%s (the bridge's servers file cannot say the same)" % name)
+                found.kept[name] = "the bridge's servers file cannot say the same"
                 continue
         found.moved[name] = moved
 
@@ -5042,9 +5075,9 @@ def _bridge_entry_problem(entry: dict[str, Any], state_dir: Path, default_state_
         option = next(option for option in OPTIONS if option.field == name)
         args = entry.get("args")
         words = [arg for arg in args if isinstance(arg, str)] if isinstance(args, list) else []
-        for word, following in zip(words, [*words[1:], None], strict=True):
-            if word == option.flag and following is not None:
-                return following
+        for index, word in enumerate(words):
+            if word == option.flag and index + 1 < len(words):
+                return words[index + 1]
             if word.startswith(option.flag + "="):
                 return word.split("=", 1)[1]
         env = entry.get("env")
@@ -5073,7 +5106,8 @@ def _nothing_to_move(client: str, sources: Sequence[ConfigSource], files: Sequen
     said = []
     for found in files:
         if found.bridges or found.kept:
-            stays = ["%s (this bridge)" % name for name in found.bridges] + found.kept
+            stays = ["%s (this bridge)" % name for name in found.bridges]
+            stays += ["%s (%s)" % (name, why) for name, why in found.kept.items()]
             said.append("%s lists only %s" % (found.source.path, ", ".join(stays)))
         else:
             said.append("%s lists no MCP servers" % found.source.path)
@@ -5132,7 +5166,7 @@ def plan_adoption(
             lines.append(
                 "%s: moves %s from %s to %s" % (label, ", ".join(found.moved), found.source.path, own_path)
             )
-            lines += ["%s: keeps %s in %s" % (label, stays, found.source.path) for stays in found.kept]
+            lines += ["%s: keeps %s (%s)" % (label, name, why) for name, why in found.kept.items()]
             lines += ["%s: keeps %s (this bridge)" % (label, name) for name in found.bridges]
             if add_bridge:
                 add_bridge = False
@@ -5286,12 +5320,15 @@ def _list_adoptable(home: Path, platform: str, environ: Mapping[str, str], state
             if found is not None and found.table:
                 rows.append((client, ", ".join(found.moved) or "-", str(found.source.path)))
     if len(rows) == 1:
-        print("No MCP client config with servers found; nothing to adopt.", file=sys.stderr)
+        print(
+            "%s %s: no MCP client config lists servers; nothing to adopt." % (SERVER_NAME, ADOPT_COMMAND),
+            file=sys.stderr,
+        )
         return
     print(_table(rows))
     print(
-        "Nothing was changed. `%s %s --client CLIENT --dry-run` shows what adopting one would change."
-        % (SERVER_NAME, ADOPT_COMMAND),
+        "%s %s: nothing was changed. `%s %s --client CLIENT --dry-run` shows what adopting one "
+        "would change." % (SERVER_NAME, ADOPT_COMMAND, SERVER_NAME, ADOPT_COMMAND),
         file=sys.stderr,
     )
 

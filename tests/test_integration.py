@@ -337,3 +337,24 @@ async def test_an_unusable_state_directory_is_reported_not_fatal(engine: Engine,
         assert "MCP_BRIDGE_STATE_DIR" in text_of(result)
         tools = await client.list_tools()  # the server is still up
         assert [tool.name for tool in tools.tools] == ["run_python"]
+
+
+async def test_a_missing_image_is_explained_once_then_not_retried_until_it_exists(
+    engine: Engine, state_dir: Path
+) -> None:
+    missing = "localhost/mcp-test-missing-%d:latest" % time.monotonic_ns()
+    async with bridge_client(bridge_env(engine, state_dir, MCP_BRIDGE_IMAGE=missing)) as client:
+        first = await client.call_tool("run_python", {"code": "1"})
+        again = await client.call_tool("run_python", {"code": "1"})
+        assert first.is_error and again.is_error
+        assert "Set MCP_BRIDGE_IMAGE" in text_of(first) and "Tried: `%s run ... %s`" % (
+            engine.name,
+            missing,
+        ) in (text_of(first))
+        assert "not retried: the image %s is not on this machine" % missing in text_of(again)
+        subprocess.run([engine.name, "tag", engine.image, missing], check=True, capture_output=True)
+        try:
+            recovered = await client.call_tool("run_python", {"code": "6 * 7"})
+            assert not recovered.is_error and structured(recovered)["value"] == "42", text_of(recovered)
+        finally:
+            subprocess.run([engine.name, "rmi", missing], check=False, capture_output=True)
