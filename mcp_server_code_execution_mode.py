@@ -2088,6 +2088,26 @@ def policy_problems(config: BridgeConfig, servers: Iterable[ServerSpec]) -> list
     return problems
 
 
+def tool_pattern_problems(
+    config: BridgeConfig, tools_by_server: Mapping[str, Sequence[str]], servers: Sequence[str]
+) -> list[str]:
+    """Tool patterns that match none of the tools of the servers they name, once every one
+    of those servers has listed its tools (``tools_by_server``, by server name)."""
+    problems = []
+    for variable, patterns in (
+        ("MCP_BRIDGE_ALLOW_TOOLS", config.allow_tools),
+        ("MCP_BRIDGE_DENY_TOOLS", config.deny_tools),
+    ):
+        for pattern in patterns:
+            covered = [name for name in servers if fnmatch.fnmatchcase(name, pattern.split(".", 1)[0])]
+            if not covered or any(name not in tools_by_server for name in covered):
+                continue  # no such server (policy_problems says so), or not all listed yet
+            qualified = ("%s.%s" % (name, tool) for name in covered for tool in tools_by_server[name])
+            if not any(fnmatch.fnmatchcase(name, pattern) for name in qualified):
+                problems.append("%s: %r matches no tool of %s" % (variable, pattern, ", ".join(covered)))
+    return problems
+
+
 def tool_allowed(server: str, tool: str, config: BridgeConfig) -> bool:
     """Tool patterns match "server.tool" (e.g. "filesystem.write_*", "*.delete_*")."""
     qualified = "%s.%s" % (server, tool)
@@ -3022,6 +3042,7 @@ class HostAPI:
             "tool_delete": (ToolNameParams, self.tool_delete),
             "tool_sources": (MemoryListParams, self.tool_sources),
         }
+        self.tool_pattern_problems: list[str] = []  # found as servers list their tools
         self.saved_tools = SavedTools(config.state_dir / MEMORY_DIRNAME)
         self.memory = MemoryStore(
             config.state_dir / MEMORY_DIRNAME, config.max_memory_bytes, config.max_memory_total_bytes
@@ -3068,10 +3089,27 @@ class HostAPI:
             }
             for alias, client in sorted(self.pool.clients.items())
         ]
-        return {"servers": servers, "problems": list(self.pool.discovery.problems)}
+        return {"servers": servers, "problems": [*self.pool.discovery.problems, *self.tool_pattern_problems]}
 
     async def _allowed_tools(self, client: PooledClient) -> list[types.Tool]:
-        return self._permitted(client, await client.list_tools())
+        tools = await client.list_tools()
+        self._check_tool_patterns()
+        return self._permitted(client, tools)
+
+    def _check_tool_patterns(self) -> None:
+        """A tool pattern that matches nothing is reported once its servers have listed tools."""
+        if not (self.config.allow_tools or self.config.deny_tools):
+            return
+        listed = {
+            client.spec.name: [tool.name for tool in client.tools]
+            for client in self.pool.clients.values()
+            if client.starts
+        }
+        names = [client.spec.name for client in self.pool.clients.values()]
+        for problem in tool_pattern_problems(self.config, listed, names):
+            if problem not in self.tool_pattern_problems:
+                logger.warning("MCP server configuration: %s", problem)
+                self.tool_pattern_problems.append(problem)
 
     def _permitted(self, client: PooledClient, tools: list[types.Tool]) -> list[types.Tool]:
         return [tool for tool in tools if tool_allowed(client.spec.name, tool.name, self.config)]

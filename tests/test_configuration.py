@@ -337,3 +337,20 @@ def test_a_policy_pattern_that_matches_no_configured_server_is_reported() -> Non
         "MCP_BRIDGE_DENY_SERVERS: 'githb' matches no configured server",
         "MCP_BRIDGE_DENY_TOOLS: 'filesytem.write_*' matches no configured server",
     ]
+
+
+def test_a_tool_pattern_that_matches_no_tool_is_reported_once_its_servers_listed_tools() -> None:
+    config = load_config([], {"MCP_BRIDGE_DENY_TOOLS": "time.convrt_*,time.convert_*,*.delete_*"})
+    servers = ["time", "files"]
+
+    assert bridge.tool_pattern_problems(config, {"time": ["get_current_time", "convert_time"]}, servers) == [
+        "MCP_BRIDGE_DENY_TOOLS: 'time.convrt_*' matches no tool of time"  # *.delete_*: files not listed yet
+    ]
+    listed = {"time": ["convert_time"], "files": ["read", "delete_file"]}
+    assert bridge.tool_pattern_problems(config, listed, servers) == [
+        "MCP_BRIDGE_DENY_TOOLS: 'time.convrt_*' matches no tool of time"
+    ]
+    listed["files"] = ["read"]
+    assert bridge.tool_pattern_problems(config, listed, servers)[1:] == [
+        "MCP_BRIDGE_DENY_TOOLS: '*.delete_*' matches no tool of time, files"
+    ]

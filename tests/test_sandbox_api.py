@@ -230,3 +230,23 @@ async def test_tool_functions_have_docs_a_signature_and_help(
         )
         assert "Convert time between timezones" in shown and "target_timezone: " in shown
         assert "ToolFunction object" not in shown and "never awaited" not in answer["text"]
+
+
+async def test_a_deny_pattern_that_matches_no_tool_is_reported_to_the_code(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    home = claude_desktop_home(tmp_path, {"time": {"command": real_server("time")}})
+    env = proxy_env(proxy_engine, state_dir, home, MCP_BRIDGE_DENY_TOOLS="time.convrt_*,tim.*")
+    async with bridge_client(env) as client:
+        answer = await run_cell(
+            client,
+            """
+            from mcp import runtime
+            before = runtime.discovered_servers(detailed=True)["problems"]
+            mcp_time.get_current_time(timezone="UTC")
+            (before, runtime.discovered_servers(detailed=True)["problems"])
+            """,
+        )
+        before, after = eval(answer["value"])
+        assert before == ["MCP_BRIDGE_DENY_TOOLS: 'tim.*' matches no configured server"]
+        assert after == [*before, "MCP_BRIDGE_DENY_TOOLS: 'time.convrt_*' matches no tool of time"]
