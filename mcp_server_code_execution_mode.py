@@ -18,7 +18,7 @@ Sections, in dependency order (``grep -n '^# ====' mcp_server_code_execution_mod
     sandbox session      -> one container + kernel; SessionManager keeps it warm
     rendering            -> ExecutionOutcome -> text / TOON + structuredContent
     MCP server & tool    -> run_python; resources: the manual, memories, saved tools
-    command line         -> main(); the memory subcommand (list/get/delete/export)
+    command line         -> main(); the memory subcommand (list/get/delete/export); adopt
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 import urllib.parse
@@ -104,7 +105,7 @@ class BridgeConfig:
     environment after start-up."""
 
     runtime: RuntimeName | None = None
-    image: str = "python:3.13-slim"
+    image: str = "python:3.14-slim"
     timeout: float = 30.0
     max_timeout: float = 120.0
     state_dir: Path = field(default_factory=lambda: Path("~/MCPs").expanduser())
@@ -390,7 +391,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
         description="Stdio MCP server with one tool, run_python, that runs code in a persistent, "
         "hardened Podman/Docker sandbox. Each option can also be set by the environment "
         "variable shown; the flag wins.",
-        epilog="Memory without the agent: %(prog)s memory list|get KEY|delete KEY|export [--state-dir DIR].",
+        epilog="Memory without the agent: %(prog)s memory list|get KEY|delete KEY|export [--state-dir DIR]. "
+        "Hand a client's servers to the bridge: %(prog)s adopt --client CLIENT [--dry-run] [--undo].",
     )
     parser.add_argument("--version", action="version", version="%(prog)s " + __version__)
     for option in OPTIONS:
@@ -4570,7 +4572,8 @@ class MemoryCommandError(BridgeError):
         self.status = status
 
 
-def build_memory_parser() -> argparse.ArgumentParser:
+def _state_dir_parser() -> argparse.ArgumentParser:
+    """The server's --state-dir, as a parent parser for a subcommand (memory, adopt)."""
     state_dir = next(option for option in OPTIONS if option.field == "state_dir")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -4581,6 +4584,11 @@ def build_memory_parser() -> argparse.ArgumentParser:
         help="%s [env %s; default: %s]"
         % (state_dir.help, state_dir.env, state_dir.shown_default(BridgeConfig())),
     )
+    return common
+
+
+def build_memory_parser() -> argparse.ArgumentParser:
+    common = _state_dir_parser()
     parser = argparse.ArgumentParser(
         prog="%s %s" % (SERVER_NAME, MEMORY_COMMAND),
         parents=[common],
@@ -5371,21 +5379,6 @@ def _list_adoptable(home: Path, platform: str, environ: Mapping[str, str], state
     )
 
 
-def _state_dir_parser() -> argparse.ArgumentParser:
-    """The server's --state-dir, as a parent parser for a subcommand."""
-    state_dir = next(option for option in OPTIONS if option.field == "state_dir")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        state_dir.flag,
-        dest=state_dir.field,
-        metavar=state_dir.field.upper(),
-        default=argparse.SUPPRESS,  # given before or after the command, never reset by it
-        help="%s [env %s; default: %s]"
-        % (state_dir.help, state_dir.env, state_dir.shown_default(BridgeConfig())),
-    )
-    return common
-
-
 def build_adopt_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="%s %s" % (SERVER_NAME, ADOPT_COMMAND),
@@ -5481,12 +5474,217 @@ def adopt_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     return 0
 
 
+# --- the build-image subcommand --------------------------------------------------------
+# `mcp-server-code-execution-mode build-image [--packages numpy,pandas,matplotlib]`: a
+# "batteries" sandbox image for data work, built the way this machine allows: FROM the
+# default image with pip where a registry exists; from Debian packages with debootstrap
+# where none does (as root; scripts/setup.sh builds the test image the same way). The
+# result is checked by importing every package in it, with the sandbox's network off.
+
+BUILD_IMAGE_COMMAND = "build-image"
+BATTERIES = ("numpy", "pandas", "matplotlib")
+BATTERIES_TAG = "localhost/mcp-sandbox-python:batteries"
+DEBIAN_SUITE = "bookworm"
+# matplotlib writes its cache and config under $HOME, which the read-only sandbox lacks.
+IMAGE_ENVIRONMENT = ("MPLCONFIGDIR=/tmp/matplotlib",)
+_PACKAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(?:(?:==|>=|<=|~=)[A-Za-z0-9.*+!-]+)?")
+# PyPI names whose Debian package or import name is not python3-<name> / <name>.
+_DEBIAN_NAMES = {
+    "pillow": "python3-pil", "scikit-learn": "python3-sklearn", "beautifulsoup4": "python3-bs4",
+    "pyyaml": "python3-yaml", "opencv-python": "python3-opencv",
+}  # fmt: skip
+_IMPORT_NAMES = {
+    "pillow": "PIL", "scikit-learn": "sklearn", "beautifulsoup4": "bs4", "pyyaml": "yaml",
+    "opencv-python": "cv2", "python-dateutil": "dateutil",
+}  # fmt: skip
+
+
+class BuildImageError(BridgeError):
+    """build-image cannot do what was asked: its message and exit status."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _project_name(package: str) -> str:
+    return re.split(r"[<>=~]", package, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def debian_package(package: str) -> str:
+    name = _project_name(package)
+    return _DEBIAN_NAMES.get(name, "python3-" + name)
+
+
+def import_name(package: str) -> str:
+    name = _project_name(package)
+    return _IMPORT_NAMES.get(name, name.replace("-", "_"))
+
+
+def containerfile(base: str, packages: Sequence[str]) -> str:
+    """The pip recipe: the base image plus the packages, nothing else changed."""
+    lines = ["FROM %s" % base, "RUN python3 -m pip install --no-cache-dir %s" % " ".join(packages)]
+    lines += ["ENV %s" % setting for setting in IMAGE_ENVIRONMENT]
+    return "\n".join(lines) + "\n"
+
+
+def apt_mirror(etc_apt: Path = Path("/etc/apt")) -> str | None:
+    """The machine's own Debian mirror (deb822 .sources first, then sources.list)."""
+    for path in sorted((etc_apt / "sources.list.d").glob("*.sources")):
+        for match in re.finditer(r"^URIs:\s*(\S+)", path.read_text(errors="replace"), re.MULTILINE):
+            if "security" not in match.group(1):
+                return match.group(1)
+    listing = etc_apt / "sources.list"
+    if listing.exists():
+        for match in re.finditer(r"^deb\s+(?:\[[^]]*\]\s+)?(\S+)", listing.read_text(errors="replace"), re.M):
+            if "security" not in match.group(1):
+                return match.group(1)
+    return None
+
+
+def build_image_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="%s %s" % (SERVER_NAME, BUILD_IMAGE_COMMAND),
+        description="Build a sandbox image with extra Python packages (default: numpy, pandas, "
+        "matplotlib), then use it with MCP_BRIDGE_IMAGE=TAG. With a registry it is the default image "
+        "plus pip; without one, a Debian %s with the packages' Debian builds (needs root and "
+        "debootstrap)." % DEBIAN_SUITE,
+    )
+    parser.add_argument(
+        "--packages",
+        default=",".join(BATTERIES),
+        help="comma-separated PyPI names, optionally pinned (name==1.2) [default: %(default)s]",
+    )
+    parser.add_argument("--tag", default=BATTERIES_TAG, help="the image to create [default: %(default)s]")
+    parser.add_argument(
+        "--from",
+        dest="base",
+        default=None,
+        help="base image for the pip method [default: MCP_BRIDGE_IMAGE, else %s]" % BridgeConfig().image,
+    )
+    parser.add_argument(
+        "--method",
+        choices=("auto", "pip", "debian"),
+        default="auto",
+        help="auto: pip if the base image is here or can be pulled, else debian [default: auto]",
+    )
+    parser.add_argument("--runtime", choices=("podman", "docker"), default=None, help="default: detected")
+    parser.add_argument("--dry-run", action="store_true", help="print what would run, build nothing")
+    return parser
+
+
+def _stream(argv: Sequence[str], **kwargs: Any) -> None:
+    """Run a build step with its output on our stderr (builds are long: the user sees them)."""
+    logger.info("running: %s", " ".join(argv))
+    result = subprocess.run(list(argv), stdout=sys.stderr, check=False, **kwargs)
+    if result.returncode != 0:
+        raise BuildImageError(
+            "`%s` failed with exit status %d (output above)" % (" ".join(argv[:3]), result.returncode)
+        )
+
+
+def _build_with_pip(executable: str, base: str, packages: Sequence[str], tag: str, dry_run: bool) -> None:
+    recipe = containerfile(base, packages)
+    print("Containerfile:\n%s" % recipe, file=sys.stderr)
+    workdir = Path(tempfile.mkdtemp(prefix="mcp-build-image-"))
+    try:
+        (workdir / "Containerfile").write_text(recipe)
+        argv = [executable, "build", "--tag", tag, "--file", str(workdir / "Containerfile"), str(workdir)]
+        if dry_run:
+            print(" ".join(argv))
+            return
+        _stream(argv)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _build_with_debian(executable: str, packages: Sequence[str], tag: str, dry_run: bool) -> None:
+    if any(re.search("[<>=~]", package) for package in packages):
+        raise BuildImageError("the debian method installs Debian's builds: versions cannot be pinned", 2)
+    mirror = apt_mirror()
+    if mirror is None:
+        raise BuildImageError("no Debian mirror found in /etc/apt; use --method pip with a registry")
+    include = ",".join(["python3", *(debian_package(package) for package in packages)])
+    root = Path(tempfile.mkdtemp(prefix="mcp-build-image-"))
+    debootstrap = ["debootstrap", "--variant=minbase", "--include=" + include, DEBIAN_SUITE, str(root)]
+    debootstrap.append(mirror)
+    changes = [part for setting in IMAGE_ENVIRONMENT for part in ("--change", "ENV " + setting)]
+    load = [executable, "import", *changes, "-", tag]
+    try:
+        if dry_run:
+            print(" ".join(debootstrap))
+            print("tar -C %s -c . | %s" % (root, " ".join(load)))
+            return
+        if shutil.which("debootstrap") is None or os.geteuid() != 0:
+            raise BuildImageError(
+                "the debian method needs root and debootstrap (apt-get install debootstrap); "
+                "where a registry is reachable use --method pip instead"
+            )
+        _stream(debootstrap)
+        for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):  # downloaded .debs: 200+ MB
+            shutil.rmtree(root / cache, ignore_errors=True)
+        with subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE) as archive:
+            _stream(load, stdin=archive.stdout)
+            if archive.wait() != 0:
+                raise BuildImageError("archiving the root filesystem failed")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _can_use_base(runtime: ContainerRuntime, base: str) -> bool:
+    if anyio.run(runtime.has_image, base):
+        return True
+    print("Pulling %s ..." % base, file=sys.stderr)
+    pulled = subprocess.run([runtime.executable, "pull", base], stdout=sys.stderr, check=False)
+    return pulled.returncode == 0
+
+
+def _check_image(executable: str, tag: str, packages: Sequence[str]) -> None:
+    modules = ", ".join(import_name(package) for package in packages) or "sys"
+    argv = [executable, "run", "--rm", "--network", "none", "--ulimit", "nofile=1024:1024"]
+    argv += ["--ulimit", "nproc=512:512", "--user", "65534:65534", tag, "python3", "-c", "import " + modules]
+    _stream(argv)
+    print("Checked: `import %s` works in %s." % (modules, tag), file=sys.stderr)
+
+
+def build_image_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    args = build_image_parser().parse_args(list(argv))  # a bad command line: usage, status 2
+    prefix = "%s %s: " % (SERVER_NAME, BUILD_IMAGE_COMMAND)
+    try:
+        config = load_config([], environ)
+        packages = [part.strip() for part in args.packages.split(",") if part.strip()]
+        bad = [package for package in packages if not _PACKAGE.fullmatch(package)]
+        if bad:
+            raise BuildImageError("not a package name: %s (write name or name==version)" % ", ".join(bad), 2)
+        logging.basicConfig(level=config.log_level, stream=sys.stderr, format="%(levelname)s: %(message)s")
+        runtime = anyio.run(detect_runtime, args.runtime or config.runtime)
+        base = args.base or config.image
+        method = args.method
+        if method == "auto":
+            method = "pip" if args.dry_run or _can_use_base(runtime, base) else "debian"
+            print("Method: %s." % method, file=sys.stderr)
+        if method == "pip":
+            _build_with_pip(runtime.executable, base, packages, args.tag, args.dry_run)
+        else:
+            _build_with_debian(runtime.executable, packages, args.tag, args.dry_run)
+        if args.dry_run:
+            return 0
+        _check_image(runtime.executable, args.tag, packages)
+    except (ConfigError, BuildImageError, RuntimeUnavailableError) as exc:
+        print(prefix + str(exc), file=sys.stderr)
+        return exc.status if isinstance(exc, BuildImageError) else 1
+    print("Built %s. Use it: set MCP_BRIDGE_IMAGE=%s in the MCP server's environment." % (args.tag, args.tag))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == [MEMORY_COMMAND]:
         return memory_main(args[1:], os.environ)
     if args[:1] == [ADOPT_COMMAND]:
         return adopt_main(args[1:], os.environ)
+    if args[:1] == [BUILD_IMAGE_COMMAND]:
+        return build_image_main(args[1:], os.environ)
     try:
         config = load_config(args, os.environ)
     except ConfigError as exc:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up for contributors and CI on Debian/Ubuntu: installs what is missing
 # (Podman with runc, Docker, debootstrap, Node for the npm MCP servers), starts dockerd,
-# builds the local sandbox image once, and creates .venv with the project installed.
+# builds the local sandbox images once (the plain one and, with build-image, a "batteries"
+# one), and creates .venv with the project installed.
 # Safe to run again: every step first checks whether its work is already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -70,9 +71,11 @@ prepare_tools() {
     touch .venv/.installed
   fi
   # --- real third-party MCP servers for the proxy tests ---------------------------
-  NPM_SERVERS=(@modelcontextprotocol/server-everything @modelcontextprotocol/server-filesystem)
+  NPM_SERVERS=(@modelcontextprotocol/server-everything @modelcontextprotocol/server-filesystem
+               @modelcontextprotocol/server-memory)
   if [ ! -x .cache/mcp-servers/node_modules/.bin/mcp-server-everything ] \
-     || [ ! -x .cache/mcp-servers/node_modules/.bin/mcp-server-filesystem ]; then
+     || [ ! -x .cache/mcp-servers/node_modules/.bin/mcp-server-filesystem ] \
+     || [ ! -x .cache/mcp-servers/node_modules/.bin/mcp-server-memory ]; then
     log "installing ${NPM_SERVERS[*]} into .cache/mcp-servers"
     mkdir -p .cache/mcp-servers
     npm install --prefix .cache/mcp-servers --no-audit --no-fund --silent "${NPM_SERVERS[@]}" >/dev/null
@@ -133,4 +136,13 @@ if [[ "$RUNTIMES" == *podman* ]]; then
 fi
 
 wait "$tools_pid" || { log "setting up .venv or the npm MCP servers failed (output above)"; exit 1; }
+
+# --- the "batteries" image (numpy, pandas, matplotlib), built by the product itself ------
+# tests/test_build_image.py uses it; only the first runtime needs it.
+BATTERIES_IMAGE="${MCP_TEST_BATTERIES_IMAGE:-localhost/mcp-sandbox-python:batteries}"
+if ! "${wanted[0]}" image inspect "$BATTERIES_IMAGE" >/dev/null 2>&1; then
+  log "building $BATTERIES_IMAGE with build-image (a few minutes)"
+  .venv/bin/mcp-server-code-execution-mode build-image --runtime "${wanted[0]}" --tag "$BATTERIES_IMAGE" \
+    >/tmp/build-image.log 2>&1 || { log "build-image failed; see /tmp/build-image.log"; exit 1; }
+fi
 log "ready: image $IMAGE on ${RUNTIMES}"

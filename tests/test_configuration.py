@@ -55,7 +55,7 @@ def test_no_flags_and_no_environment_gives_the_defaults() -> None:
 
     assert config == BridgeConfig()
     assert config.runtime is None
-    assert config.image == "python:3.13-slim"
+    assert config.image == "python:3.14-slim"
     assert config.timeout == 30.0
     assert config.max_timeout == 120.0
     assert config.output_mode == "compact"

@@ -40,7 +40,7 @@ def anyio_backend() -> str:
 def spec(**overrides: object) -> LaunchSpec:
     values: dict[str, object] = {
         "name": "mcp-code-exec-4242.987654-0badcafe",
-        "image": "python:3.13-slim",
+        "image": "python:3.14-slim",
         "ipc_dir": Path("/home/u/MCPs/ipc/0123456789abcdef.mcp-code-exec-4242.987654-0badcafe/ipc"),
         "owner": OWNER,
         "memory": "512m",
@@ -59,7 +59,7 @@ def values_of(argv: list[str], flag: str) -> list[str]:
 
 def options_part(argv: list[str]) -> list[str]:
     """The runtime's options: everything before the image."""
-    return argv[: argv.index("python:3.13-slim")]
+    return argv[: argv.index("python:3.14-slim")]
 
 
 # --- build_run_argv -------------------------------------------------------------------
@@ -95,7 +95,7 @@ def test_run_argv_is_exactly_the_hardened_command() -> None:
         "--env", "PYTHONDONTWRITEBYTECODE=1",
         "--env", "PYTHONIOENCODING=utf-8",
         "--entrypoint", "python3",
-        "python:3.13-slim",
+        "python:3.14-slim",
         "-I",
         "/ipc/mcp_sandbox_kernel.py",
         "/ipc/session.json",

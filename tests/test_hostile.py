@@ -132,7 +132,7 @@ async def test_a_proxied_server_sending_lone_surrogates_or_bad_bytes_cannot_brea
                     outcomes[name] = call()
                 except (runtime.MCPError, AttributeError) as exc:
                     outcomes[name] = "failed: " + str(exc)
-            outcomes["search"] = [hit["tool"] for hit in runtime.search_tool_docs("surrogate")]
+            outcomes["search"] = [hit["tool"] for hit in runtime.search_tool_docs("surrogate", 5, "summary")]
             outcomes
             """,
         )

@@ -62,8 +62,8 @@ async def test_real_servers_are_discovered_searched_documented_and_called(
             """,
         )
         assert listed["value"] == "['everything', 'filesystem', 'time']"
-        found = await run_ok(client, "hits = runtime.search_tool_docs('current time in a timezone')\nhits[0]")
-        assert "'server': 'time'" in found["value"] and "'tool': 'get_current_time'" in found["value"]
+        found = await run_ok(client, "runtime.search_tool_docs('current time in a timezone')[0]")
+        assert found["value"].startswith("'mcp_time.get_current_time(timezone: str) -> dict  # "), found
         docs = await run_ok(client, "[doc['signature'] for doc in runtime.query_tool_docs('time')]")
         assert (
             "get_current_time(timezone: str) -> dict  # Get current time in a specific timezone"
@@ -354,7 +354,7 @@ async def test_policy_hides_and_refuses_denied_servers_and_tools(
             """
             from mcp import runtime
             names = [doc["tool"] for doc in runtime.query_tool_docs("stub")]
-            hits = [hit["tool"] for hit in runtime.search_tool_docs("fail always", limit=10)]
+            hits = [hit["tool"] for hit in runtime.search_tool_docs("fail always", 10, "summary")]
             try:
                 runtime.call_tool("stub", "fail", {"message": "x"})
             except runtime.MCPError as exc:

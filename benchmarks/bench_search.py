@@ -1,0 +1,188 @@
+"""Search benchmark: does ``runtime.search_tool_docs`` find the right tool for plain words?
+
+Starts four real MCP servers through the bridge's own client pool (ClientPool + HostAPI,
+in this process; no container: the ranking runs on the host): server-everything,
+server-filesystem and server-memory (npm, installed by scripts/setup.sh under
+.cache/mcp-servers) and mcp-server-time (PyPI, in .venv). Their aliases are the names a
+user's config gives them: everything, filesystem, memory, time. Then, for each of the
+QUERIES below (written the way a model writes them), it asks HostAPI.search_tool_docs for
+every hit (limit 50) and prints the rank of the expected tool, the top hit and its score,
+and how many queries ranked their tool first and in the top 3. tests/test_search.py runs
+the same queries through a real bridge and container.
+
+It is a measurement, not a test: it always exits 0 (problems are listed under the table).
+Usage:
+
+    .venv/bin/python benchmarks/bench_search.py [--verbose]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from mcp_server_code_execution_mode import (
+    MAX_SEARCH_LIMIT,
+    BridgeConfig,
+    ClientPool,
+    DiscoveryResult,
+    HostAPI,
+    ServerSpec,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+NPM_BIN = REPO / ".cache" / "mcp-servers" / "node_modules" / ".bin"
+START_DEADLINE_S = 120.0
+
+
+@dataclass(frozen=True)
+class Query:
+    text: str
+    server: str  # the alias
+    tools: tuple[str, ...]  # the right tool; two where either is the right call
+
+
+# Ten requests as a model phrases them, two or three per server; the right tool is the
+# one a person who knows the servers would call.
+QUERIES = (
+    # a person not in the graph yet: create_entities (with observations); one already
+    # there: add_observations
+    Query("remember a fact about a person", "memory", ("create_entities", "add_observations")),
+    Query("what time is it in Tokyo", "time", ("get_current_time",)),
+    Query("convert time between time zones", "time", ("convert_time",)),
+    Query("list files in a folder", "filesystem", ("list_directory",)),
+    Query("read a text file", "filesystem", ("read_text_file",)),
+    Query("save text to a file", "filesystem", ("write_file",)),
+    Query("add two numbers", "everything", ("get-sum",)),
+    Query("show the environment variables", "everything", ("get-env",)),
+    Query("search my memory for a person", "memory", ("search_nodes",)),
+    Query("forget everything about a person", "memory", ("delete_entities",)),
+)
+
+
+def server_specs(workdir: Path) -> list[ServerSpec]:
+    """The four servers, as discovery would configure them; files and memory in `workdir`."""
+    files = workdir / "files"
+    files.mkdir(exist_ok=True)
+    commands = {
+        "everything": [str(NPM_BIN / "mcp-server-everything")],
+        "filesystem": [str(NPM_BIN / "mcp-server-filesystem"), str(files)],
+        "memory": [str(NPM_BIN / "mcp-server-memory")],
+        "time": [str(Path(sys.executable).parent / "mcp-server-time")],
+    }
+    missing = [argv[0] for argv in commands.values() if not Path(argv[0]).exists()]
+    if missing:
+        raise FileNotFoundError("not installed (run scripts/setup.sh): %s" % ", ".join(missing))
+    env = {"MEMORY_FILE_PATH": str(workdir / "memory.jsonl")}
+    return [
+        ServerSpec(name, name, "stdio", argv[0], tuple(argv[1:]), env=env if name == "memory" else {})
+        for name, argv in sorted(commands.items())
+    ]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    query: Query
+    rank: int | None  # 1-based; None: not among the hits
+    top: str  # "server.tool"
+    score: float
+    lines: tuple[str, ...]  # the first hits as runtime.search_tool_docs(query) shows them
+
+
+def rank_of(query: Query, hits: Sequence[dict[str, Any]]) -> int | None:
+    for rank, hit in enumerate(hits, 1):
+        if hit["server"] == query.server and hit["tool"] in query.tools:
+            return rank
+    return None
+
+
+async def measure(workdir: Path) -> tuple[list[Outcome], list[str]]:
+    config = BridgeConfig(state_dir=workdir / "state")
+    discovery = DiscoveryResult(tuple(server_specs(workdir)), (), ())
+    outcomes: list[Outcome] = []
+    async with anyio.create_task_group() as group:
+        pool = ClientPool(discovery, config, group)
+        try:
+            api = HostAPI(pool, config)
+            with anyio.fail_after(START_DEADLINE_S):  # the first search starts every server
+                await api.search_tool_docs("start", 1)
+            failures = [
+                "%s: %s" % (alias, client.failure)
+                for alias, client in pool.clients.items()
+                if not client.running
+            ]
+            for query in QUERIES:
+                hits: Any = await api.search_tool_docs(query.text, MAX_SEARCH_LIMIT, "summary")
+                lines: Any = await api.search_tool_docs(query.text, 3, "line")
+                top = "%s.%s" % (hits[0]["server"], hits[0]["tool"]) if hits else "(none)"
+                score = hits[0]["score"] if hits else 0.0
+                outcomes.append(Outcome(query, rank_of(query, hits), top, score, tuple(lines)))
+        finally:
+            await pool.aclose()
+    return outcomes, failures
+
+
+def render_table(outcomes: Sequence[Outcome]) -> str:
+    header = ["#", "query", "expected", "rank", "top hit (score)"]
+    rows = [
+        [
+            str(i),
+            o.query.text,
+            "%s.%s" % (o.query.server, " / ".join(o.query.tools)),
+            str(o.rank) if o.rank else "-",
+            "%s (%.2f)" % (o.top, o.score),
+        ]
+        for i, o in enumerate(outcomes, 1)
+    ]
+    widths = [max(len(line[i]) for line in [header, *rows]) for i in range(len(header))]
+
+    def fmt(line: list[str]) -> str:
+        return "  ".join(
+            cell.rjust(w) if i in (0, 3) else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(line, widths, strict=True))
+        ).rstrip()
+
+    return "\n".join([fmt(header), "  ".join("-" * w for w in widths), *(fmt(row) for row in rows)])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--verbose", action="store_true", help="also print each query's first three lines")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
+        try:
+            outcomes, problems = anyio.run(measure, Path(tmp))
+        except Exception as exc:  # a measurement: report and exit 0
+            print("search benchmark failed: %s: %s" % (type(exc).__name__, exc))
+            return 0
+    print(render_table(outcomes))
+    first = sum(1 for o in outcomes if o.rank == 1)
+    top3 = sum(1 for o in outcomes if o.rank is not None and o.rank <= 3)
+    print(
+        "\nranked first: %d/%d (target >= 8)   in the top 3: %d/%d"
+        % (first, len(outcomes), top3, len(outcomes))
+    )
+    if args.verbose:
+        for o in outcomes:
+            print("\n>>> runtime.search_tool_docs(%r, limit=3)" % o.query.text)
+            print("\n".join(o.lines))
+    if problems:
+        print("\nproblems:")
+        for problem in problems:
+            print("- %s" % problem)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""`mcp-server-code-execution-mode build-image`: the recipe for each method, its refusals,
+and (in test_batteries_image_*) a real build's image used by a real bridge."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import mcp_server_code_execution_mode as bridge
+from tests.conftest import console_script
+
+
+def build_image(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [console_script(), "build-image", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_the_pip_recipe_is_the_base_image_plus_the_packages() -> None:
+    assert bridge.containerfile("python:3.14-slim", ["numpy", "pandas==2.2.3"]) == (
+        "FROM python:3.14-slim\n"
+        "RUN python3 -m pip install --no-cache-dir numpy pandas==2.2.3\n"
+        "ENV MPLCONFIGDIR=/tmp/matplotlib\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("package", "debian", "module"),
+    [
+        ("numpy", "python3-numpy", "numpy"),
+        ("Pillow", "python3-pil", "PIL"),
+        ("scikit-learn", "python3-sklearn", "sklearn"),
+        ("python_dateutil", "python3-python-dateutil", "dateutil"),
+        ("pandas==2.2.3", "python3-pandas", "pandas"),
+    ],
+)
+def test_package_names_map_to_debian_packages_and_modules(package: str, debian: str, module: str) -> None:
+    assert (bridge.debian_package(package), bridge.import_name(package)) == (debian, module)
+
+
+def test_the_mirror_comes_from_the_machines_own_apt_sources(tmp_path: Path) -> None:
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\nURIs: http://security.example/debian-security\n\nTypes: deb\nURIs: http://mirror.example/debian\n"
+    )
+    assert bridge.apt_mirror(tmp_path) == "http://mirror.example/debian"
+    (tmp_path / "sources.list.d" / "debian.sources").unlink()
+    (tmp_path / "sources.list").write_text(
+        "# comment\ndeb [arch=amd64] http://old.example/debian bookworm main\n"
+    )
+    assert bridge.apt_mirror(tmp_path) == "http://old.example/debian"
+    (tmp_path / "sources.list").unlink()
+    assert bridge.apt_mirror(tmp_path) is None
+
+
+def test_dry_runs_print_each_methods_commands_and_build_nothing() -> None:
+    pip = build_image("--dry-run", "--method", "pip", "--from", "python:3.14-slim", "--tag", "localhost/x:1")
+    assert pip.returncode == 0, pip.stderr
+    assert (
+        "FROM python:3.14-slim\nRUN python3 -m pip install --no-cache-dir numpy pandas matplotlib"
+        in pip.stderr
+    )
+    assert " build --tag localhost/x:1 --file " in pip.stdout
+    debian = build_image(
+        "--dry-run", "--method", "debian", "--packages", "numpy,Pillow", "--tag", "localhost/x:1"
+    )
+    assert debian.returncode == 0, debian.stderr
+    assert (
+        "debootstrap --variant=minbase --include=python3,python3-numpy,python3-pil bookworm " in debian.stdout
+    )
+    assert " import --change ENV MPLCONFIGDIR=/tmp/matplotlib - localhost/x:1" in debian.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--packages", "numpy;rm -rf /"], "not a package name: numpy;rm -rf /"),
+        (["--packages", "numpy,--index-url=http://evil"], "not a package name: --index-url=http://evil"),
+        (["--method", "debian", "--packages", "numpy==1.0"], "versions cannot be pinned"),
+    ],
+)
+def test_bad_requests_are_refused_with_a_clear_message(args: list[str], message: str) -> None:
+    refused = build_image("--dry-run", *args)
+    assert refused.returncode == 2 and message in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr

@@ -1,0 +1,244 @@
+"""Search by meaning (issue 9, item 6): the query's terms (related words, compounds, phrases,
+places), what servers say about themselves, tool titles and nested parameters in the
+index, the ranking, and the one-line hits; then the benchmark's ten natural-language
+queries through a real bridge, a real container and four real servers."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from mcp_server_code_execution_mode import (
+    MAX_SEARCH_TERMS,
+    SearchToolDocsParams,
+    query_terms,
+    render_signature,
+    render_tool_line,
+    search_terms,
+    search_tools,
+    server_tokens,
+)
+from tests.conftest import (
+    NPM_BIN,
+    Engine,
+    bridge_client,
+    claude_desktop_home,
+    proxy_env,
+    real_server,
+    run_cell,
+)
+
+Tool = dict[str, Any]
+
+# The benchmark's queries (benchmarks/bench_search.py), imported by name: benchmarks/ is a
+# folder of scripts, not a package mypy checks under this name.
+QUERIES: Sequence[Any] = importlib.import_module("benchmarks.bench_search").QUERIES
+
+
+def related(query: str) -> dict[str, Mapping[str, float]]:
+    return {term.stem: term.related for term in query_terms(query)}
+
+
+def names(query: str, tools: Sequence[tuple[str, Mapping[str, Any]]], **kwargs: Any) -> list[str]:
+    return [tool["name"] for _, _, tool in search_tools(query, tools, limit=10, **kwargs)]
+
+
+# ---------------------------------------------------------------- query terms
+
+
+def test_a_query_word_brings_the_words_of_its_concept() -> None:
+    terms = related("remember a folder")
+    assert terms["folder"]["directory"] == 0.75
+    assert terms["remember"]["memory"] == 0.75
+
+
+def test_two_words_also_find_their_compound() -> None:
+    timezone, filesystem = search_terms("timezone filesystem")  # as stems: "timezon", ...
+    assert related("time zones")["zone"][timezone] == 1.0
+    assert related("file system")["system"][filesystem] == 1.0
+
+
+def test_a_question_phrase_adds_the_concept_it_asks_for() -> None:
+    assert search_terms("what time is it") == ["time", "now"]
+    assert "current" in related("what time is it")["now"]
+
+
+def test_a_city_of_the_time_zone_database_finds_time_zones() -> None:
+    timezone = search_terms("timezone")[0]
+    assert related("the time in Tokyo")["tokyo"][timezone] == 0.75
+    assert timezone in related("the time in New York")["york"]
+    assert timezone not in related("the time in Narnia")["narnia"]
+
+
+def test_tool_is_a_stop_word() -> None:
+    assert search_terms("a tool to add numbers") == search_terms("add numbers")
+
+
+def test_query_terms_are_bounded_however_long_the_query() -> None:
+    words = " ".join("word%dx" % i for i in range(100_000))
+    started = time.perf_counter()
+    terms = query_terms(words)
+    assert len(terms) == MAX_SEARCH_TERMS
+    assert time.perf_counter() - started < 0.5
+    assert [term.stem for term in terms] == search_terms(words)
+
+
+# ---------------------------------------------------------------- what the index holds
+
+
+NOTES: list[tuple[str, Tool]] = [
+    ("kg", {"name": "create_entities", "description": "Create entities in the graph"}),
+    ("pages", {"name": "create_page", "description": "Create a page"}),
+]
+
+
+def test_a_server_name_and_instructions_are_searched() -> None:
+    servers = {
+        "kg": server_tokens(["kg", "memory-server"], "A knowledge graph: what the model should recall"),
+        "pages": server_tokens(["pages", "wiki"], ""),
+    }
+    assert names("remember", NOTES) == []
+    assert names("remember", NOTES, servers=servers) == ["create_entities"]
+    assert names("wiki", NOTES, servers=servers)[0] == "create_page"
+
+
+def test_server_instructions_are_indexed_only_up_to_their_cap() -> None:
+    tokens = server_tokens([], "x " * 10_000 + "needle")
+    assert "needle" not in tokens
+
+
+def test_tool_titles_weigh_like_names() -> None:
+    tools: list[tuple[str, Tool]] = [
+        ("mail", {"name": "t1", "description": "Mentions an email address once"}),
+        ("mail", {"name": "t2", "title": "Send Email"}),
+        ("mail", {"name": "t3", "annotations": {"title": "Send Email"}}),
+    ]
+    assert names("send email", tools)[:2] == ["t2", "t3"]
+
+
+def test_nested_parameter_names_and_descriptions_are_searched() -> None:
+    item = {"type": "object", "properties": {"observations": {"type": "array", "description": "Facts"}}}
+    schema = {"type": "object", "properties": {"entities": {"type": "array", "items": item}}}
+    tools: list[tuple[str, Tool]] = [("kg", {"name": "create_entities", "inputSchema": schema})]
+    assert names("observations", tools) == ["create_entities"]
+    assert names("facts", tools) == ["create_entities"]
+
+
+def test_a_destructive_tool_ranks_lower_unless_the_query_asks_for_a_change() -> None:
+    same = {"description": "A note in the notebook"}
+    tools: list[tuple[str, Tool]] = [
+        ("n", {"name": "a_note", **same, "annotations": {"destructiveHint": True}}),
+        ("n", {"name": "b_note", **same}),
+    ]
+    assert names("note", tools) == ["b_note", "a_note"]
+    assert names("change a note", tools) == ["a_note", "b_note"]  # equal scores: alphabetical
+
+
+def test_related_words_find_a_tool_that_never_says_the_query_words() -> None:
+    tools: list[tuple[str, Tool]] = [
+        ("fs", {"name": "list_directory", "description": "Entries of a directory"}),
+        ("fs", {"name": "read_file", "description": "Contents of a file"}),
+    ]
+    assert names("show what is in a folder", tools) == ["list_directory"]
+
+
+def test_a_city_ranks_time_zone_tools_first() -> None:
+    zone = {"type": "object", "properties": {"timezone": {"type": "string"}}}
+    tools: list[tuple[str, Tool]] = [
+        ("clock", {"name": "get_current_time", "description": "Current time", "inputSchema": zone}),
+        ("files", {"name": "get_file_info", "description": "Creation time of a file"}),
+    ]
+    assert names("what time is it in Paris", tools)[0] == "get_current_time"
+
+
+# ---------------------------------------------------------------- one-line hits
+
+
+def test_a_line_is_the_call_with_its_summary() -> None:
+    tool = {"name": "get-sum", "description": "Returns the sum.\nMore.", "inputSchema": {"type": "object"}}
+    assert render_tool_line("everything", tool) == "mcp_everything.%s" % render_signature(tool)
+    assert render_tool_line("everything", tool).startswith("mcp_everything.get_sum(")
+
+
+def test_a_line_stays_one_line_whatever_the_schema_holds() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"x": {"$ref": "#/$defs/a\nb"}, "y": {"enum": ["p\u2028q"]}},
+        "$defs": {"a\nb": {}},
+    }
+    tool = {"name": "t\r\n", "description": "first\u2029second\x85third", "inputSchema": schema}
+    line = render_tool_line("srv", tool)
+    assert len(line.splitlines()) == 1 and line.startswith("mcp_srv.t__(")
+
+
+def test_search_params_default_to_lines_and_accept_only_the_three_details() -> None:
+    assert SearchToolDocsParams.model_validate({"query": "x"}).detail == "line"
+    for detail in ("line", "summary", "full"):
+        assert SearchToolDocsParams.model_validate({"query": "x", "detail": detail}).detail == detail
+    with pytest.raises(ValidationError):
+        SearchToolDocsParams.model_validate({"query": "x", "detail": "lines"})
+
+
+# ---------------------------------------------------------------- real servers, real bridge
+
+
+def four_servers(tmp_path: Path) -> dict[str, Any]:
+    memory = NPM_BIN / "mcp-server-memory"
+    if not memory.exists():
+        pytest.fail("server-memory is not installed at %s; run scripts/setup.sh" % memory)
+    files = tmp_path / "files"
+    files.mkdir()
+    return {
+        "everything": {"command": real_server("everything")},
+        "filesystem": {"command": real_server("filesystem"), "args": [str(files)]},
+        "memory": {"command": str(memory), "env": {"MEMORY_FILE_PATH": str(tmp_path / "memory.jsonl")}},
+        "time": {"command": real_server("time")},
+    }
+
+
+SEARCH_CELL = """
+import json
+from mcp import runtime
+queries = json.loads(%r)
+ranks = []
+for text, server, tools in queries:
+    hits = runtime.search_tool_docs(text, limit=50, detail="summary")
+    ranks.append(next(
+        (i for i, hit in enumerate(hits, 1) if hit["server"] == server and hit["tool"] in tools), None
+    ))
+lines = [runtime.search_tool_docs(text) for text, _, _ in queries]
+full = runtime.search_tool_docs("read a text file", 1, "full")[0]
+json.dumps({"ranks": ranks, "lines": lines, "full": sorted(full)})
+"""
+
+
+@pytest.mark.anyio
+async def test_natural_language_queries_find_the_right_tool_on_real_servers(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    home = claude_desktop_home(tmp_path, four_servers(tmp_path))
+    queries = json.dumps([[q.text, q.server, list(q.tools)] for q in QUERIES])
+    async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+        answer = await run_cell(client, SEARCH_CELL % queries, timeout=120)
+    assert not answer["is_error"], answer["text"]
+    found = json.loads(eval(answer["value"]))
+    table = "\n".join("%s: %s" % (q.text, rank) for q, rank in zip(QUERIES, found["ranks"], strict=True))
+    assert len(QUERIES) == 10
+    assert sum(rank == 1 for rank in found["ranks"]) >= 8, table
+    assert all(rank is not None and rank <= 3 for rank in found["ranks"]), table
+    assert found["full"] == sorted(
+        ["server", "tool", "name", "signature", "description", "input_schema", "output_schema", "score"]
+    )
+    for query, lines in zip(QUERIES, found["lines"], strict=True):
+        assert 1 <= len(lines) <= 5, lines
+        for line in lines:
+            assert isinstance(line, str) and len(line.splitlines()) == 1, line
+            assert line.startswith("mcp_") and "(" in line and "  # " in line, line
+        assert lines[0].startswith("mcp_%s." % query.server), (query.text, lines)
