@@ -5487,6 +5487,7 @@ BATTERIES_TAG = "localhost/mcp-sandbox-python:batteries"
 DEBIAN_SUITE = "bookworm"
 # matplotlib writes its cache and config under $HOME, which the read-only sandbox lacks.
 IMAGE_ENVIRONMENT = ("MPLCONFIGDIR=/tmp/matplotlib",)
+BUILD_IMAGE_LABEL = "io.github.mcp-server-code-execution-mode.build-image"
 _PACKAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(?:(?:==|>=|<=|~=)[A-Za-z0-9.*+!-]+)?")
 # PyPI names whose Debian package or import name is not python3-<name> / <name>.
 _DEBIAN_NAMES = {
@@ -5521,11 +5522,17 @@ def import_name(package: str) -> str:
     return _IMPORT_NAMES.get(name, name.replace("-", "_"))
 
 
+def image_settings(packages: Sequence[str], method: str) -> list[str]:
+    """Containerfile instructions both methods add: the environment, and a label that
+    says how the image was made."""
+    label = "LABEL %s=%s" % (BUILD_IMAGE_LABEL, json.dumps("%s:%s" % (method, ",".join(packages))))
+    return ["ENV %s" % setting for setting in IMAGE_ENVIRONMENT] + [label]
+
+
 def containerfile(base: str, packages: Sequence[str]) -> str:
     """The pip recipe: the base image plus the packages, nothing else changed."""
     lines = ["FROM %s" % base, "RUN python3 -m pip install --no-cache-dir %s" % " ".join(packages)]
-    lines += ["ENV %s" % setting for setting in IMAGE_ENVIRONMENT]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + image_settings(packages, "pip")) + "\n"
 
 
 def apt_mirror(etc_apt: Path = Path("/etc/apt")) -> str | None:
@@ -5608,7 +5615,7 @@ def _build_with_debian(executable: str, packages: Sequence[str], tag: str, dry_r
     root = Path(tempfile.mkdtemp(prefix="mcp-build-image-"))
     debootstrap = ["debootstrap", "--variant=minbase", "--include=" + include, DEBIAN_SUITE, str(root)]
     debootstrap.append(mirror)
-    changes = [part for setting in IMAGE_ENVIRONMENT for part in ("--change", "ENV " + setting)]
+    changes = [part for setting in image_settings(packages, "debian") for part in ("--change", setting)]
     load = [executable, "import", *changes, "-", tag]
     try:
         if dry_run:

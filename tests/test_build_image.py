@@ -3,13 +3,28 @@ and (in test_batteries_image_*) a real build's image used by a real bridge."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 import mcp_server_code_execution_mode as bridge
-from tests.conftest import console_script
+from tests.conftest import Engine, bridge_client, bridge_env, console_script, run_cell
+
+pytestmark = pytest.mark.anyio
+
+# GUIDE.md's batteries example, verbatim (test_guide_shows_this_example keeps them equal).
+BATTERIES_EXAMPLE = """\
+import os, numpy as np, pandas as pd
+import matplotlib.pyplot as plt
+frame = pd.DataFrame({"x": np.arange(5), "y": np.arange(5) ** 2})
+figure, axes = plt.subplots()
+axes.plot(frame.x, frame.y)
+figure.savefig("/tmp/squares.png")
+(int(frame.y.sum()), os.path.getsize("/tmp/squares.png") > 1000)
+"""
 
 
 def build_image(*args: str) -> subprocess.CompletedProcess[str]:
@@ -23,6 +38,7 @@ def test_the_pip_recipe_is_the_base_image_plus_the_packages() -> None:
         "FROM python:3.14-slim\n"
         "RUN python3 -m pip install --no-cache-dir numpy pandas==2.2.3\n"
         "ENV MPLCONFIGDIR=/tmp/matplotlib\n"
+        'LABEL io.github.mcp-server-code-execution-mode.build-image="pip:numpy,pandas==2.2.3"\n'
     )
 
 
@@ -70,7 +86,8 @@ def test_dry_runs_print_each_methods_commands_and_build_nothing() -> None:
     assert (
         "debootstrap --variant=minbase --include=python3,python3-numpy,python3-pil bookworm " in debian.stdout
     )
-    assert " import --change ENV MPLCONFIGDIR=/tmp/matplotlib - localhost/x:1" in debian.stdout
+    assert " import --change ENV MPLCONFIGDIR=/tmp/matplotlib --change LABEL " in debian.stdout
+    assert debian.stdout.rstrip().endswith(" - localhost/x:1")
 
 
 @pytest.mark.parametrize(
@@ -85,3 +102,29 @@ def test_bad_requests_are_refused_with_a_clear_message(args: list[str], message:
     refused = build_image("--dry-run", *args)
     assert refused.returncode == 2 and message in refused.stderr, refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+async def test_the_batteries_image_from_build_image_runs_data_code_in_the_bridge(
+    engine: Engine, state_dir: Path
+) -> None:
+    # scripts/setup.sh made this image with `build-image` (debian method: no registry here).
+    image = os.environ.get("MCP_TEST_BATTERIES_IMAGE", "localhost/mcp-sandbox-python:batteries")
+    label = "{{index .Labels %s}}" % json.dumps(bridge.BUILD_IMAGE_LABEL)
+    made = subprocess.run(
+        [engine.name, "image", "inspect", "--format", label, image],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if made.returncode != 0:
+        pytest.fail("%s has no image %s; run scripts/setup.sh" % (engine.name, image))
+    assert made.stdout.strip() in ("debian:numpy,pandas,matplotlib", "pip:numpy,pandas,matplotlib")
+    async with bridge_client(bridge_env(Engine(engine.name, image), state_dir)) as client:
+        answer = await run_cell(client, BATTERIES_EXAMPLE, timeout=120)
+    assert not answer["is_error"], answer["text"]
+    assert answer["value"] == "(30, True)" and answer["stderr"] == "", answer
+
+
+def test_guide_shows_this_example() -> None:
+    guide = (Path(__file__).resolve().parent.parent / "GUIDE.md").read_text()
+    assert "```python\n%s```" % BATTERIES_EXAMPLE in guide
