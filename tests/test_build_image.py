@@ -105,9 +105,11 @@ def test_bad_requests_are_refused_with_a_clear_message(args: list[str], message:
 
 
 async def test_the_batteries_image_from_build_image_runs_data_code_in_the_bridge(
-    engine: Engine, state_dir: Path
+    proxy_engine: Engine, state_dir: Path
 ) -> None:
-    # scripts/setup.sh made this image with `build-image` (debian method: no registry here).
+    # scripts/setup.sh made this image with `build-image` (debian method: no registry here),
+    # for the first runtime only.
+    engine = proxy_engine
     image = os.environ.get("MCP_TEST_BATTERIES_IMAGE", "localhost/mcp-sandbox-python:batteries")
     label = "{{index .Labels %s}}" % json.dumps(bridge.BUILD_IMAGE_LABEL)
     made = subprocess.run(
