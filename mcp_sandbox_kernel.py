@@ -1501,6 +1501,7 @@ class ExecutorProcess:
         # The bridge says whether there is a store of saved tools to ask (a kernel run on its
         # own, in tests, has none).
         self.tools_loaded = not config.get("saved_tools", False)
+        self.reap_children = False  # set after an interrupt (see reap_killed_children)
 
     def load_saved_tools(self) -> list[str]:
         """Define every saved tool in the namespace; one that fails (hand-edited into a
@@ -1616,6 +1617,9 @@ class ExecutorProcess:
         self.reattach_output()
         result: Frame = {"type": "result", "id": execute_id, "status": "ok", "value": None, "error": None}
         code = frame.get("code")
+        if self.reap_children:
+            self.reap_children = False
+            reap_killed_children()
         try:
             if not isinstance(code, str):
                 raise TypeError("execute frame has no 'code' string")
@@ -1633,6 +1637,7 @@ class ExecutorProcess:
         except BaseException as exc:
             self.running_id = None
             result["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
+            self.reap_children = result["status"] == "interrupted"
             result["error"] = describe_user_exception(exc, self.max_output_chars)
         finally:
             self.running_id = None
@@ -1642,6 +1647,22 @@ class ExecutorProcess:
             except Exception:  # user code may have closed or replaced it (even with None)
                 pass
         return result
+
+
+def reap_killed_children(patience: float = 1.0) -> None:
+    """After an interrupted execute the supervisor SIGKILLs every process the code started;
+    collect those that were the executor's own children, or they linger as zombies (and
+    count against the pids limit) for as long as the session lives."""
+    give_up = time.monotonic() + patience
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return  # no children left
+        if pid == 0:  # one still alive: dying from the kill, or a left-over thread's
+            if time.monotonic() > give_up:
+                return
+            time.sleep(0.01)
 
 
 def _python_version() -> str:

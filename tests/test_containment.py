@@ -176,6 +176,19 @@ async def test_a_fork_bomb_times_out_and_leaves_no_process_behind(engine: Engine
             assert (await run(client, "kept"))["value"] == "'yes'"
 
 
+async def test_children_killed_at_a_timeout_do_not_linger_as_zombies(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        await run(client, PROCESSES)
+        started = await run(
+            client,
+            "import subprocess, time\nchild = subprocess.Popen(['sleep', '600'])\ntime.sleep(60)",
+            timeout=2,
+        )
+        assert started["status"] == "timeout" and started["state_kept"], started
+        after = await run(client, "processes()")
+        assert after["value"] == "[]", after
+
+
 async def test_background_shells_leave_no_zombies(engine: Engine, state_dir: Path) -> None:
     async with bridge_client(bridge_env(engine, state_dir)) as client:
         answer = await run(
