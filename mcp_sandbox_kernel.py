@@ -49,7 +49,7 @@ import threading
 import time
 import traceback
 import types
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any, Callable, NamedTuple
 
 # =============================================================================
@@ -484,26 +484,36 @@ CELL_PREFIX = "<cell-"
 # --- deferred calls: the one rule for `await` ---------------------------------------------
 # A tool call (or host helper) gives its value, in any code. Only where the code itself
 # awaits the call or hands it to asyncio (`await f()`, `asyncio.gather(f(), g())`,
-# `create_task(f())`, a list of calls later gathered) does the call start later instead,
-# as an awaitable, so several run at once. The cell's syntax tree says which calls those
-# are: each is rewritten to `__mcp_defer__(f, ...)`, which tells a deferrable callee to
-# return an awaitable; every other callee is called as written.
+# `create_task(f())`, a name or list of calls it awaits or gathers later) does the call
+# start later instead, as an awaitable, so several run at once. The syntax tree of each
+# cell says which calls those are: each is rewritten to `__mcp_defer__(f, ...)`, which
+# tells a deferrable callee to return an awaitable; every other callee runs as written.
+# And whatever the code awaits or hands to asyncio passes through `__mcp_awaitable__`,
+# so a plain value there (a call that already ran) is awaited as itself, not an error.
+# Names are matched per scope (a function's own awaits decide for its own names).
 
 DEFER_NAME = "__mcp_defer__"
-# asyncio functions that take awaitables, and how many leading positional arguments are
-# awaitables (None: all of them).
-_ASYNCIO_TAKERS: dict[str, int | None] = {
-    "gather": None, "create_task": 1, "ensure_future": 1, "shield": 1, "wait_for": 1, "as_completed": 1,
-    "run_until_complete": 1, "run_coroutine_threadsafe": 1,
+AWAITABLE_NAME = "__mcp_awaitable__"
+AWAITABLES_NAME = "__mcp_awaitables__"
+# asyncio functions that take awaitables: each positional argument ("each"), the first
+# ("first"), or the first as an iterable of them ("iterable").
+_ASYNCIO_TAKERS = {
+    "gather": "each", "create_task": "first", "ensure_future": "first", "shield": "first",
+    "wait_for": "first", "run_until_complete": "first", "run_coroutine_threadsafe": "first",
+    "as_completed": "iterable",
 }  # fmt: skip
-_ASYNCIO_ONLY = {"run": 1, "wait": 1}  # names too common elsewhere: only as asyncio.run / asyncio.wait
+_ASYNCIO_ONLY = {"run": "first", "wait": "iterable"}  # common names: only as asyncio.run / asyncio.wait
 _COLLECTORS = ("append", "add", "extend", "insert")  # tasks.append(f()): a list later gathered
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 _deferral = threading.local()
 
 
 def defer_call(func: Any, /, *args: Any, **kwargs: Any) -> Any:
-    """``__mcp_defer__(f, ...)``: call ``f``; a deferrable ``f`` returns an awaitable."""
-    target = func.__func__ if isinstance(func, types.MethodType) else type(func)
+    """``__mcp_defer__(f, ...)``: call ``f``; a deferrable ``f`` returns a PendingCall."""
+    if isinstance(func, types.MethodType):
+        target = func.__func__
+    else:
+        target = func if isinstance(func, types.FunctionType) else type(func)
     if getattr(target, "_mcp_deferrable", False) is not True:
         return func(*args, **kwargs)
     _deferral.next = True
@@ -520,50 +530,111 @@ def take_deferral() -> bool:
     return deferred
 
 
-def _awaitable_arguments(call: ast.Call) -> int | None:
-    """How many leading positional arguments of ``call`` asyncio will await (None: all)."""
+async def _ready(value: Any) -> Any:
+    return value
+
+
+def make_awaitable(value: Any) -> Any:
+    """``__mcp_awaitable__(x)``: ``x`` if it can be awaited, else a coroutine that gives it."""
+    return value if inspect.isawaitable(value) else _ready(value)
+
+
+def make_awaitables(values: Any) -> list[Any]:
+    """``__mcp_awaitables__(xs)``: each item awaitable; as tasks when a loop runs, since
+    asyncio.wait takes nothing else (and gather and as_completed take them too)."""
+    awaitables = [make_awaitable(value) for value in values]
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return awaitables
+    return [asyncio.ensure_future(awaitable) for awaitable in awaitables]
+
+
+def _taker(call: ast.Call) -> str:
+    """How ``call`` takes awaitables, if it is one of asyncio's functions that do ("" if not)."""
     func = call.func
     if isinstance(func, ast.Attribute):
         if func.attr in _ASYNCIO_ONLY and isinstance(func.value, ast.Name) and func.value.id == "asyncio":
             return _ASYNCIO_ONLY[func.attr]
-        name = func.attr
-    else:
-        name = func.id if isinstance(func, ast.Name) else ""
-    return _ASYNCIO_TAKERS.get(name, 0)
+        return _ASYNCIO_TAKERS.get(func.attr, "")
+    return _ASYNCIO_TAKERS.get(func.id, "") if isinstance(func, ast.Name) else ""
+
+
+def _taken(call: ast.Call) -> list[ast.expr]:
+    kind = _taker(call)
+    return list(call.args) if kind == "each" else call.args[:1] if kind else []
+
+
+def _named(node: ast.AST) -> str | None:
+    """The name an awaited expression refers to: `t`, `*ts`, `ts[0]`, `*ts.values()`."""
+    if isinstance(node, ast.Starred):
+        node = node.value
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "values":
+        node = node.func.value
+    if isinstance(node, ast.Subscript):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _in_scope(node: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of ``node``'s own scope: nested functions are other scopes."""
+    for child in ast.iter_child_nodes(node):
+        yield child
+        if not isinstance(child, _SCOPES):
+            yield from _in_scope(child)
+
+
+def _awaited_names(scope: ast.AST) -> set[str]:
+    """Names the scope awaits or hands to asyncio (`await task`, `gather(*tasks)`), and
+    the lists a loop over them draws from (`for task in tasks: await task`)."""
+    names: set[str] = set()
+    loops: list[tuple[ast.AST, ast.AST]] = []
+    for node in _in_scope(scope):
+        if isinstance(node, ast.Await):
+            candidates: list[ast.AST] = [node.value]
+        elif isinstance(node, ast.Call):
+            candidates = list(_taken(node))
+        else:
+            if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+                loops.append((node.target, node.iter))
+            continue
+        names.update(name for name in map(_named, candidates) if name)
+    for target, source in loops:
+        if _named(target) in names and _named(source):
+            names.add(str(_named(source)))
+    return names
+
+
+def _call(name: str, argument: ast.expr) -> ast.expr:
+    return ast.copy_location(ast.Call(ast.Name(name, ast.Load()), [argument], []), argument)
 
 
 def _defer(node: ast.expr) -> ast.expr:
+    """A call becomes `__mcp_defer__(f, ...)`; so do the calls a display or comprehension holds."""
     if isinstance(node, ast.Call):
         if isinstance(node.func, ast.Name) and node.func.id == DEFER_NAME:
             return node
         marker = ast.Name(DEFER_NAME, ast.Load())
         return ast.copy_location(ast.Call(marker, [node.func, *node.args], node.keywords), node)
-    if isinstance(node, ast.Starred):
+    if isinstance(node, (ast.Starred, ast.NamedExpr)):
         node.value = _defer(node.value)
     elif isinstance(node, (ast.List, ast.Tuple, ast.Set)):
         node.elts = [_defer(element) for element in node.elts]
+    elif isinstance(node, ast.Dict):
+        node.values = [_defer(value) for value in node.values]
     elif isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp)):
         node.elt = _defer(node.elt)
+    elif isinstance(node, ast.DictComp):
+        node.value = _defer(node.value)
     elif isinstance(node, ast.IfExp):
         node.body, node.orelse = _defer(node.body), _defer(node.orelse)
     return node
 
 
-def _awaited_names(tree: ast.AST) -> set[str]:
-    """Names the code awaits or hands to asyncio: `await task`, `gather(*tasks)`."""
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Await):
-            candidates = [node.value]
-        elif isinstance(node, ast.Call):
-            candidates = node.args[: _awaitable_arguments(node)]
-        else:
-            continue
-        for candidate in candidates:
-            named = candidate.value if isinstance(candidate, ast.Starred) else candidate
-            if isinstance(named, ast.Name):
-                names.add(named.id)
-    return names
+def _defer_items(node: ast.expr) -> ast.expr:
+    """The calls an iterable expression holds (`[f(), g()]`, `(f(i) for i in r)`), not a
+    call that makes the iterable (`tasks.values()`)."""
+    return node if isinstance(node, ast.Call) else _defer(node)
 
 
 # function name -> (its positional parameters, the parameters it awaits)
@@ -578,8 +649,8 @@ class DeferAwaitedCalls(ast.NodeTransformer):
     functions defined so far from cell to cell."""
 
     def __init__(self, tree: ast.AST, functions: AwaitingFunctions) -> None:
-        self.awaited_names = _awaited_names(tree)
         self.functions = functions
+        self.scopes: list[set[str]] = []
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 positional = [argument.arg for argument in node.args.posonlyargs + node.args.args]
@@ -590,18 +661,35 @@ class DeferAwaitedCalls(ast.NodeTransformer):
                 else:
                     functions.pop(node.name, None)
 
+    def _scope(self, node: ast.AST) -> ast.AST:
+        self.scopes.append(_awaited_names(node))
+        self.generic_visit(node)
+        self.scopes.pop()
+        return node
+
+    visit_Module = visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _scope
+
+    def _awaited(self, target: ast.AST) -> bool:
+        name = _named(target)
+        return bool(self.scopes) and name is not None and name in self.scopes[-1]
+
     def visit_Await(self, node: ast.Await) -> ast.AST:
         self.generic_visit(node)
-        node.value = _defer(node.value)
+        node.value = _call(AWAITABLE_NAME, _defer(node.value))
         return node
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
-        count = _awaitable_arguments(node)
-        func = node.func
+        kind, func = _taker(node), node.func
+        if kind == "each":
+            node.args = [self._handed(argument) for argument in node.args]
+        elif kind and node.args and not isinstance(node.args[0], ast.Starred):
+            if kind == "iterable":
+                node.args[0] = _call(AWAITABLES_NAME, _defer_items(node.args[0]))
+            else:
+                node.args[0] = _call(AWAITABLE_NAME, _defer(node.args[0]))
         if isinstance(func, ast.Attribute) and func.attr in _COLLECTORS and self._awaited(func.value):
-            count = None
-        node.args[:count] = [_defer(argument) for argument in node.args[:count]]
+            node.args = [_defer(argument) for argument in node.args]
         if isinstance(func, ast.Name) and func.id in self.functions:
             positional, awaited = self.functions[func.id]
             for index, argument in enumerate(node.args[: len(positional)]):
@@ -613,6 +701,13 @@ class DeferAwaitedCalls(ast.NodeTransformer):
                 if keyword.arg in awaited:
                     keyword.value = _defer(keyword.value)
         return node
+
+    @staticmethod
+    def _handed(argument: ast.expr) -> ast.expr:
+        if isinstance(argument, ast.Starred):
+            argument.value = _call(AWAITABLES_NAME, _defer_items(argument.value))
+            return argument
+        return _call(AWAITABLE_NAME, _defer(argument))
 
     def visit_Assign(self, node: ast.Assign) -> ast.AST:
         self.generic_visit(node)
@@ -632,13 +727,13 @@ class DeferAwaitedCalls(ast.NodeTransformer):
             node.value = _defer(node.value)
         return node
 
-    def _awaited(self, target: ast.AST) -> bool:
-        return isinstance(target, ast.Name) and target.id in self.awaited_names
-
 
 def defer_awaited_calls(tree: ast.Module, functions: AwaitingFunctions) -> ast.Module:
     DeferAwaitedCalls(tree, functions).visit(tree)
     return ast.fix_missing_locations(tree)
+
+
+SANDBOX_BUILTINS = {DEFER_NAME: defer_call, AWAITABLE_NAME: make_awaitable, AWAITABLES_NAME: make_awaitables}
 
 
 class Executor:
@@ -649,7 +744,8 @@ class Executor:
     def __init__(self) -> None:
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
         # In builtins, not the namespace: code that clears its globals keeps working.
-        setattr(builtins, DEFER_NAME, defer_call)
+        for name, helper in SANDBOX_BUILTINS.items():
+            setattr(builtins, name, helper)
         self.loop = asyncio.new_event_loop()
         self.cell_count = 0
         self.awaiting_functions: AwaitingFunctions = {}
@@ -974,11 +1070,14 @@ class SandboxRuntime:
         return self._host("query_tool_docs", params, "runtime.query_tool_docs(%r)" % (server,))
 
     @deferrable
-    def search_tool_docs(self, query: str, limit: int = 5, detail: str = "line") -> Any:
+    def search_tool_docs(self, query: str, limit: int = 5, detail: str = "summary") -> Any:
         """The tools of all configured servers that best match a plain-words query, best
-        first: one line each (``detail="summary"`` or ``"full"``: dicts)."""
+        first: dicts (server, tool, name, signature, score, line) that print as their one
+        ``line``, ``mcp_<alias>.<tool>(...) -> T  # summary``; ``detail="line"``: just the
+        lines; ``detail="full"``: with descriptions and schemas."""
         params = {"query": query, "limit": limit, "detail": detail}
-        return self._host("search_tool_docs", params, "runtime.search_tool_docs(%r)" % (query,))
+        label = "runtime.search_tool_docs(%r)" % (query,)
+        return self._host("search_tool_docs", params, label, lambda hits: [_hit(hit) for hit in hits])
 
     @deferrable
     def capability_summary(self) -> Any:
@@ -1107,6 +1206,17 @@ class SandboxRuntime:
         return self._host("tool_delete", {"name": name}, "delete_tool(%r)" % (name,))
 
 
+class SearchHit(dict):  # type: ignore[type-arg]
+    """One search hit: a dict that prints as its one-line summary, to keep output short."""
+
+    def __repr__(self) -> str:
+        return str(self.get("line", dict.__repr__(self)))
+
+
+def _hit(hit: Any) -> Any:
+    return SearchHit(hit) if isinstance(hit, dict) and isinstance(hit.get("line"), str) else hit
+
+
 UPDATE_MEMORY_ATTEMPTS = 100
 _CONTENDED = "update_memory(%r): other writers changed the value on each of %d attempts; try again"
 MEMORY_HELPERS = (
@@ -1197,9 +1307,10 @@ def _require_json(value: Any, what: str) -> None:
 
 class PendingCall(collections.abc.Coroutine):  # type: ignore[type-arg]
     """A call the code awaits or hands to asyncio (see "deferred calls"): a coroutine that
-    sends nothing until it runs, so the calls of one ``gather`` overlap. Should the code
-    use it as a value after all (a list of calls it also gathers, say), it runs then and
-    there and stands for its value: printing, indexing, methods, operators."""
+    sends nothing until it runs, so the calls of one ``gather`` overlap. Awaited again, it
+    gives the same value (or raises the same error) without a second call. Should the
+    code use it as a value after all (a list of calls it also gathers, say), it runs then
+    and there and stands for its value: printing, indexing, methods, operators."""
 
     def __init__(
         self, run: Callable[[], Any], run_async: Callable[[], Coroutine[Any, Any, Any]], label: str
@@ -1207,21 +1318,31 @@ class PendingCall(collections.abc.Coroutine):  # type: ignore[type-arg]
         self._run = run
         self._run_async = run_async
         self._label = label
+        self.__name__ = self.__qualname__ = label  # what asyncio shows for a task running it
         self._coroutine: Coroutine[Any, Any, Any] | None = None
-        self._settled = False
-        self._value: Any = None
+        self._outcome: tuple[bool, Any] | None = None  # (ok, value or exception), once settled
 
     # --- as a coroutine: await, gather, create_task ---------------------------------------
     def _started(self) -> Coroutine[Any, Any, Any]:
-        if self._coroutine is None:
-            self._coroutine = self._settle()
-        return self._coroutine
+        coroutine = self._coroutine
+        if coroutine is None or inspect.getcoroutinestate(coroutine) == inspect.CORO_CLOSED:
+            coroutine = self._coroutine = self._settle()  # a fresh one gives the settled outcome
+        return coroutine
 
     async def _settle(self) -> Any:
-        if not self._settled:
-            self._value = await self._run_async()
-            self._settled = True
-        return self._value
+        if self._outcome is None:
+            try:
+                self._outcome = (True, await self._run_async())
+            except Exception as exc:
+                self._outcome = (False, exc)
+        return self._result()
+
+    def _result(self) -> Any:
+        assert self._outcome is not None
+        ok, value = self._outcome
+        if not ok:
+            raise value
+        return value
 
     def __await__(self) -> Any:
         return self._started().__await__()
@@ -1237,18 +1358,21 @@ class PendingCall(collections.abc.Coroutine):  # type: ignore[type-arg]
             self._coroutine.close()
 
     def __del__(self) -> None:
-        coroutine = self._coroutine
+        coroutine = self.__dict__.get("_coroutine")  # absent in a copy made without __init__
         if coroutine is not None and inspect.getcoroutinestate(coroutine) == inspect.CORO_CREATED:
             coroutine.close()  # never ran: nothing was sent, and Python need not warn
 
     # --- as its value ---------------------------------------------------------------------
     def _resolve(self) -> Any:
-        if not self._settled:
-            if self._coroutine is not None:  # a task runs it on this thread: cannot wait here
+        if self._outcome is None:
+            coroutine = self._coroutine
+            if coroutine is not None and inspect.getcoroutinestate(coroutine) != inspect.CORO_CREATED:
                 raise TypeError("%s is still running: await it before using its value" % self._label)
-            self._value = self._run()
-            self._settled = True
-        return self._value
+            try:
+                self._outcome = (True, self._run())
+            except Exception as exc:
+                self._outcome = (False, exc)
+        return self._result()
 
     def __getattr__(self, name: str) -> Any:
         # Private and coroutine attributes (asyncio probes cr_code, cr_frame) do not run the call.
@@ -1349,11 +1473,13 @@ class ServerProxy:
         self._runtime = runtime
         self._alias = alias
         self._tools: dict[str, str] | None = None  # python name -> tool name
+        self._functions: dict[str, Callable[..., Any]] = {}  # python name -> its function
 
     def _tool_names(self, refresh: bool = False) -> dict[str, str]:
         if self._tools is None or refresh:
             tools = self._runtime.list_tools(self._alias)
             self._tools = {tool["name"]: tool["tool"] for tool in tools}
+            self._functions.clear()
         return self._tools
 
     def __getattr__(self, name: str) -> Any:
@@ -1369,7 +1495,10 @@ class ServerProxy:
                 "mcp_%s has no tool %r; %sits tools: %s"
                 % (self._alias, name, hint, ", ".join(sorted(tools)) or "(none)")
             )
-        return ToolFunction(self._runtime, self._alias, tools[name], name)
+        function = self._functions.get(name)
+        if function is None:
+            function = self._functions[name] = tool_function(self._runtime, self._alias, tools[name], name)
+        return function
 
     def __dir__(self) -> list[str]:
         return sorted(self._tool_names())
@@ -1378,72 +1507,51 @@ class ServerProxy:
         return "<MCP server %s: use dir() or runtime.query_tool_docs(%r)>" % (self._alias, self._alias)
 
 
-class ToolFunction:
-    # ``mcp_<alias>.<tool>``: called with keyword arguments. Its __doc__ and __signature__
-    # come from the tool's docs, fetched from the host the first time help() or inspect
-    # asks; and __get__ makes it a routine to them, as a function is.
+def tool_function(runtime: SandboxRuntime, server: str, tool: str, name: str) -> Callable[..., Any]:
+    """``mcp_<alias>.<tool>``: a function called with keyword arguments, whose __doc__ and
+    __signature__ (so help() and inspect) come from the tool's docs on the host."""
+    label = "mcp_%s.%s(...)" % (server, name)
 
-    _mcp_deferrable = True
-
-    def __init__(self, runtime: SandboxRuntime, server: str, tool: str, name: str) -> None:
-        self._runtime = runtime
-        self._server = server
-        self._tool = tool
-        self._docs: dict[str, Any] | None = None
-        self.__name__ = name
-        self.__qualname__ = "mcp_%s.%s" % (server, name)
-        self.__module__ = "mcp.servers.%s" % server
-
-    def __call__(self, *args: Any, raw: bool = False, **arguments: Any) -> Any:
+    def call(*args: Any, raw: bool = False, **arguments: Any) -> Any:
         if args:
             raise TypeError(
-                "mcp_%s.%s takes keyword arguments only, e.g. %s(name=value); see "
-                "help(mcp_%s.%s)" % (self._server, self.__name__, self.__name__, self._server, self.__name__)
+                "mcp_%s.%s takes keyword arguments only, e.g. %s(name=value); see help(mcp_%s.%s)"
+                % (server, name, name, server, name)
             )
-        label = "mcp_%s.%s(...)" % (self._server, self.__name__)
-        return self._runtime._dispatch_call(self._server, self._tool, arguments, raw, label)
+        return runtime._dispatch_call(server, tool, arguments, raw, label)
 
-    def __get__(self, instance: Any, owner: Any = None) -> ToolFunction:
-        return self
+    call.__name__ = name
+    call.__qualname__ = "mcp_%s.%s" % (server, name)
+    call.__module__ = "mcp.servers.%s" % server
+    call._mcp_deferrable = True  # type: ignore[attr-defined]
+    try:
+        docs = runtime._requests.call("query_tool_docs", {"server": server, "tool": tool, "detail": "full"})
+    except MCPError as exc:
+        call.__doc__ = "The docs of %s.%s are unavailable: %s" % (server, tool, exc)
+        return call
+    call.__doc__ = tool_doc_text(docs)
+    call.__signature__ = signature_from_text(str(docs.get("signature", "")))  # type: ignore[attr-defined]
+    return call
 
-    def _tool_docs(self) -> dict[str, Any]:
-        if self._docs is None:
-            params = {"server": self._server, "tool": self._tool, "detail": "full"}
-            self._docs = self._runtime._requests.call("query_tool_docs", params)
-        return self._docs
 
-    @property
-    def __signature__(self) -> inspect.Signature | None:
-        try:
-            return signature_from_text(str(self._tool_docs().get("signature", "")))
-        except MCPError:
-            return None
-
-    @property
-    def __doc__(self) -> str:  # type: ignore[override]
-        try:
-            docs = self._tool_docs()
-        except MCPError as exc:
-            return "The docs of %s.%s are unavailable: %s" % (self._server, self._tool, exc)
-        lines = [str(docs.get("description") or "(The tool has no description.)").strip(), ""]
-        schema = docs.get("input_schema")
-        properties = schema.get("properties") if isinstance(schema, dict) else None
-        described = [
-            (name, prop["description"])
-            for name, prop in (properties.items() if isinstance(properties, dict) else ())
-            if isinstance(prop, dict) and isinstance(prop.get("description"), str)
-        ]
-        if described:
-            lines += ["Parameters:"] + ["  %s: %s" % (name, text.strip()) for name, text in described] + [""]
-        lines.append(
-            "Returns the result as plain Python (structuredContent, or the content with JSON text "
-            "parsed); raw=True gives the MCP result dict. Raises runtime.MCPToolError when the "
-            "tool reports failure."
-        )
-        return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        return "<MCP tool %s.%s>" % (self._server, self._tool)
+def tool_doc_text(docs: dict[str, Any]) -> str:
+    """The docstring of a tool function: description, parameters, what comes back."""
+    lines = [str(docs.get("description") or "(The tool has no description.)").strip(), ""]
+    schema = docs.get("input_schema")
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    described = [
+        (name, prop["description"])
+        for name, prop in (properties.items() if isinstance(properties, dict) else ())
+        if isinstance(prop, dict) and isinstance(prop.get("description"), str)
+    ]
+    if described:
+        lines += ["Parameters:"] + ["  %s: %s" % (name, text.strip()) for name, text in described] + [""]
+    lines.append(
+        "Returns the result as plain Python (structuredContent, or the content with JSON text "
+        "parsed); raw=True gives the MCP result dict. Raises runtime.MCPToolError when the "
+        "tool reports failure."
+    )
+    return "\n".join(lines)
 
 
 def install_sandbox_api(

@@ -384,6 +384,18 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 
+class _LineHelpFormatter(argparse.HelpFormatter):
+    """Fills each line of a description or epilog on its own, at its own indent: a list
+    stays a list."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        lines = []
+        for line in text.split("\n"):
+            margin = indent + " " * (len(line) - len(line.lstrip(" ")))
+            lines.append(super()._fill_text(line, width, margin))
+        return "\n".join(lines)
+
+
 def build_arg_parser() -> argparse.ArgumentParser:
     defaults = BridgeConfig()
     parser = argparse.ArgumentParser(
@@ -391,8 +403,11 @@ def build_arg_parser() -> argparse.ArgumentParser:
         description="Stdio MCP server with one tool, run_python, that runs code in a persistent, "
         "hardened Podman/Docker sandbox. Each option can also be set by the environment "
         "variable shown; the flag wins.",
-        epilog="Memory without the agent: %(prog)s memory list|get KEY|delete KEY|export [--state-dir DIR]. "
-        "Hand a client's servers to the bridge: %(prog)s adopt --client CLIENT [--dry-run] [--undo].",
+        epilog="Other commands (%(prog)s COMMAND ...; each has --help):\n"
+        "  memory list|get KEY|delete KEY|export: what the agent saved, without the agent\n"
+        "  adopt --client CLIENT [--dry-run] [--undo]: hand a client's servers to the bridge\n"
+        "  build-image [--packages A,B] [--tag TAG]: a sandbox image with more Python packages",
+        formatter_class=_LineHelpFormatter,
     )
     parser.add_argument("--version", action="version", version="%(prog)s " + __version__)
     for option in OPTIONS:
@@ -404,6 +419,14 @@ def build_arg_parser() -> argparse.ArgumentParser:
             help="%s [env %s; default: %s]" % (option.help, option.env, option.shown_default(defaults)),
         )
     return parser
+
+
+def _is_root(part: str) -> bool:
+    """Whether a user or group of MCP_BRIDGE_CONTAINER_USER is root: "root", or 0 as a number."""
+    try:
+        return part == "root" or int(part) == 0
+    except ValueError:
+        return False
 
 
 def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> BridgeConfig:
@@ -428,11 +451,14 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> BridgeConfig
             "MCP_BRIDGE_MAX_TOOL_RESULT_BYTES (%d) must be at most half of MCP_BRIDGE_MAX_FRAME_BYTES (%d): "
             "a result must fit in one frame" % (config.max_tool_result_bytes, config.max_frame_bytes)
         )
-    if config.container_user.split(":")[0] in ("0", "root") and not config.allow_root:
+    user, _, group = config.container_user.partition(":")
+    # Defense in depth: root is uid or gid 0 however it is written ("00", "000:0").
+    rooted = ["%s %r" % (what, part) for what, part in (("user", user), ("group", group)) if _is_root(part)]
+    if rooted and not config.allow_root:
         raise ConfigError(
-            "MCP_BRIDGE_CONTAINER_USER=%s would run the sandbox as root; use an unprivileged user (the "
-            "default is 65534:65534), or set MCP_BRIDGE_ALLOW_ROOT=1 if you really mean it"
-            % config.container_user
+            "MCP_BRIDGE_CONTAINER_USER=%s would run the sandbox with root's privileges (%s is root); use "
+            "an unprivileged user and group (the default is 65534:65534), or set MCP_BRIDGE_ALLOW_ROOT=1 "
+            "if you really mean it" % (config.container_user, " and ".join(rooted))
         )
     if config.timeout > config.max_timeout:
         raise ConfigError(
@@ -2188,8 +2214,12 @@ def _one_type(kind: object, schema: Mapping[str, Any], root: Mapping[str, Any], 
     return _PRIMITIVES.get(kind, "Any") if isinstance(kind, str) else "Any"
 
 
-def _parameters(schema: Mapping[str, Any]) -> list[str]:
-    """``name: type [= default]`` for each parameter: required ones first, in schema order."""
+def parameter_names(schema: Mapping[str, Any]) -> dict[str, str]:
+    """Each parameter's schema name -> the Python name it is shown and called under, in
+    signature order (required ones first, in schema order). A name that is already a
+    Python name keeps it; the others become python_identifier(name), plus "_" until no
+    other parameter has it ("a-b" beside "a_b" is a_b_), so every Python name maps back
+    to exactly one schema name (schema_arguments)."""
     properties = schema.get("properties")
     properties = properties if isinstance(properties, Mapping) else {}
     required = schema.get("required")
@@ -2197,13 +2227,45 @@ def _parameters(schema: Mapping[str, Any]) -> list[str]:
     names = [name for name in properties if isinstance(name, str)]
     ordered = [n for n in names if n in required] + [n for n in required if n not in properties]
     ordered = list(dict.fromkeys(ordered + [n for n in names if n not in required]))
-    rendered: list[str] = []
-    seen: set[str] = set()
+    taken = {name for name in ordered if python_identifier(name) == name}
+    python_names: dict[str, str] = {}
     for name in ordered:
         ident = python_identifier(name)
-        while ident in seen:  # "a-b" and "a_b" must not collide
-            ident += "_"
-        seen.add(ident)
+        if ident != name:
+            while ident in taken:
+                ident += "_"
+            taken.add(ident)
+        python_names[name] = ident
+    return python_names
+
+
+def schema_arguments(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """``arguments`` with each Python name of parameter_names() renamed back to its schema
+    name (``user_id`` -> ``user-id``). A schema name, or a key the schema does not know, is
+    sent as it is. ProxyError when two keys name the same parameter."""
+    schema_names = {ident: name for name, ident in parameter_names(schema).items()}
+    renamed: dict[str, Any] = {}
+    given_as: dict[str, str] = {}
+    for key, value in arguments.items():
+        name = schema_names.get(key, key)
+        if name in given_as:
+            raise ProxyError(
+                "The parameter %r is given twice, as %r and as %r: pass it once."
+                % (name, given_as[name], key)
+            )
+        renamed[name], given_as[name] = value, key
+    return renamed
+
+
+def _parameters(schema: Mapping[str, Any]) -> list[str]:
+    """``name: type [= default]`` for each parameter (parameter_names() gives the order and
+    the names)."""
+    properties = schema.get("properties")
+    properties = properties if isinstance(properties, Mapping) else {}
+    required = schema.get("required")
+    required = [r for r in required if isinstance(r, str)] if isinstance(required, list) else []
+    rendered: list[str] = []
+    for name, ident in parameter_names(schema).items():
         prop = properties.get(name)
         types = _python_types(prop, schema)
         if name in required:
@@ -3153,7 +3215,7 @@ class HostAPI:
     async def search_tool_docs(
         self, query: str, limit: int = 5, detail: Literal["line", "summary", "full"] = "line"
     ) -> list[str] | list[dict[str, Any]]:
-        """One line per hit (render_tool_line), or docs with their score ("summary", "full").
+        """One line per hit (render_tool_line), or docs with their score and line ("summary", "full").
         Every configured server is searched, so those not started yet are started here
         (concurrently); a server that fails is left out of the ranking."""
         catalogue: list[IndexedTool] = []
@@ -3173,8 +3235,14 @@ class HostAPI:
         )
         if detail == "line":
             return [render_tool_line(alias, tool) for _, alias, tool in ranked]
+        # "line" too: the kernel shows each hit dict as that one line (SearchHit).
         return [
-            dict(render_tool_doc(alias, tool, detail), score=round(score, 3)) for score, alias, tool in ranked
+            dict(
+                render_tool_doc(alias, tool, detail),
+                score=round(score, 3),
+                line=render_tool_line(alias, tool),
+            )
+            for score, alias, tool in ranked
         ]
 
     async def _indexed_tools(self, client: PooledClient) -> list[IndexedTool]:
@@ -3201,7 +3269,8 @@ class HostAPI:
         check_tool_arguments(arguments or {})
         client = self.pool.client(server)
         found = await self._find_tool(client, tool)
-        result = await client.call_tool(found.name, arguments or {})
+        # The signature shows Python names (user_id); the server knows its own (user-id).
+        result = await client.call_tool(found.name, schema_arguments(found.input_schema, arguments or {}))
         payload: dict[str, Any] = result.model_dump(by_alias=True, exclude_none=True, mode="json")
         # surrogatepass: a server may send lone surrogates; they are measured, not fatal.
         size = len(json.dumps(payload, ensure_ascii=False).encode("utf-8", "surrogatepass"))
@@ -3254,11 +3323,11 @@ class HostAPI:
         if not self.pool.clients:
             lines.append("- (none configured)")
         lines += [
-            "Find tools: runtime.search_tool_docs('what you need in plain words') gives one line per "
-            "tool, mcp_<alias>.<tool>(signature)  # summary; runtime.query_tool_docs('<alias>') lists "
-            "a server's signatures.",
-            "Call: mcp_<alias>.<tool>(name=value) in plain code, or await it in code that uses await; "
-            "failures raise runtime.MCPToolError.",
+            "Find tools: runtime.search_tool_docs('what you need in plain words') gives the best "
+            "tools, each shown as one line, mcp_<alias>.<tool>(signature)  # summary; "
+            "runtime.query_tool_docs('<alias>') lists a server's signatures.",
+            "Call: mcp_<alias>.<tool>(name=value) returns the value; calls inside await or "
+            "asyncio.gather(...) run at the same time; failures raise runtime.MCPToolError.",
         ]
         if self.pool.discovery.problems:
             lines.append(
@@ -3324,6 +3393,11 @@ class PendingExecute:
         if self.result is None:
             self.result = result
             self.done.set()
+
+
+class SandboxImageMissingError(SandboxStartError):
+    """The container did not start, and its image is not on this machine (not found, or
+    the pull failed): the one start failure that is not retried at once."""
 
 
 def sandbox_error_result(kind: str, message: str) -> dict[str, Any]:
@@ -3469,11 +3543,19 @@ class SandboxSession:
             await _first_of(self.hello_received, self.exited)
         if self.hello is None:
             reason = self.death_reason or "no hello from the kernel within %gs" % self.config.start_timeout
+            tried = "`%s run ... %s`" % (self.runtime.name, self.config.image)
+            if not await self.runtime.has_image(self.config.image):
+                raise SandboxImageMissingError(
+                    "The sandbox image %s could not be found or pulled: %s. Tried: %s. Set MCP_BRIDGE_IMAGE "
+                    "to an image with python3 >= 3.9 that this machine has or can pull (`%s build-image` "
+                    "builds one), then restart the MCP server; the server log has the runtime's output."
+                    % (self.config.image, reason, tried, SERVER_NAME)
+                )
             raise SandboxStartError(
-                "The sandbox container did not start: %s. Tried: `%s run ... %s`. Set MCP_BRIDGE_IMAGE "
-                "to an image with python3 >= 3.9 that this machine has or can pull (`%s build-image` "
-                "builds one), then restart the MCP server; the server log has the runtime's output."
-                % (reason, self.runtime.name, self.config.image, SERVER_NAME)
+                "The sandbox container did not start: %s. Tried: %s (the image is on this machine). Check "
+                "the sandbox settings (MCP_BRIDGE_OCI_RUNTIME, MCP_BRIDGE_MEMORY, MCP_BRIDGE_CONTAINER_USER, "
+                "...) and the runtime's output in the server log, then restart the MCP server."
+                % (reason, tried)
             )
         if self.hello.get("protocol") != PROTOCOL_VERSION:
             raise SandboxStartError(
@@ -3870,9 +3952,9 @@ class SessionManager:
         self.active_calls = 0
         self._no_calls = anyio.Event()  # set while active_calls is 0
         self._no_calls.set()
-        # The last start failure and when it happened: explained in full once, then
-        # answered at once, not retried (a pull that cannot work takes long every time)
-        # until the image appears locally or START_RETRY_SECONDS pass.
+        # The last start failure for want of the image, and when it happened: explained in
+        # full once, then answered at once, not retried (a pull that cannot work takes long
+        # every time) until the image appears locally or START_RETRY_SECONDS pass.
         self.start_failure: tuple[str, float] | None = None
 
     async def _ensure_runtime(self) -> ContainerRuntime:
@@ -3898,7 +3980,8 @@ class SessionManager:
             try:
                 await session.start(self.task_group)
             except SandboxStartError as exc:
-                self.start_failure = (str(exc), time.monotonic())
+                missing = isinstance(exc, SandboxImageMissingError)  # other failures: retried at once
+                self.start_failure = (str(exc), time.monotonic()) if missing else None
                 raise
             self.start_failure = None
             self.session = session
@@ -3918,7 +4001,7 @@ class SessionManager:
         waited = time.monotonic() - when
         if waited >= START_RETRY_SECONDS or await runtime.has_image(self.config.image):
             return  # worth another try
-        raise SandboxStartError(
+        raise SandboxImageMissingError(
             "The sandbox still cannot start (not retried: the image %s is not on this machine, and the "
             "last try failed %ds ago; the next try is at most %ds away). The first failure said: %s"
             % (self.config.image, waited, START_RETRY_SECONDS, message)
@@ -4182,11 +4265,11 @@ its tools are methods taking keyword arguments. Nothing is loaded until you ask:
 
     from mcp import runtime
     runtime.list_servers()                      # aliases
-    runtime.search_tool_docs("read a file")     # best matches across ALL servers
+    runtime.search_tool_docs("read a file")     # best matches across ALL servers, one line each
     runtime.query_tool_docs("github")           # signatures; detail="full" adds schemas
-    mcp_github.create_issue(owner="o", repo="r", title="t")   # plain code: returns the value
-    await mcp_github.create_issue(owner="o", repo="r", title="t")  # code that uses await
-    await asyncio.gather(mcp_a.x(), mcp_b.y())  # concurrent calls
+    help(mcp_github.create_issue)               # one tool's signature and description
+    mcp_github.create_issue(owner="o", repo="r", title="t")   # returns the value, in any code
+    await asyncio.gather(mcp_a.x(), mcp_b.y())  # calls inside await/gather run at the same time
 
 Results are plain Python: structured content, else parsed JSON text, else text; images
 are runtime.ToolImage(data, mime_type); raw=True returns the whole MCP result. A failing
@@ -4203,7 +4286,7 @@ configuration problems; runtime.capability_summary() is a short overview.
     list_saved_tools(); delete_tool("my_function")
 
 Saved tools are already defined when a session starts; list_saved_tools() names them.
-In code that uses await, await these like tool calls.
+Like tool calls, these return their value, and can be awaited or gathered.
 """
 
 
@@ -4756,8 +4839,6 @@ BACKUPS_DIRNAME = "backups"
 ADOPT_MANIFEST = "manifest.json"
 _UNDONE = ".undone"
 _BOM = b"\xef\xbb\xbf"
-# Values only the client can fill in (VS Code, Cursor): the bridge would get them literally.
-_CLIENT_ONLY_VARIABLE = re.compile(r"\$\{(?:input:[^}]*|workspaceFolder[A-Za-z]*)\}")
 _TOML_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -4906,8 +4987,10 @@ def _sort_entries(found: _ClientFile, own: ConfigSource) -> None:
         except TypeError:
             found.kept[name] = "it holds a TOML date or time, which JSON cannot"
             continue
-        if _CLIENT_ONLY_VARIABLE.search(text):
-            found.kept[name] = "it uses ${input:...} or ${workspaceFolder}, which only the client fills in"
+        # What only the client can fill in is what discovery cannot resolve (disabled entries too).
+        client_only = expand_variables(text, {})[2]
+        if client_only:
+            found.kept[name] = "it uses %s, which only the client fills in" % ", ".join(client_only)
             continue
         moved = _portable_entry(entry, found.source, own)
         if spec is not None:
@@ -5605,6 +5688,46 @@ def _build_with_pip(executable: str, base: str, packages: Sequence[str], tag: st
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def mounts_under(root: Path, mounts: Path = Path("/proc/self/mounts")) -> list[str]:
+    """The mount points at or under ``root`` listed in ``mounts`` (the /proc/self/mounts
+    format: fields split by spaces, a space in a path written as \\040). OSError when the
+    table cannot be read."""
+    found = []
+    prefix = str(root).rstrip("/") + "/"
+    for line in mounts.read_text(encoding="utf-8", errors="surrogateescape").splitlines():
+        fields = line.split(" ")
+        if len(fields) < 2:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), fields[1])
+        if point == str(root) or point.startswith(prefix):
+            found.append(point)
+    return found
+
+
+def remove_build_root(root: Path, mounts: Path = Path("/proc/self/mounts")) -> str | None:
+    """Remove the debootstrap target, unless something is still mounted in it (/proc, /sys
+    or /dev of a debootstrap that was killed): removing it as root would then delete through
+    the mount, into the host's own /dev or /sys. Returns what was left and why, or None."""
+    # Defense in depth: never rmtree across a mount point.
+    try:
+        mounted = mounts_under(root.resolve(), mounts)
+    except OSError as exc:
+        return "left %s in place: the mount table %s cannot be read (%s); remove it by hand" % (
+            root,
+            mounts,
+            exc,
+        )
+    if mounted:
+        last_first = " ".join("'%s'" % point for point in reversed(mounted))  # inner ones first
+        return (
+            "left %s in place, because something is still mounted inside it (%s): unmount with "
+            "`umount %s`, check that `grep '%s' /proc/self/mounts` finds nothing, then `rm -rf '%s'`"
+            % (root, ", ".join(mounted), last_first, root, root)
+        )
+    shutil.rmtree(root, ignore_errors=True)
+    return None
+
+
 def _build_with_debian(executable: str, packages: Sequence[str], tag: str, dry_run: bool) -> None:
     if any(re.search("[<>=~]", package) for package in packages):
         raise BuildImageError("the debian method installs Debian's builds: versions cannot be pinned", 2)
@@ -5635,7 +5758,9 @@ def _build_with_debian(executable: str, packages: Sequence[str], tag: str, dry_r
             if archive.wait() != 0:
                 raise BuildImageError("archiving the root filesystem failed")
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        left = remove_build_root(root)
+        if left is not None:
+            print("%s %s: %s" % (SERVER_NAME, BUILD_IMAGE_COMMAND, left), file=sys.stderr)
 
 
 def _can_use_base(runtime: ContainerRuntime, base: str) -> bool:
@@ -5669,6 +5794,12 @@ def build_image_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         method = args.method
         if method == "auto":
             method = "pip" if args.dry_run or _can_use_base(runtime, base) else "debian"
+            if method == "debian" and args.base is not None:  # asked for: no silent substitute
+                raise BuildImageError(
+                    "--from %s: %s neither has that image nor can pull it; pull or build it first, "
+                    "give another --from, or drop --from to let auto fall back to a Debian image "
+                    "(--method debian)" % (args.base, runtime.name)
+                )
             print("Method: %s." % method, file=sys.stderr)
         if method == "pip":
             _build_with_pip(runtime.executable, base, packages, args.tag, args.dry_run)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -102,6 +103,50 @@ def test_bad_requests_are_refused_with_a_clear_message(args: list[str], message:
     refused = build_image("--dry-run", *args)
     assert refused.returncode == 2 and message in refused.stderr, refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_an_explicit_base_that_cannot_be_used_fails_instead_of_switching_method() -> None:
+    # A pinned package: were auto to fall back to debian anyway, that would refuse it
+    # (status 2) rather than run debootstrap here.
+    base = "localhost/mcp-test-no-such-base-%d:1" % time.monotonic_ns()
+    result = build_image("--from", base, "--tag", "localhost/x:1", "--packages", "numpy==1.0")
+    assert result.returncode == 1, result.stderr
+    assert "--from %s: " % base in result.stderr and "neither has that image nor can pull it" in result.stderr
+    assert "Method:" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_the_mount_table_is_read_for_mounts_at_or_under_a_path(tmp_path: Path) -> None:
+    root = tmp_path / "deboot strap"
+    escaped = str(root).replace(" ", "\\040")
+    table = tmp_path / "mounts"
+    table.write_text(
+        "/dev/sda1 / ext4 rw,relatime 0 0\n"
+        "proc %s/proc proc rw,nosuid 0 0\n"
+        "devpts %s/dev/pts devpts rw 0 0\n"
+        "tmpfs %s-other tmpfs rw 0 0\n"  # a sibling that shares the prefix: not inside
+        "tmpfs %s tmpfs rw 0 0\n" % (escaped, escaped, escaped, escaped)
+    )
+    assert bridge.mounts_under(root, table) == ["%s/proc" % root, "%s/dev/pts" % root, str(root)]
+    assert bridge.mounts_under(tmp_path / "elsewhere", table) == []
+
+
+def test_the_build_root_is_not_removed_while_something_is_mounted_in_it(tmp_path: Path) -> None:
+    root = tmp_path / "target"
+    (root / "proc" / "1").mkdir(parents=True)
+    (root / "proc" / "1" / "status").write_text("the host's, through a mount")
+    table = tmp_path / "mounts"
+    table.write_text("/dev/sda1 / ext4 rw 0 0\nproc %s/proc proc rw 0 0\n" % root.resolve())
+    left = bridge.remove_build_root(root, table)
+    assert (root / "proc" / "1" / "status").exists()
+    assert left is not None and left.startswith("left %s in place" % root), left
+    assert "%s/proc" % root.resolve() in left and "`umount '%s/proc'`" % root.resolve() in left, left
+    # Nor when the mount table cannot be read.
+    assert "cannot be read" in str(bridge.remove_build_root(root, tmp_path / "no-such-table"))
+    assert root.exists()
+    # Nothing mounted: removed.
+    table.write_text("/dev/sda1 / ext4 rw 0 0\n")
+    assert bridge.remove_build_root(root, table) is None
+    assert not root.exists()
 
 
 async def test_the_batteries_image_from_build_image_runs_data_code_in_the_bridge(

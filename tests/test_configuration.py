@@ -254,6 +254,15 @@ def test_help_lists_every_environment_variable_and_flag(
         assert option.flag in text
 
 
+def test_help_lists_each_other_command_on_a_line_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    lines = build_arg_parser().format_help().splitlines()
+    for command in (bridge.MEMORY_COMMAND, bridge.ADOPT_COMMAND, bridge.BUILD_IMAGE_COMMAND):
+        assert [line for line in lines if line.startswith("  %s " % command)], (command, lines[-5:])
+    # The line that introduces them names the program to type them after.
+    assert "Other commands (%s COMMAND ...; each has --help):" % bridge.SERVER_NAME in lines
+
+
 def test_version_flag_prints_the_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         bridge.main(["--version"])
@@ -309,14 +318,36 @@ def test_readme_documents_every_option() -> None:
 # --- settings that would silently weaken or disable things --------------------------------
 
 
-@pytest.mark.parametrize("user", ["0", "root", "0:0", "root:root", "0:65534"])
-def test_a_root_sandbox_user_is_refused_unless_allowed(user: str) -> None:
-    with pytest.raises(ConfigError, match="MCP_BRIDGE_ALLOW_ROOT=1"):
+@pytest.mark.parametrize(
+    ("user", "refused"),
+    [
+        ("0", "user '0'"),
+        ("root", "user 'root'"),
+        ("0:0", "user '0' and group '0'"),
+        ("root:root", "user 'root' and group 'root'"),
+        ("0:65534", "user '0'"),
+        ("00", "user '00'"),
+        ("000:0", "user '000' and group '0'"),
+        ("65534:0", "group '0'"),
+        ("65534:root", "group 'root'"),
+        ("nobody:00", "group '00'"),
+    ],
+)
+def test_a_root_sandbox_user_or_group_is_refused_unless_allowed(user: str, refused: str) -> None:
+    with pytest.raises(ConfigError) as caught:
         load_config([], {"MCP_BRIDGE_CONTAINER_USER": user})
+    message = str(caught.value)
+    assert "MCP_BRIDGE_CONTAINER_USER=%s " % user in message and "(%s is root)" % refused in message
+    assert "MCP_BRIDGE_ALLOW_ROOT=1" in message
     assert (
         load_config([], {"MCP_BRIDGE_CONTAINER_USER": user, "MCP_BRIDGE_ALLOW_ROOT": "1"}).container_user
         == user
     )
+
+
+@pytest.mark.parametrize("user", ["65534:65534", "nobody", "1000:100", "rooted", "10:01"])
+def test_an_unprivileged_sandbox_user_is_accepted(user: str) -> None:
+    assert load_config([], {"MCP_BRIDGE_CONTAINER_USER": user}).container_user == user
 
 
 def test_a_policy_pattern_that_matches_no_configured_server_is_reported() -> None:

@@ -358,3 +358,20 @@ async def test_a_missing_image_is_explained_once_then_not_retried_until_it_exist
             assert not recovered.is_error and structured(recovered)["value"] == "42", text_of(recovered)
         finally:
             subprocess.run([engine.name, "rmi", missing], check=False, capture_output=True)
+
+
+async def test_a_container_that_fails_to_start_from_a_present_image_does_not_blame_the_image(
+    engine: Engine, state_dir: Path
+) -> None:
+    # The image is there; the engine refuses the run itself (no such user in the image).
+    user = "no-such-user-%d" % time.monotonic_ns()
+    async with bridge_client(bridge_env(engine, state_dir, MCP_BRIDGE_CONTAINER_USER=user)) as client:
+        for _ in range(2):  # and it is retried, not answered from the first failure
+            result = await client.call_tool("run_python", {"code": "1"})
+            text = text_of(result)
+            assert result.is_error
+            assert "The sandbox container did not start: " in text, text
+            assert user in text, text  # the engine's reason, from its output
+            assert "(the image is on this machine)" in text, text
+            assert "MCP_BRIDGE_IMAGE" not in text and "could not be found or pulled" not in text, text
+            assert "not retried" not in text, text

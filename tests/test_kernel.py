@@ -837,37 +837,53 @@ def test_output_limiter_is_safe_under_concurrent_writers() -> None:
 
 
 def deferred(source: str, functions: dict[str, Any] | None = None) -> str:
+    """The rewritten cell, with the markers abbreviated: D(f, ...) defers a call, A(x)
+    makes x awaitable, AS(xs) each item of xs."""
     import ast
 
     tree = mcp_sandbox_kernel.defer_awaited_calls(ast.parse(source), {} if functions is None else functions)
-    return ast.unparse(tree)
+    text = ast.unparse(tree)
+    for marker, short in (("__mcp_awaitables__", "AS"), ("__mcp_awaitable__", "A"), ("__mcp_defer__", "D")):
+        text = text.replace(marker, short)
+    return text
 
 
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
         ("x = f(1)", "x = f(1)"),
-        ("x = await f(1, k=2)", "x = await __mcp_defer__(f, 1, k=2)"),
-        ("await g(f(1))", "await __mcp_defer__(g, f(1))"),  # only the awaited call
-        ("asyncio.gather(f(), g())", "asyncio.gather(__mcp_defer__(f), __mcp_defer__(g))"),
-        ("gather(*(f(i) for i in r))", "gather(*(__mcp_defer__(f, i) for i in r))"),
-        ("asyncio.wait_for(f(), t())", "asyncio.wait_for(__mcp_defer__(f), t())"),
-        ("asyncio.run(f())", "asyncio.run(__mcp_defer__(f))"),
+        ("x = await f(1, k=2)", "x = await A(D(f, 1, k=2))"),
+        ("await g(f(1))", "await A(D(g, f(1)))"),  # only the awaited call
+        ("await (r := f())", "await A((r := D(f)))"),
+        ("asyncio.gather(f(), g())", "asyncio.gather(A(D(f)), A(D(g)))"),
+        ("gather(*(f(i) for i in r))", "gather(*AS((D(f, i) for i in r)))"),
+        ("asyncio.wait_for(f(), t())", "asyncio.wait_for(A(D(f)), t())"),
+        ("asyncio.run(f())", "asyncio.run(A(D(f)))"),
         ("subprocess.run(f())", "subprocess.run(f())"),  # `run`/`wait` count only as asyncio's
-        ("tg.create_task(f())", "tg.create_task(__mcp_defer__(f))"),
-        ("t = f()\nawait t", "t = __mcp_defer__(f)\nawait t"),
+        ("asyncio.wait([f(), g()])", "asyncio.wait(AS([D(f), D(g)]))"),
+        ("tg.create_task(f())", "tg.create_task(A(D(f)))"),
+        ("t = f()\nawait t", "t = D(f)\nawait A(t)"),
         (
             "ts = [f(i) for i in r]\nawait asyncio.gather(*ts)",
-            "ts = [__mcp_defer__(f, i) for i in r]\nawait __mcp_defer__(asyncio.gather, *ts)",
+            "ts = [D(f, i) for i in r]\nawait A(D(asyncio.gather, *AS(ts)))",
+        ),
+        ("ts = []\nts.append(f())\nasyncio.gather(*ts)", "ts = []\nts.append(D(f))\nasyncio.gather(*AS(ts))"),
+        (
+            "ts = {k: f(k) for k in r}\ngather(*ts.values())",
+            "ts = {k: D(f, k) for k in r}\ngather(*AS(ts.values()))",
         ),
         (
-            "ts = []\nts.append(f())\nasyncio.gather(*ts)",
-            "ts = []\nts.append(__mcp_defer__(f))\nasyncio.gather(*ts)",
+            "ts = [f(i) for i in r]\nfor t in ts:\n    await t",
+            "ts = [D(f, i) for i in r]\nfor t in ts:\n    await A(t)",
         ),
         ("ys = [f(i) for i in r]\nprint(ys)", "ys = [f(i) for i in r]\nprint(ys)"),
         (
             "async def timed(c):\n    return await c\ntimed(f(), g())",
-            "async def timed(c):\n    return await c\ntimed(__mcp_defer__(f), g())",
+            "async def timed(c):\n    return await A(c)\ntimed(D(f), g())",
+        ),
+        (  # a name awaited in one function says nothing about the same name elsewhere
+            "async def w(t):\n    return await t\nt = f()",
+            "async def w(t):\n    return await A(t)\nt = f()",
         ),
     ],
 )
@@ -878,7 +894,7 @@ def test_calls_are_deferred_exactly_where_the_code_awaits_them(source: str, expe
 def test_functions_that_await_a_parameter_are_remembered_from_cell_to_cell() -> None:
     functions: dict[str, Any] = {}
     deferred("async def timed(name, coro):\n    return name, await coro", functions)
-    assert deferred("timed(f(), coro=g())", functions) == "timed(f(), coro=__mcp_defer__(g))"
+    assert deferred("timed(f(), coro=g())", functions) == "timed(f(), coro=D(g))"
     deferred("def timed(name, coro):\n    return coro", functions)  # redefined: awaits nothing
     assert deferred("timed(f(), coro=g())", functions) == "timed(f(), coro=g())"
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -63,7 +64,7 @@ async def test_real_servers_are_discovered_searched_documented_and_called(
         )
         assert listed["value"] == "['everything', 'filesystem', 'time']"
         found = await run_ok(client, "runtime.search_tool_docs('current time in a timezone')[0]")
-        assert found["value"].startswith("'mcp_time.get_current_time(timezone: str) -> dict  # "), found
+        assert found["value"].startswith("mcp_time.get_current_time(timezone: str) -> dict  # "), found
         docs = await run_ok(client, "[doc['signature'] for doc in runtime.query_tool_docs('time')]")
         assert (
             "get_current_time(timezone: str) -> dict  # Get current time in a specific timezone"
@@ -217,6 +218,38 @@ async def test_results_are_unwrapped_and_raw_is_available(
             "({'sum': 4, 'product': 4}, 'kebab', 'image/png', b'\\x89PNG', "
             "['content', 'isError', 'resultType', 'structuredContent'], {'sum': 2, 'product': 1})"
         )
+
+
+DASHED_SERVER = Path(__file__).resolve().parent / "servers" / "dashed_server.py"
+
+
+async def test_parameters_renamed_for_python_reach_the_server_under_their_schema_names(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    home = claude_desktop_home(
+        tmp_path, {"dashed": {"command": sys.executable, "args": [str(DASHED_SERVER)]}}
+    )
+    async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+        result = await run_ok(
+            client,
+            """
+            from mcp import runtime
+            shown = runtime.query_tool_docs("dashed", "echo")["signature"]
+            python_names = mcp_dashed.echo(user_id="u1", a_b_=1, a_b=2)["received"]
+            schema_names = runtime.call_tool("dashed", "echo", {"user-id": "u2", "a_b": 3})["received"]
+            twice = None
+            try:
+                mcp_dashed.echo(user_id="u3", **{"user-id": "u4"})
+            except runtime.MCPError as exc:
+                twice = str(exc)
+            (shown, python_names, schema_names, twice)
+            """,
+        )
+        shown, python_names, schema_names, twice = eval(result["value"])
+        assert shown.startswith("echo(user_id: str, a_b_: int | None = None, a_b: int | None = None) -> Any")
+        assert python_names == {"user-id": "u1", "a-b": 1, "a_b": 2}
+        assert schema_names == {"user-id": "u2", "a_b": 3}
+        assert "'user-id' is given twice, as 'user_id' and as 'user-id'" in twice, twice
 
 
 async def test_a_five_megabyte_result_arrives_intact_and_the_cap_is_clear(

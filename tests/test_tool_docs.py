@@ -12,7 +12,15 @@ from typing import Any
 
 import pytest
 
-from mcp_server_code_execution_mode import python_identifier, render_signature, render_tool_doc, search_tools
+from mcp_server_code_execution_mode import (
+    ProxyError,
+    parameter_names,
+    python_identifier,
+    render_signature,
+    render_tool_doc,
+    schema_arguments,
+    search_tools,
+)
 
 Tool = dict[str, Any]
 
@@ -401,12 +409,53 @@ def test_schema_declaring_empty_properties_takes_no_arguments() -> None:
 
 
 def test_parameter_names_are_sanitized_without_collisions() -> None:
+    # A name that is already a Python name keeps it: a_b= means "a_b" when called too.
     schema = _object(
         {"from": {"type": "string"}, "a-b": {"type": "integer"}, "a_b": {"type": "integer"}}, ["from"]
     )
     assert render_signature({"name": "f", "inputSchema": schema}) == (
-        "f(from_: str, a_b: int | None = None, a_b_: int | None = None) -> Any"
+        "f(from_: str, a_b_: int | None = None, a_b: int | None = None) -> Any"
     )
+
+
+@pytest.mark.parametrize(
+    ("properties", "python_names"),
+    [
+        ({"user-id": {}, "limit": {}}, {"user-id": "user_id", "limit": "limit"}),
+        ({"a-b": {}, "a_b": {}}, {"a-b": "a_b_", "a_b": "a_b"}),
+        ({"a_b": {}, "a-b": {}}, {"a_b": "a_b", "a-b": "a_b_"}),
+        ({"a-b": {}, "a.b": {}, "a_b_": {}}, {"a-b": "a_b", "a.b": "a_b__", "a_b_": "a_b_"}),
+        ({"class": {}, "class_": {}}, {"class": "class__", "class_": "class_"}),
+        ({"2fa": {}}, {"2fa": "t_2fa"}),
+    ],
+)
+def test_each_python_parameter_name_maps_back_to_one_schema_name(
+    properties: dict[str, Any], python_names: dict[str, str]
+) -> None:
+    schema = _object(properties)
+    assert parameter_names(schema) == python_names
+    # The names the signature shows are these, and a call with them reaches the same schema names.
+    shown = render_signature({"name": "f", "inputSchema": schema})
+    assert shown == "f(%s) -> Any" % ", ".join("%s: Any = None" % name for name in python_names.values())
+    called = {python: index for index, python in enumerate(python_names.values())}
+    assert schema_arguments(schema, called) == {name: index for index, name in enumerate(python_names)}
+
+
+def test_schema_names_and_unknown_keys_are_sent_as_they_are() -> None:
+    schema = _object({"user-id": {"type": "string"}, "a_b": {"type": "integer"}})
+    assert schema_arguments(schema, {"user-id": "u", "a_b": 1, "extra-key": 2, "other": 3}) == {
+        "user-id": "u",
+        "a_b": 1,
+        "extra-key": 2,
+        "other": 3,
+    }
+    assert schema_arguments({}, {"x-y": 1}) == {"x-y": 1}
+
+
+def test_a_parameter_given_under_both_names_is_refused() -> None:
+    schema = _object({"user-id": {"type": "string"}})
+    with pytest.raises(ProxyError, match="'user-id' is given twice, as 'user_id' and as 'user-id'"):
+        schema_arguments(schema, {"user_id": "a", "user-id": "b"})
 
 
 def test_return_is_dict_only_for_object_output_schemas() -> None:

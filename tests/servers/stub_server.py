@@ -47,6 +47,24 @@ async def slow(seconds: float) -> str:
     return "slept %g" % seconds
 
 
+_meetings: dict[str, tuple[list[int], asyncio.Event]] = {}
+
+
+@server.tool()
+async def meet(group: str, size: int) -> str:
+    """Answer once `size` calls of `group` are running at the same time: proof that calls
+    overlap, without timing anything. Fails after 20 s if they never do."""
+    count, everyone = _meetings.setdefault(group, ([0], asyncio.Event()))
+    count[0] += 1
+    if count[0] >= size:
+        everyone.set()
+    try:
+        await asyncio.wait_for(everyone.wait(), 20)
+    except TimeoutError:
+        raise ToolError("only %d of %d calls of %r ran at the same time" % (count[0], size, group)) from None
+    return "met"
+
+
 @server.tool()
 async def slow_then_mark(seconds: float, path: str) -> str:
     """Sleep, then create the file `path`: proof that a cancelled call did not finish."""
