@@ -2358,10 +2358,11 @@ _KEEP_ENDINGS = ("eed", "ss", "us", "is")  # speed, process, status, analysis
 # Field weights: a tool's name and titles 3; its server's names 1.5; its description and
 # parameters (names and descriptions, nested ones too) 1; what its server says about itself
 # (description, instructions: the same for all its tools) 0.5.
-_NAME_WEIGHT, _SERVER_WEIGHT, _TEXT_WEIGHT, _ABOUT_WEIGHT = 3.0, 1.5, 1.0, 0.5
+_NAME_WEIGHT, _SERVER_WEIGHT, _TEXT_WEIGHT, _ABOUT_WEIGHT = 3.0, 2.0, 1.0, 0.5
 _RELATED_WEIGHT = 0.75  # a word of the same concept (_CONCEPTS), not the word itself
 _NAME_COVERAGE_WEIGHT = 1.0  # times the share of the tool's name that the query covers
 _UNASKED_DESTRUCTIVE = 0.85  # a destructive tool, when the query asks for no change
+_OTHER_INTENT = 0.85  # a tool that reads when the query asks to act, or acts when it asks to read
 _GENERIC_NAME_WORDS = frozenset({"get"})  # left out of a name's coverage: get_sum is "sum"
 
 
@@ -2442,6 +2443,17 @@ _CHANGE_WORDS = _DESTRUCTIVE_VERBS | {
     "forget", "overwrite", "replace", "edit", "modify", "change", "update", "patch", "move", "rename",
     "write", "save", "store", "reset",
 }  # fmt: skip
+# What a query asks for, told by its first word that says: to look (a verb that reads, a
+# question word) or to act (one that creates, sends, changes or deletes). A tool that does
+# the other (its readOnlyHint, else the first such verb of its name) ranks lower.
+_READ_VERBS = frozenset({
+    "get", "show", "list", "read", "view", "display", "see", "find", "search", "look", "fetch",
+    "retrieve", "check", "describe", "print", "query", "what", "which", "who", "where", "when",
+})  # fmt: skip
+_ACT_VERBS = _CHANGE_WORDS | {
+    "create", "make", "add", "post", "send", "publish", "share", "reply", "comment", "submit",
+    "propose", "upload", "append", "merge", "push", "remember", "record", "put", "set",
+}  # fmt: skip
 
 
 def _stem(word: str) -> str:
@@ -2477,6 +2489,7 @@ _RELATED = _related_stems()
 _PLACE_STEMS = tuple(_stem(word) for word in _PLACE_RELATED)
 _DESTRUCTIVE_STEMS = frozenset(_stem(word) for word in _DESTRUCTIVE_VERBS)
 _CHANGE_STEMS = frozenset(_stem(word) for word in _CHANGE_WORDS)
+_INTENTS = {**dict.fromkeys(map(_stem, _ACT_VERBS), "act"), **dict.fromkeys(map(_stem, _READ_VERBS), "read")}
 
 
 @lru_cache(maxsize=1)
@@ -2532,6 +2545,16 @@ def query_terms(query: str) -> list[QueryTerm]:
     return [QueryTerm(stem, related) for stem, related in terms.items()]
 
 
+def query_intent(query: str) -> str:
+    """"read", "act" or "" (not told): what the query's first word in _READ_VERBS or
+    _ACT_VERBS asks for ("show the issues": read; "comment on an issue": act)."""
+    for word in _WORD.findall(_text(query)[:MAX_SEARCH_QUERY_CHARS]):
+        intent = _INTENTS.get(_stem(word.lower()))
+        if intent:
+            return intent
+    return ""
+
+
 def search_terms(query: str) -> list[str]:
     """The stems of a query's terms (query_terms), at most MAX_SEARCH_TERMS."""
     return [term.stem for term in query_terms(query)]
@@ -2544,13 +2567,15 @@ def _transposed(a: str, b: str) -> bool:
 
 
 def _similarity(term: str, token: str) -> float:
-    """1.0 same stem; 0.7 one a prefix of the other; less for a shared start, swapped letters
-    or a near spelling (difflib ratio >= 0.8)."""
+    """1.0 same stem; 0.7 one a prefix of the other (a token shorter than the term: of 4
+    letters at least, so "per" of perPage is not "person"); less for a shared start,
+    swapped letters or a near spelling (difflib ratio >= 0.8)."""
     if term == token:
         return 1.0
     shorter, longer = sorted((len(term), len(token)))
     prefix = next((i for i, (x, y) in enumerate(zip(term, token, strict=False)) if x != y), shorter)
-    score = 0.7 if prefix == shorter >= 3 else 0.6 * prefix / shorter if prefix >= 4 else 0.0
+    whole = prefix == shorter >= (3 if len(term) <= len(token) else 4)
+    score = 0.7 if whole else 0.6 * prefix / shorter if prefix >= 4 else 0.0
     if score < 0.5 and _transposed(term, token):  # fiel/file
         score = 0.5
     if score < 0.6 and 3 * shorter >= 2 * longer:  # a ratio >= 0.8 needs lengths within 2:3
@@ -2614,6 +2639,17 @@ class IndexedTool:
     tool: Mapping[str, Any]
     tokens: Mapping[str, float]
     name: tuple[str, ...]
+    intent: str = ""  # what the tool does: "read", "act" or "" (not told; _tool_intent)
+
+
+def _tool_intent(tool: Mapping[str, Any]) -> str:
+    """"read" or "act" by the tool's readOnlyHint, else by the first verb of its name in
+    _READ_VERBS or _ACT_VERBS (``list_issues``: read; ``slack_post_message``: act)."""
+    annotations = tool.get("annotations")
+    read_only = annotations.get("readOnlyHint") if isinstance(annotations, Mapping) else None
+    if isinstance(read_only, bool):
+        return "read" if read_only else "act"
+    return next(filter(None, map(_INTENTS.get, _tokens(_text(tool.get("name"))))), "")
 
 
 def index_tools(
@@ -2627,6 +2663,7 @@ def index_tools(
             tool,
             _tool_tokens(alias, tool, servers.get(alias)),
             tuple(dict.fromkeys(t for t in _tokens(_text(tool.get("name"))) if t not in _GENERIC_NAME_WORDS)),
+            _tool_intent(tool),
         )
         for alias, tool in tools
     ]
@@ -2676,6 +2713,7 @@ def rank_tools(
     found_in = [sum(1 for scores in best if scores[i] > 0) for i in range(len(terms))]
     idf = [math.log(1 + (count - df + 0.5) / (df + 0.5)) for df in found_in]
     asks_change = any(term.stem in _CHANGE_STEMS for term in terms)
+    intent = query_intent(query)
     ranked: list[tuple[float, str, Mapping[str, Any]]] = []
     for entry, scores in zip(indexed, best, strict=True):
         mean = sum(weight * score for weight, score in zip(idf, scores, strict=True)) / sum(idf)
@@ -2685,6 +2723,8 @@ def rank_tools(
         score = mean + _NAME_COVERAGE_WEIGHT * covered / max(len(entry.name), 1)
         if not asks_change and _destructive(entry):
             score *= _UNASKED_DESTRUCTIVE
+        elif intent and entry.intent and intent != entry.intent:
+            score *= _OTHER_INTENT
         ranked.append((round(score, 4), entry.alias, entry.tool))
     ranked.sort(key=lambda hit: (-hit[0], len(_text(hit[2].get("name"))), _text(hit[2].get("name")), hit[1]))
     return ranked[:limit]
@@ -4970,6 +5010,22 @@ def _portable_entry(entry: dict[str, Any], source: ConfigSource, own: ConfigSour
     return entry if _transport(entry, own) == transport else {**entry, "type": transport}
 
 
+def _client_only_references(entry: Any) -> list[str]:
+    """The ${...} references in the entry's text that discovery cannot resolve
+    (expand_variables): only the client can fill them in (${input:...})."""
+    references: list[str] = []
+    stack = [entry]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            references += expand_variables(value, {})[2]
+        elif isinstance(value, dict):
+            stack.extend(reversed(value.values()))
+        elif isinstance(value, list):
+            stack.extend(reversed(value))
+    return list(dict.fromkeys(references))
+
+
 def _sort_entries(found: _ClientFile, own: ConfigSource) -> None:
     """Entries that start this bridge stay; so do those the bridge cannot run as the client
     does (malformed, client-only ${input:...} values, TOML dates). The rest move, disabled
@@ -4983,12 +5039,11 @@ def _sort_entries(found: _ClientFile, own: ConfigSource) -> None:
             found.kept[name] = problems[0].removeprefix("%s: " % found.source.label)
             continue
         try:
-            text = json.dumps(entry)
+            json.dumps(entry)
         except TypeError:
             found.kept[name] = "it holds a TOML date or time, which JSON cannot"
             continue
-        # What only the client can fill in is what discovery cannot resolve (disabled entries too).
-        client_only = expand_variables(text, {})[2]
+        client_only = _client_only_references(entry)  # disabled entries too
         if client_only:
             found.kept[name] = "it uses %s, which only the client fills in" % ", ".join(client_only)
             continue

@@ -10,15 +10,25 @@ every hit (limit 50) and prints the rank of the expected tool, the top hit and i
 and how many queries ranked their tool first and in the top 3. tests/test_search.py runs
 the same queries through a real bridge and container.
 
+With --catalogue it starts nothing: it ranks, in this process (index_tools, rank_tools, as
+HostAPI does), the tool lists of benchmarks/search_catalogs.json, thirteen servers in one
+catalogue (GitHub, Slack, fetch, Puppeteer, Playwright, Postgres, SQLite, git, Brave
+Search and the four above), for its query sets: "dev" (the search may be tuned on it),
+"held_out" (measured, never tuned on) and "ten" (the QUERIES below, among all thirteen).
+Per set: each query's rank of its expected tool, the top hit, and the counts ranked first
+and in the top 3. tests/test_search.py asserts floors on the same counts.
+
 It is a measurement, not a test: it always exits 0 (problems are listed under the table).
 Usage:
 
     .venv/bin/python benchmarks/bench_search.py [--verbose]
+    .venv/bin/python benchmarks/bench_search.py --catalogue [--set dev] [--counts-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -34,12 +44,18 @@ from mcp_server_code_execution_mode import (
     ClientPool,
     DiscoveryResult,
     HostAPI,
+    IndexedTool,
     ServerSpec,
+    index_tools,
+    rank_tools,
+    server_tokens,
 )
 
 REPO = Path(__file__).resolve().parent.parent
 NPM_BIN = REPO / ".cache" / "mcp-servers" / "node_modules" / ".bin"
 START_DEADLINE_S = 120.0
+CATALOGUE = REPO / "benchmarks" / "search_catalogs.json"
+CATALOGUE_SETS = ("dev", "held_out", "ten")
 
 
 @dataclass(frozen=True)
@@ -89,11 +105,12 @@ def server_specs(workdir: Path) -> list[ServerSpec]:
 
 @dataclass(frozen=True)
 class Outcome:
-    query: Query
+    text: str  # the query
+    expected: str  # "server.tool", or "server.a / b" for either of two
     rank: int | None  # 1-based; None: not among the hits
     top: str  # "server.tool"
     score: float
-    lines: tuple[str, ...]  # the first hits as runtime.search_tool_docs(query) shows them
+    lines: tuple[str, ...] = ()  # the first hits as runtime.search_tool_docs(query) shows them
 
 
 def rank_of(query: Query, hits: Sequence[dict[str, Any]]) -> int | None:
@@ -101,6 +118,12 @@ def rank_of(query: Query, hits: Sequence[dict[str, Any]]) -> int | None:
         if hit["server"] == query.server and hit["tool"] in query.tools:
             return rank
     return None
+
+
+def counts(outcomes: Sequence[Outcome]) -> tuple[int, int]:
+    """How many queries ranked their tool first, and in the top 3."""
+    first = sum(1 for o in outcomes if o.rank == 1)
+    return first, sum(1 for o in outcomes if o.rank is not None and o.rank <= 3)
 
 
 async def measure(workdir: Path) -> tuple[list[Outcome], list[str]]:
@@ -123,10 +146,67 @@ async def measure(workdir: Path) -> tuple[list[Outcome], list[str]]:
                 lines: Any = await api.search_tool_docs(query.text, 3, "line")
                 top = "%s.%s" % (hits[0]["server"], hits[0]["tool"]) if hits else "(none)"
                 score = hits[0]["score"] if hits else 0.0
-                outcomes.append(Outcome(query, rank_of(query, hits), top, score, tuple(lines)))
+                expected = "%s.%s" % (query.server, " / ".join(query.tools))
+                outcomes.append(Outcome(query.text, expected, rank_of(query, hits), top, score, tuple(lines)))
         finally:
             await pool.aclose()
     return outcomes, failures
+
+
+# --- the catalogue: many servers' tool lists, ranked in this process ------------------
+
+
+@dataclass(frozen=True)
+class CatalogueQuery:
+    text: str
+    expected: tuple[str, ...]  # "alias.tool"; any of them is the right call
+
+
+def load_catalogue(path: Path = CATALOGUE) -> tuple[list[IndexedTool], dict[str, list[CatalogueQuery]]]:
+    """The catalogue's tools indexed as HostAPI indexes a server's (its alias, name and
+    title, and its instructions, as server_tokens), and its query sets by name, "ten"
+    being QUERIES."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    indexed: list[IndexedTool] = []
+    for server in data["servers"]:
+        alias = server["alias"]
+        names = [alias, server.get("name"), server.get("title")]
+        about = server_tokens(names, server.get("instructions", ""))
+        indexed += index_tools(((alias, tool) for tool in server["tools"]), {alias: about})
+    indexed.sort(key=lambda entry: (entry.alias, str(entry.tool.get("name"))))
+    sets = {
+        name: [CatalogueQuery(q["query"], tuple(q["expected"])) for q in data[name]]
+        for name in ("dev", "held_out")
+    }
+    sets["ten"] = [
+        CatalogueQuery(q.text, tuple("%s.%s" % (q.server, tool) for tool in q.tools)) for q in QUERIES
+    ]
+    return indexed, sets
+
+
+def rank_catalogue(indexed: Sequence[IndexedTool], queries: Sequence[CatalogueQuery]) -> list[Outcome]:
+    """Each query's outcome over the whole catalogue (every hit, up to MAX_SEARCH_LIMIT)."""
+    outcomes: list[Outcome] = []
+    for query in queries:
+        hits = rank_tools(query.text, indexed, MAX_SEARCH_LIMIT)
+        names = ["%s.%s" % (alias, tool.get("name")) for _, alias, tool in hits]
+        rank = next((i for i, name in enumerate(names, 1) if name in query.expected), None)
+        top, score = (names[0], hits[0][0]) if hits else ("(none)", 0.0)
+        outcomes.append(Outcome(query.text, " / ".join(query.expected), rank, top, score))
+    return outcomes
+
+
+def print_catalogue(sets: Sequence[str], counts_only: bool) -> None:
+    indexed, queries = load_catalogue()
+    servers = len({entry.alias for entry in indexed})
+    print("catalogue: %d tools of %d servers (%s)\n" % (len(indexed), servers, CATALOGUE.name))
+    for name in sets:
+        outcomes = rank_catalogue(indexed, queries[name])
+        first, top3 = counts(outcomes)
+        if not counts_only:
+            print("%s:\n%s\n" % (name, render_table(outcomes)))
+        total = len(outcomes)
+        print("%s: ranked first %d/%d, in the top 3 %d/%d\n" % (name, first, total, top3, total))
 
 
 def render_table(outcomes: Sequence[Outcome]) -> str:
@@ -134,8 +214,8 @@ def render_table(outcomes: Sequence[Outcome]) -> str:
     rows = [
         [
             str(i),
-            o.query.text,
-            "%s.%s" % (o.query.server, " / ".join(o.query.tools)),
+            o.text,
+            o.expected,
             str(o.rank) if o.rank else "-",
             "%s (%.2f)" % (o.top, o.score),
         ]
@@ -155,11 +235,25 @@ def render_table(outcomes: Sequence[Outcome]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--verbose", action="store_true", help="also print each query's first three lines")
+    parser.add_argument(
+        "--catalogue",
+        action="store_true",
+        help="rank the query sets of %s instead (no server started)" % CATALOGUE.name,
+    )
+    parser.add_argument(
+        "--set", action="append", choices=CATALOGUE_SETS, help="with --catalogue: only this set (repeatable)"
+    )
+    parser.add_argument(
+        "--counts-only", action="store_true", help="with --catalogue: only the counts (no per-query table)"
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.catalogue:
+        print_catalogue(args.set or CATALOGUE_SETS, args.counts_only)
+        return 0
     with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
         try:
             outcomes, problems = anyio.run(measure, Path(tmp))
@@ -167,15 +261,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("search benchmark failed: %s: %s" % (type(exc).__name__, exc))
             return 0
     print(render_table(outcomes))
-    first = sum(1 for o in outcomes if o.rank == 1)
-    top3 = sum(1 for o in outcomes if o.rank is not None and o.rank <= 3)
+    first, top3 = counts(outcomes)
     print(
         "\nranked first: %d/%d (target >= 8)   in the top 3: %d/%d"
         % (first, len(outcomes), top3, len(outcomes))
     )
     if args.verbose:
         for o in outcomes:
-            print("\n>>> runtime.search_tool_docs(%r, limit=3)" % o.query.text)
+            print("\n>>> runtime.search_tool_docs(%r, limit=3)" % o.text)
             print("\n".join(o.lines))
     if problems:
         print("\nproblems:")

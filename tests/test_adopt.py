@@ -308,6 +308,31 @@ def test_vscode_comments_survive_and_servers_only_vscode_can_fill_in_stay(tmp_pa
     }
 
 
+def test_what_stays_with_the_client_is_what_discovery_cannot_resolve(tmp_path: Path) -> None:
+    # ${workspaceFolder} resolves in discovery (the bridge's working directory): it moves.
+    # ${input:...} and ${command:...} do not: they stay, disabled or not.
+    home = tmp_path / "home"
+    servers: dict[str, dict[str, Any]] = {
+        "files": {"command": "npx", "args": ["server-filesystem", "${workspaceFolder}/data"]},
+        "gh": {"command": "gh-mcp", "env": {"T": "${input:tok}"}, "disabled": True},
+        "picked": {"command": "x", "args": ["${command:pickFile}"], "disabled": True},
+    }
+    write_json(home / ".config" / "Code" / "User" / "mcp.json", {"servers": servers})
+    result = adopt(home, "--client", "vscode")
+    assert result.returncode == 0, result.stderr
+    assert "keeps gh (it uses ${input:tok}, which only the client fills in)" in result.stderr
+    assert "keeps picked (it uses ${command:pickFile}, which only the client fills in)" in result.stderr
+    assert json.loads((home / "MCPs" / "servers.json").read_text())["mcpServers"] == {
+        "files": servers["files"]
+    }
+    # Enabled, discovery skips them for that same reason.
+    enabled = {name: {**servers[name], "disabled": False} for name in ("gh", "picked")}
+    config = write_json(tmp_path / "enabled.json", {"mcpServers": enabled})
+    found = bridge.discover_servers(home, home, "linux", {}, tmp_path / "state", config)
+    assert found.servers == () and len(found.problems) == 2, found
+    assert all("cannot be resolved here" in problem for problem in found.problems), found.problems
+
+
 def test_gemini_urls_mean_sse_there_and_stay_sse_in_servers_json(tmp_path: Path) -> None:
     home = tmp_path / "home"
     write_json(
