@@ -335,3 +335,19 @@ async def test_a_kept_call_awaited_twice_or_after_failing_gives_the_same_outcome
         [1],
     )
     assert answer["stderr"] == "", answer
+
+
+async def test_a_tool_error_in_plain_code_reads_cleanly(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    home = claude_desktop_home(tmp_path, {"time": {"command": real_server("time")}})
+    async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+        answer = await run_cell(client, 'mcp_time.get_current_time(timezone="Nowhere/Foo")')
+    assert answer["is_error"] and answer["error"]["type"] == "MCPToolError", answer
+    traceback = answer["error"]["traceback"]
+    assert traceback.splitlines()[:3] == [
+        "Traceback (most recent call last):",
+        '  File "<cell-1>", line 1, in <module>',
+        '    mcp_time.get_current_time(timezone="Nowhere/Foo")',
+    ], traceback
+    assert "During handling" not in traceback and "event loop" not in traceback, traceback
