@@ -34,7 +34,9 @@ import collections
 import collections.abc
 import difflib
 import functools
+import importlib.abc
 import inspect
+import io
 import json
 import linecache
 import operator
@@ -139,6 +141,20 @@ def _is_texts(value: Any) -> bool:
     return isinstance(value, list) and len(value) <= 100 and all(isinstance(item, str) for item in value)
 
 
+def _is_images(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) <= 100
+        and all(
+            isinstance(item, dict)
+            and set(item) == {"mime_type", "data"}
+            and _is_name(item["mime_type"])
+            and isinstance(item["data"], str)
+            for item in value
+        )
+    )
+
+
 def _is_grace(value: Any) -> bool:
     return type(value) in (int, float) and 0 < value <= 3600
 
@@ -175,6 +191,7 @@ FRAME_SCHEMAS: dict[str, dict[str, FieldRule]] = {
         "error": FieldRule(_is_optional_error_info, _ERROR_INFO, required=False),
         "dropped": FieldRule(_is_stream_counts, "an object of stdout/stderr counts", required=False),
         "notices": FieldRule(_is_texts, "a list of at most 100 strings", required=False),
+        "images": FieldRule(_is_images, "a list of at most 100 {mime_type, data} objects", required=False),
     },
     "error": {
         "id": FieldRule(lambda value: value is None or is_frame_id(value), "null or an id", required=False),
@@ -846,6 +863,191 @@ def safe_repr(value: Any, limit: int) -> str:
 
 
 # =============================================================================
+# images: plots, display(), show_image(), image values
+# =============================================================================
+# What a call shows besides text: matplotlib figures (as Jupyter's inline backend does:
+# `plt.show()` and figures still open when the cell ends become PNGs, then are closed),
+# `display(obj)`, `runtime.show_image(...)`, and an image as the cell's final value. They
+# travel in the result frame, capped in number and size, and reach the client as image
+# content after the text.
+
+IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
+_IMAGE_SIGNATURES = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+)  # fmt: skip
+
+
+class ToolImage:
+    """An image: from a tool's result, or made by code (``runtime.ToolImage(data, mime)``).
+    ``data`` is the decoded bytes. As a cell's final value, or given to display(), it is shown."""
+
+    def __init__(self, data: bytes, mime_type: str) -> None:
+        self.data = data
+        self.mime_type = mime_type
+
+    def __repr__(self) -> str:
+        return "<ToolImage %s, %d bytes>" % (self.mime_type, len(self.data))
+
+
+def sniff_image_type(data: bytes) -> str | None:
+    for signature, mime_type in _IMAGE_SIGNATURES:
+        if data.startswith(signature):
+            return mime_type
+    return "image/webp" if data[:4] == b"RIFF" and data[8:12] == b"WEBP" else None
+
+
+def image_of(value: Any) -> tuple[bytes, str] | None:
+    """(bytes, mime type) when ``value`` is an image this sandbox knows how to show:
+    a ToolImage, a matplotlib Figure, a PIL image, or anything with ``_repr_png_``."""
+    if isinstance(value, ToolImage):
+        return bytes(value.data), value.mime_type
+    kind = type(value)
+    module = getattr(kind, "__module__", "") or ""
+    if module.startswith("matplotlib.") and kind.__name__ == "Figure":
+        return _png_of(value.savefig, bbox_inches="tight"), "image/png"
+    if module.startswith("PIL.") and hasattr(value, "save"):
+        return _png_of(value.save), "image/png"
+    render = getattr(kind, "_repr_png_", None)
+    if callable(render):
+        data = render(value)
+        return (data, "image/png") if isinstance(data, bytes) else None
+    return None
+
+
+def _png_of(save: Callable[..., Any], **options: Any) -> bytes:
+    buffer = io.BytesIO()
+    save(buffer, format="png", **options)
+    return buffer.getvalue()
+
+
+class ImageCollector:
+    """The images of the running execute, within the caps; a note for each one dropped."""
+
+    def __init__(self, max_images: int, max_bytes: int) -> None:
+        self.max_images = max_images
+        self.max_bytes = max_bytes
+        self.images: list[dict[str, str]] = []
+        self.notes: list[str] = []
+        self.offered = 0
+
+    def take(self) -> tuple[list[dict[str, str]], list[str]]:
+        taken = (self.images, self.notes)
+        self.images, self.notes, self.offered = [], [], 0
+        return taken
+
+    def add(self, data: bytes, mime_type: str) -> None:
+        self.offered += 1
+        if len(self.images) >= self.max_images:
+            self.notes.append(
+                "Image %d was not returned: at most %d images per call (MCP_BRIDGE_MAX_IMAGES)."
+                % (self.offered, self.max_images)
+            )
+        elif len(data) > self.max_bytes:
+            self.notes.append(
+                "Image %d was not returned: %d bytes, over the %d-byte cap (MCP_BRIDGE_MAX_IMAGE_BYTES); "
+                "save it smaller (a lower dpi, a smaller figure) or to a file."
+                % (self.offered, len(data), self.max_bytes)
+            )
+        elif mime_type not in IMAGE_TYPES:
+            self.notes.append(
+                "Image %d was not returned: %s is not one of %s."
+                % (self.offered, mime_type, ", ".join(IMAGE_TYPES))
+            )
+        else:
+            self.images.append({"mime_type": mime_type, "data": base64.b64encode(data).decode("ascii")})
+
+    def add_value(self, value: Any) -> bool:
+        """Show ``value`` if it is an image (closing it if it is an open figure)."""
+        found = image_of(value)
+        if found is None:
+            return False
+        self.add(*found)
+        pyplot = sys.modules.get("matplotlib.pyplot")
+        if pyplot is not None and type(value).__name__ == "Figure":
+            pyplot.close(value)
+        return True
+
+    def capture_figures(self) -> None:
+        """Every open matplotlib figure becomes an image, then is closed (memory stays flat)."""
+        pyplot = sys.modules.get("matplotlib.pyplot")
+        if pyplot is None:
+            return
+        for number in pyplot.get_fignums():
+            figure = pyplot.figure(number)
+            try:
+                self.add(_png_of(figure.savefig, bbox_inches="tight"), "image/png")
+            except Exception as exc:  # a figure that cannot be drawn must not lose the result
+                self.notes.append("Figure %d could not be drawn: %s: %s" % (number, type(exc).__name__, exc))
+        pyplot.close("all")
+
+    def display(self, *values: Any) -> None:
+        """Jupyter's display(): images are shown; anything else is printed as its repr."""
+        for value in values:
+            if not self.add_value(value):
+                print(repr(value))
+
+    def show_image(self, data_or_path: Any, mime_type: str | None = None) -> None:
+        """Show an image given as bytes or as a file path; the type is sniffed when not given."""
+        if isinstance(data_or_path, (bytes, bytearray, memoryview)):
+            data = bytes(data_or_path)
+        else:
+            with open(os.fspath(data_or_path), "rb") as handle:
+                data = handle.read(self.max_bytes + 1)
+        found = mime_type or sniff_image_type(data)
+        if found is None:
+            raise ValueError(
+                "show_image: not a PNG, JPEG, GIF or WebP image; pass mime_type=... if it is one"
+            )
+        self.add(data, found)
+
+
+class _PyplotHook(importlib.abc.MetaPathFinder):
+    """When code imports matplotlib.pyplot, make its show() hand the figures to the
+    collector, as Jupyter's inline backend does (and the Agg backend never opens a window)."""
+
+    def __init__(self, collector: ImageCollector) -> None:
+        self.collector = collector
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "matplotlib.pyplot":
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _PatchingLoader(spec.loader, self.collector)
+                return spec
+        return None
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any, collector: ImageCollector) -> None:
+        self.loader = loader
+        self.collector = collector
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.loader.exec_module(module)
+        collector = self.collector
+
+        def show(*args: Any, **kwargs: Any) -> None:
+            collector.capture_figures()
+
+        module.show = show
+
+
+def capture_images(collector: ImageCollector) -> None:
+    """Send matplotlib to the Agg backend, its cache to /tmp, and its show() to ``collector``."""
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    os.environ.setdefault("MPLCONFIGDIR", "/tmp/matplotlib")
+    sys.meta_path.insert(0, _PyplotHook(collector))
+
+
+# =============================================================================
 # sandbox API: host requests, `from mcp import runtime`, mcp_<alias> objects
 # =============================================================================
 
@@ -866,17 +1068,6 @@ class MCPToolError(MCPError):
 
 
 ERROR_TYPES = {"MCPError": MCPError, "MCPToolError": MCPToolError}
-
-
-class ToolImage:
-    """Image content from a tool: ``data`` is the decoded bytes."""
-
-    def __init__(self, data: bytes, mime_type: str) -> None:
-        self.data = data
-        self.mime_type = mime_type
-
-    def __repr__(self) -> str:
-        return "<ToolImage %s, %d bytes>" % (self.mime_type, len(self.data))
 
 
 class HostRequests:
@@ -1024,9 +1215,19 @@ class SandboxRuntime:
     MCPToolError = MCPToolError
     ToolImage = ToolImage
 
-    def __init__(self, requests: HostRequests, servers: list[dict[str, str]]) -> None:
+    def __init__(self, requests: HostRequests, servers: list[dict[str, str]], images: ImageCollector) -> None:
         self._requests = requests
         self._servers = servers
+        self._images = images
+
+    # --- images: shown to the client after the text --------------------------------------
+    def display(self, *values: Any) -> None:
+        """Show images (plots, PIL images, ToolImage, figures); print anything else's repr."""
+        self._images.display(*values)
+
+    def show_image(self, data_or_path: Any, mime_type: str | None = None) -> None:
+        """Show an image from bytes or a file (PNG, JPEG, GIF, WebP; sniffed unless given)."""
+        self._images.show_image(data_or_path, mime_type)
 
     def _now_or_deferred(
         self, run: Callable[[], Any], run_async: Callable[[], Coroutine[Any, Any, Any]], label: str
@@ -1555,11 +1756,15 @@ def tool_doc_text(docs: dict[str, Any]) -> str:
 
 
 def install_sandbox_api(
-    namespace: dict[str, Any], requests: HostRequests, servers: list[dict[str, str]]
+    namespace: dict[str, Any],
+    requests: HostRequests,
+    servers: list[dict[str, str]],
+    images: ImageCollector | None = None,
 ) -> None:
     """Make ``from mcp import runtime``, ``from mcp.servers import <alias>`` and the
-    ``mcp_<alias>`` globals work, whatever ``mcp`` package the image may carry."""
-    runtime = SandboxRuntime(requests, servers)
+    ``mcp_<alias>`` globals work, whatever ``mcp`` package the image may carry; and
+    ``display()`` / ``runtime.show_image()`` hand images to ``images``."""
+    runtime = SandboxRuntime(requests, servers, images or ImageCollector(10, 2**21))
     package = types.ModuleType("mcp", "Sandbox API: runtime and servers")
     package.__path__ = []  # a package, so ``mcp.servers`` imports
     servers_module = types.ModuleType("mcp.servers", "One object per configured MCP server")
@@ -1577,6 +1782,7 @@ def install_sandbox_api(
     namespace["runtime"] = runtime_module
     for name in MEMORY_HELPERS:  # globals too, as users of the original project know them
         namespace[name] = getattr(runtime, name)
+    namespace["display"] = runtime.display
 
 
 # =============================================================================
@@ -1601,7 +1807,11 @@ class ExecutorProcess:
         self.executes: queue.Queue[Frame | None] = queue.Queue()
         self.running_id: str | None = None
         self.requests = HostRequests(channel)
-        install_sandbox_api(self.executor.namespace, self.requests, list(config.get("servers", [])))
+        self.images = ImageCollector(
+            int(config.get("max_images", 10)), int(config.get("max_image_bytes", 2**21))
+        )
+        servers = list(config.get("servers", []))
+        install_sandbox_api(self.executor.namespace, self.requests, servers, self.images)
         self.handlers: dict[str, Callable[[Frame], None]] = {
             "execute": self.executes.put,
             "response": self.requests.resolve,
@@ -1643,6 +1853,7 @@ class ExecutorProcess:
         self.reattach_output()
         signal.signal(signal.SIGINT, self._on_sigint)
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+        capture_images(self.images)
         try:  # if memory runs out, the kernel's OOM killer should pick this process, not PID 1
             with open("/proc/self/oom_score_adj", "w") as handle:
                 handle.write("500")
@@ -1740,7 +1951,9 @@ class ExecutorProcess:
             value = self.executor.run(code)
             if value is not None:  # still interruptible: a __repr__ may never return
                 self.executor.namespace["_"] = value
-                result["value"] = safe_repr(value, self.max_output_chars)
+                if not self.images.add_value(value):
+                    result["value"] = safe_repr(value, self.max_output_chars)
+            self.images.capture_figures()  # figures still open at the end of the cell
             self.running_id = None
         except BaseException as exc:
             self.running_id = None
@@ -1749,12 +1962,25 @@ class ExecutorProcess:
             result["error"] = describe_user_exception(exc, self.max_output_chars)
         finally:
             self.running_id = None
+        self._attach_images(result)
         for stream in (sys.stdout, sys.stderr):  # buffered text reaches the pipes before the result
             try:
                 stream.flush()
             except Exception:  # user code may have closed or replaced it (even with None)
                 pass
         return result
+
+    def _attach_images(self, result: Frame) -> None:
+        try:
+            if result["status"] == "error":
+                self.images.capture_figures()  # what was drawn before the error, as Jupyter shows it
+        except BaseException as exc:
+            self.images.notes.append("Open figures could not be drawn: %s" % type(exc).__name__)
+        images, notes = self.images.take()
+        if images:
+            result["images"] = images
+        if notes:
+            result["notices"] = list(result.get("notices") or []) + notes
 
 
 def reap_killed_children(patience: float = 1.0) -> None:
@@ -2073,7 +2299,13 @@ class Supervisor:
             handle.sync_output()
             with self.lock:
                 self.pending_notices.extend(frame.get("notices") or [])
-            self.finish(running, str(frame["status"]), value=frame.get("value"), error=frame.get("error"))
+            self.finish(
+                running,
+                str(frame["status"]),
+                value=frame.get("value"),
+                error=frame.get("error"),
+                images=frame.get("images"),
+            )
         elif kind == "request":
             self.forward_request(handle, frame, running)
         elif kind == "cancel":
@@ -2280,7 +2512,9 @@ class Supervisor:
             except OSError:
                 pass
 
-    def finish(self, execute_id: Any, status: str, value: Any = None, error: Any = None) -> None:
+    def finish(
+        self, execute_id: Any, status: str, value: Any = None, error: Any = None, images: Any = None
+    ) -> None:
         """Send the one result of ``execute_id`` (later attempts are ignored)."""
         with self.lock:
             if self.running != execute_id:
@@ -2299,11 +2533,14 @@ class Supervisor:
             self.pending_notices = []
             if notices:
                 result["notices"] = notices
+            if images:
+                result["images"] = images
         try:
             self.channel.send(result)
         except ProtocolError as exc:  # only with a tiny frame cap; exactly one result still goes out
             result.update(status="error", value=None, error={"type": "ProtocolError", "message": str(exc)})
             result.pop("notices", None)
+            result.pop("images", None)
             self.channel.send(result)
         with self.lock:
             following = self.queued.popleft() if self.queued else None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import base64
 import difflib
 import fnmatch
 import hashlib
@@ -76,6 +77,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import mcp_sandbox_kernel
 from mcp_sandbox_kernel import (
+    IMAGE_TYPES,
     KERNEL_FRAME_TYPES,
     MAX_REQUESTS_IN_FLIGHT,
     PROTOCOL_VERSION,
@@ -134,6 +136,8 @@ class BridgeConfig:
     discover: bool = True
     max_memory_bytes: int = 1024 * 1024
     max_memory_total_bytes: int = 100 * 1024 * 1024
+    max_images: int = 10
+    max_image_bytes: int = 2 * 1024 * 1024
 
 
 class ConfigError(Exception):
@@ -380,6 +384,15 @@ OPTIONS: tuple[Option, ...] = (
         "MCP_BRIDGE_MAX_TOOL_RESULT_BYTES",
         _positive_int,
         "largest tool result passed into the sandbox, bytes",
+    ),
+    Option(
+        "max_images", "MCP_BRIDGE_MAX_IMAGES", _positive_int, "images one call may return (plots, display())"
+    ),
+    Option(
+        "max_image_bytes",
+        "MCP_BRIDGE_MAX_IMAGE_BYTES",
+        _positive_int,
+        "largest image a call may return, bytes",
     ),
 )
 
@@ -2375,10 +2388,13 @@ MAX_SEARCH_LIMIT = 50
 MAX_ABOUT_CHARS = 4000
 _MAX_INDEXED_PROPERTIES = 200
 _MAX_PROPERTY_DEPTH = 3
+_MAX_INDEXED_CHOICES = 20  # of one property's enum
 
 # Search by meaning with a small thesaurus: words that mean the same thing to someone
 # looking for a tool. A query word also finds the other words of each group it is in, at
-# _RELATED_WEIGHT. Plain English, about what tools do; no server's tool names.
+# _RELATED_WEIGHT; so do two query words in a row that make a two-word item ("pull+request":
+# as a word found, each of its two). Plain English, about what tools do (common verbs,
+# the nouns of common domains); no server's tool names.
 _CONCEPTS = (
     "remember memory memorize recall",
     "remember store save keep note record",
@@ -2389,35 +2405,41 @@ _CONCEPTS = (
     "file document",
     "save write store persist record",
     "read open load view",
-    "show display print view",
-    "delete remove erase forget drop unlink",
-    "create make new",
+    "show display print view list",
+    "delete remove erase forget drop unlink destroy discard",
+    "create make new add open build generate propose",
     "add sum plus total addition",
     "number integer numeric",
     "now current today present",
     "clock time",
     "timezone zone tz",
     "move rename",
-    "find search lookup locate query grep",
+    "find search lookup locate query grep seek",
     "list enumerate",
     "size big large bytes",
     "info information metadata detail stat",
-    "edit modify change update patch replace",
+    "edit modify change update patch replace alter revise",
     "compress gzip zip archive",
     "echo repeat",
     "environment env",
     "variable var setting",
     "image picture photo screenshot png",
     "relation relationship link connect",
-    "url link web page website",
-    "fetch download",
-    "run execute invoke launch",
-    "message chat post send",
+    "url link web page website site webpage internet online browser",
+    "get fetch retrieve obtain download",
+    "run execute invoke launch evaluate eval",
+    "message chat post send publish share dm",
+    "channel room conversation chat",
+    "reply respond answer",
     "email mail",
-    "issue bug ticket",
-    "repository repo",
+    "issue bug ticket bug+report problem defect",
+    "pr pull+request merge+request propose",
+    "repository repo project codebase",
+    "navigate go visit browse open",
+    "screenshot capture snapshot screen",
+    "text content body",
     "calendar event meeting schedule appointment",
-    "database db sql table",
+    "database db sql table row",
     "log logging",
     "error failure exception",
     "copy duplicate",
@@ -2426,7 +2448,7 @@ _CONCEPTS = (
 # Two words that ask for a concept neither says: a term of its own.
 _PHRASES = {
     ("what", "time"): "now", ("what", "date"): "now", ("what", "day"): "now",
-    ("how", "many"): "count", ("look", "up"): "search",
+    ("how", "many"): "count", ("look", "up"): "search", ("code", "change"): "pr",
 }  # fmt: skip
 # A place with a time zone of its own ("Tokyo", "New York": the tz database's cities) also
 # finds these.
@@ -2443,17 +2465,20 @@ _CHANGE_WORDS = _DESTRUCTIVE_VERBS | {
     "forget", "overwrite", "replace", "edit", "modify", "change", "update", "patch", "move", "rename",
     "write", "save", "store", "reset",
 }  # fmt: skip
-# What a query asks for, told by its first word that says: to look (a verb that reads, a
-# question word) or to act (one that creates, sends, changes or deletes). A tool that does
-# the other (its readOnlyHint, else the first such verb of its name) ranks lower.
-_READ_VERBS = frozenset({
-    "get", "show", "list", "read", "view", "display", "see", "find", "search", "look", "fetch",
-    "retrieve", "check", "describe", "print", "query", "what", "which", "who", "where", "when",
-})  # fmt: skip
-_ACT_VERBS = _CHANGE_WORDS | {
-    "create", "make", "add", "post", "send", "publish", "share", "reply", "comment", "submit",
-    "propose", "upload", "append", "merge", "push", "remember", "record", "put", "set",
-}  # fmt: skip
+# What a query asks for, told by its first word of these (verbs, and question words that
+# read): to read, or to act: create, update, delete, or any of them ("act": save, write).
+# What a tool does, told by its readOnlyHint and the first of these words in its name. A
+# tool that reads when the query acts (or the other way round), or that deletes when the
+# query creates, ranks lower (_OTHER_INTENT).
+_INTENT_WORDS = {
+    "read": "get show list read view display see find search look fetch retrieve check describe "
+    "print query what which who where when",
+    "create": "create make add new post send publish share reply comment propose upload append "
+    "remember",
+    "update": "edit modify change update patch replace alter revise rename move set overwrite reset",
+    "delete": "delete remove erase drop destroy purge clear wipe unlink forget discard",
+    "act": "write save store record put push merge",
+}
 
 
 def _stem(word: str) -> str:
@@ -2475,21 +2500,22 @@ def _tokens(text: str) -> tuple[str, ...]:
     return tuple(_stem(word) for word in words if len(word) > 1 and word not in _STOP_WORDS)
 
 
-def _related_stems() -> dict[str, frozenset[str]]:
-    """stem -> the other stems of every _CONCEPTS group it is in."""
-    related: dict[str, set[str]] = {}
+def _related_stems() -> dict[tuple[str, ...], frozenset[str]]:
+    """The stems of an item of _CONCEPTS (one word, or two: "pull+request") -> the stems of
+    the other items of every group it is in."""
+    related: dict[tuple[str, ...], set[str]] = {}
     for group in _CONCEPTS:
-        stems = {_stem(word) for word in group.split()}
-        for stem in stems:
-            related.setdefault(stem, set()).update(stems - {stem})
-    return {stem: frozenset(others) for stem, others in related.items()}
+        items = {tuple(_stem(word) for word in item.split("+")) for item in group.split()}
+        for item in items:
+            related.setdefault(item, set()).update(stem for other in items - {item} for stem in other)
+    return {item: frozenset(others) for item, others in related.items()}
 
 
 _RELATED = _related_stems()
 _PLACE_STEMS = tuple(_stem(word) for word in _PLACE_RELATED)
 _DESTRUCTIVE_STEMS = frozenset(_stem(word) for word in _DESTRUCTIVE_VERBS)
 _CHANGE_STEMS = frozenset(_stem(word) for word in _CHANGE_WORDS)
-_INTENTS = {**dict.fromkeys(map(_stem, _ACT_VERBS), "act"), **dict.fromkeys(map(_stem, _READ_VERBS), "read")}
+_INTENTS = {_stem(word): intent for intent, words in _INTENT_WORDS.items() for word in words.split()}
 
 
 @lru_cache(maxsize=1)
@@ -2521,7 +2547,7 @@ def query_terms(query: str) -> list[QueryTerm]:
 
     def add(stem: str) -> dict[str, float]:
         related = terms.setdefault(stem, {})
-        for other in sorted(_RELATED.get(stem, ())):
+        for other in sorted(_RELATED.get((stem,), ())):
             related.setdefault(other, _RELATED_WEIGHT)
         return related
 
@@ -2536,6 +2562,8 @@ def query_terms(query: str) -> list[QueryTerm]:
             related = add(_stem(word))
             if len(previous) > 1 and previous not in _STOP_WORDS:
                 related[_stem(previous + word)] = 1.0
+                for other in sorted(_RELATED.get((_stem(previous), _stem(word)), ())):
+                    related.setdefault(other, _RELATED_WEIGHT)
             if any("".join(recent[-n:]) in _places() for n in range(1, len(recent) + 1)):
                 for stem in _PLACE_STEMS:
                     related.setdefault(stem, _RELATED_WEIGHT)
@@ -2546,8 +2574,9 @@ def query_terms(query: str) -> list[QueryTerm]:
 
 
 def query_intent(query: str) -> str:
-    """"read", "act" or "" (not told): what the query's first word in _READ_VERBS or
-    _ACT_VERBS asks for ("show the issues": read; "comment on an issue": act)."""
+    """What the query asks for, by its first word in _INTENT_WORDS: "read", "create",
+    "update", "delete", "act" or "" (not told). "show the issues": read; "comment on an
+    issue": create."""
     for word in _WORD.findall(_text(query)[:MAX_SEARCH_QUERY_CHARS]):
         intent = _INTENTS.get(_stem(word.lower()))
         if intent:
@@ -2576,6 +2605,8 @@ def _similarity(term: str, token: str) -> float:
     prefix = next((i for i, (x, y) in enumerate(zip(term, token, strict=False)) if x != y), shorter)
     whole = prefix == shorter >= (3 if len(term) <= len(token) else 4)
     score = 0.7 if whole else 0.6 * prefix / shorter if prefix >= 4 else 0.0
+    if shorter < 3:  # two letters ("pr", "db") are a word, not a spelling of one ("per")
+        return score
     if score < 0.5 and _transposed(term, token):  # fiel/file
         score = 0.5
     if score < 0.6 and 3 * shorter >= 2 * longer:  # a ratio >= 0.8 needs lengths within 2:3
@@ -2586,8 +2617,9 @@ def _similarity(term: str, token: str) -> float:
 
 
 def _property_fields(schema: object, fields: list[tuple[object, float]], depth: int = 0) -> None:
-    """The names and descriptions of a schema's properties, nested ones (objects, arrays of
-    objects) included, up to _MAX_PROPERTY_DEPTH levels and _MAX_INDEXED_PROPERTIES fields."""
+    """The names, descriptions and string choices (enum: state "open"/"closed") of a
+    schema's properties, nested ones (objects, arrays of objects) included, up to
+    _MAX_PROPERTY_DEPTH levels and _MAX_INDEXED_PROPERTIES fields."""
     properties = schema.get("properties") if isinstance(schema, Mapping) else None
     if not isinstance(properties, Mapping) or depth > _MAX_PROPERTY_DEPTH:
         return
@@ -2597,6 +2629,9 @@ def _property_fields(schema: object, fields: list[tuple[object, float]], depth: 
         fields.append((name, _TEXT_WEIGHT))
         if isinstance(prop, Mapping):
             fields.append((prop.get("description"), _TEXT_WEIGHT))
+            choices = prop.get("enum")
+            if isinstance(choices, list):
+                fields.append((" ".join(c for c in choices[:_MAX_INDEXED_CHOICES] if isinstance(c, str)), _TEXT_WEIGHT))
             items = prop.get("items")
             _property_fields(items if isinstance(items, Mapping) else prop, fields, depth + 1)
 
@@ -2639,33 +2674,60 @@ class IndexedTool:
     tool: Mapping[str, Any]
     tokens: Mapping[str, float]
     name: tuple[str, ...]
-    intent: str = ""  # what the tool does: "read", "act" or "" (not told; _tool_intent)
+    intent: str = ""  # what the tool does (_tool_intent)
 
 
 def _tool_intent(tool: Mapping[str, Any]) -> str:
-    """"read" or "act" by the tool's readOnlyHint, else by the first verb of its name in
-    _READ_VERBS or _ACT_VERBS (``list_issues``: read; ``slack_post_message``: act)."""
+    """"read" for a tool whose readOnlyHint says so; else the intent of the first word of
+    its name in _INTENT_WORDS (``list_issues``: read; ``slack_post_message``: create); else
+    "act" when readOnlyHint is false; else "" (not told)."""
     annotations = tool.get("annotations")
     read_only = annotations.get("readOnlyHint") if isinstance(annotations, Mapping) else None
-    if isinstance(read_only, bool):
-        return "read" if read_only else "act"
-    return next(filter(None, map(_INTENTS.get, _tokens(_text(tool.get("name"))))), "")
+    if read_only is True:
+        return "read"
+    named = next(filter(None, map(_INTENTS.get, _tokens(_text(tool.get("name"))))), "")
+    return "act" if read_only is False and named in ("", "read") else named
+
+
+def _other_intent(asked: str, done: str) -> bool:
+    """Whether a tool that does ``done`` does something else than a query asks (``asked``):
+    reads when asked to act or the other way round, or does another of create, update and
+    delete. Intents not told, and "act", agree with every action."""
+    if not asked or not done or asked == done:
+        return False
+    return "read" in (asked, done) or "act" not in (asked, done)
 
 
 def index_tools(
     tools: Iterable[tuple[str, Mapping[str, Any]]], servers: Mapping[str, Mapping[str, float]] | None = None
 ) -> list[IndexedTool]:
-    """The search index of (server alias, tool) pairs; ``servers``: alias -> server_tokens."""
+    """The search index of (server alias, tool) pairs; ``servers``: alias -> server_tokens.
+    A name's words for its coverage leave out _GENERIC_NAME_WORDS and the words every tool
+    of its server has in its name, when it has three or more: a prefix ("slack" of
+    slack_post_message) says which server, not what the tool does."""
     servers = servers or {}
+    pairs = list(tools)
+    names = [_tokens(_text(tool.get("name"))) for _, tool in pairs]
+    shared: dict[str, set[str]] = {}
+    count: dict[str, int] = {}
+    for (alias, _), name in zip(pairs, names, strict=True):
+        shared[alias] = shared[alias] & set(name) if alias in shared else set(name)
+        count[alias] = count.get(alias, 0) + 1
     return [
         IndexedTool(
             alias,
             tool,
             _tool_tokens(alias, tool, servers.get(alias)),
-            tuple(dict.fromkeys(t for t in _tokens(_text(tool.get("name"))) if t not in _GENERIC_NAME_WORDS)),
+            tuple(
+                dict.fromkeys(
+                    word
+                    for word in name
+                    if word not in _GENERIC_NAME_WORDS and (count[alias] < 3 or word not in shared[alias])
+                )
+            ),
             _tool_intent(tool),
         )
-        for alias, tool in tools
+        for (alias, tool), name in zip(pairs, names, strict=True)
     ]
 
 
@@ -2676,6 +2738,25 @@ def _term_matches(term: QueryTerm, vocabulary: set[str]) -> dict[str, float]:
         if stem in vocabulary and weight > found.get(stem, 0.0):
             found[stem] = weight
     return found
+
+
+def _term_scores(entry: IndexedTool, matches: Sequence[Mapping[str, float]]) -> list[float]:
+    """Each term's best match among the tool's stems (``matches``: _term_matches of each
+    term), times the stem's field weight. A stem counts in full for the first term that
+    finds it only, half for the next ("web page" finds a "link" once): two words of one
+    concept are not twice the evidence."""
+    claimed: set[str] = set()
+    scores: list[float] = []
+    for found in matches:
+        best, best_token = 0.0, ""
+        shared = found.keys() & entry.tokens.keys()  # walks the smaller of the two
+        for token in shared:
+            value = found[token] * entry.tokens[token] * (0.5 if token in claimed else 1.0)
+            if (value, token) > (best, best_token):
+                best, best_token = value, token
+        claimed.add(best_token)
+        scores.append(best)
+    return scores
 
 
 def _destructive(entry: IndexedTool) -> bool:
@@ -2705,10 +2786,7 @@ def rank_tools(
         return []
     vocabulary = {token for entry in indexed for token in entry.tokens}
     matches = [_term_matches(term, vocabulary) for term in terms]
-    best = [
-        [max((m[token] * w for token, w in entry.tokens.items() if token in m), default=0.0) for m in matches]
-        for entry in indexed
-    ]
+    best = [_term_scores(entry, matches) for entry in indexed]
     count = len(indexed)
     found_in = [sum(1 for scores in best if scores[i] > 0) for i in range(len(terms))]
     idf = [math.log(1 + (count - df + 0.5) / (df + 0.5)) for df in found_in]
@@ -2723,7 +2801,7 @@ def rank_tools(
         score = mean + _NAME_COVERAGE_WEIGHT * covered / max(len(entry.name), 1)
         if not asks_change and _destructive(entry):
             score *= _UNASKED_DESTRUCTIVE
-        elif intent and entry.intent and intent != entry.intent:
+        elif _other_intent(intent, entry.intent):
             score *= _OTHER_INTENT
         ranked.append((round(score, 4), entry.alias, entry.tool))
     ranked.sort(key=lambda hit: (-hit[0], len(_text(hit[2].get("name"))), _text(hit[2].get("name")), hit[1]))
@@ -3405,6 +3483,28 @@ class ExecutionOutcome:
     detail: str | None = None  # the status line: what happened to the run and the session
     notices: list[str] = field(default_factory=list)
     duration: float = 0.0
+    images: list[tuple[str, str]] = field(default_factory=list)  # (mime type, base64 data)
+
+
+def checked_images(
+    images: Sequence[Mapping[str, str]], config: BridgeConfig, notices: list[str]
+) -> list[tuple[str, str]]:
+    """The kernel caps images already; the host checks again (the frame came from the
+    sandbox): a known image type, valid base64, within both caps. (mime type, base64) each."""
+    kept: list[tuple[str, str]] = []
+    for number, image in enumerate(images, 1):
+        data = image["data"]
+        try:
+            size = len(base64.b64decode(data, validate=True))
+        except ValueError:
+            size = -1
+        if image["mime_type"] not in IMAGE_TYPES or not 0 <= size <= config.max_image_bytes:
+            notices.append("Image %d was dropped: not a valid image within the caps." % number)
+        elif len(kept) >= config.max_images:
+            notices.append("Image %d was dropped: at most %d images per call." % (number, config.max_images))
+        else:
+            kept.append((image["mime_type"], data))
+    return kept
 
 
 class PendingExecute:
@@ -3522,6 +3622,8 @@ class SandboxSession:
             "protocol": PROTOCOL_VERSION,
             "max_frame_bytes": self.config.max_frame_bytes,
             "max_output_chars": self.config.max_output_chars,
+            "max_images": self.config.max_images,
+            "max_image_bytes": self.config.max_image_bytes,
             "memory": self.config.memory,  # named when the out-of-memory killer strikes
             "workdir": WORKDIR,
             "servers": self.host.server_list(),
@@ -3889,6 +3991,7 @@ class SandboxSession:
             truncated={name: int(dropped.get(name, 0)) + pending.cut[name] for name in ("stdout", "stderr")},
             notices=list(result.get("notices") or []),
         )
+        outcome.images = checked_images(result.get("images") or [], self.config, outcome.notices)
         if timed_out and status == "ok":
             timed_out = False  # it finished during the grace period: an ordinary success
         if timed_out and status == "killed":
@@ -4201,7 +4304,7 @@ def render_blocks(outcome: ExecutionOutcome, config: BridgeConfig) -> list[str]:
         "\n".join(output),
         "[%s] %s" % (outcome.status, outcome.detail) if outcome.detail else "",
     ]
-    return [block for block in blocks if block] or ["(no output)"]
+    return [block for block in blocks if block] or ([] if outcome.images else ["(no output)"])
 
 
 def render_compact(outcome: ExecutionOutcome, config: BridgeConfig) -> str:
@@ -4252,19 +4355,26 @@ def clean_strings(value: Any) -> Any:
     return value
 
 
-def tool_result(blocks: list[str], structured: dict[str, Any] | None, is_error: bool) -> types.CallToolResult:
+def tool_result(
+    blocks: list[str],
+    structured: dict[str, Any] | None,
+    is_error: bool,
+    images: Sequence[tuple[str, str]] = (),
+) -> types.CallToolResult:
     """The one place a run_python result is built: every string in it goes through
-    clean_text."""
-    return types.CallToolResult(
-        content=[types.TextContent(text=clean_text(block)) for block in blocks],
-        structured_content=clean_strings(structured),
-        is_error=is_error,
-    )
+    clean_text; images (mime type, base64) follow the text."""
+    content: list[types.ContentBlock] = [types.TextContent(text=clean_text(block)) for block in blocks]
+    content += [types.ImageContent(data=data, mime_type=mime_type) for mime_type, data in images]
+    structured = clean_strings(structured)
+    return types.CallToolResult(content=content, structured_content=structured, is_error=is_error)
 
 
 def render_outcome(outcome: ExecutionOutcome, config: BridgeConfig) -> types.CallToolResult:
     blocks = [render_toon(outcome)] if config.output_mode == "toon" else render_blocks(outcome, config)
-    return tool_result(blocks, structured_result(outcome), outcome.status != "ok")
+    # Claude Code shows structuredContent instead of content when both are there, and so
+    # would drop the images: a result with images has none.
+    structured = None if outcome.images else structured_result(outcome)
+    return tool_result(blocks, structured, outcome.status != "ok", outcome.images)
 
 
 def render_error(exc: BridgeError) -> types.CallToolResult:

@@ -42,6 +42,8 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "MCP_BRIDGE_SERVER_START_TIMEOUT": ("5", 5.0),
     "MCP_BRIDGE_TOOL_TIMEOUT": ("7.5", 7.5),
     "MCP_BRIDGE_MAX_TOOL_RESULT_BYTES": ("1_000_000", 1_000_000),
+    "MCP_BRIDGE_MAX_IMAGES": ("3", 3),
+    "MCP_BRIDGE_MAX_IMAGE_BYTES": ("500000", 500_000),
     "MCP_BRIDGE_OCI_RUNTIME": ("/usr/bin/runsc", "/usr/bin/runsc"),
     "MCP_BRIDGE_MAX_MEMORY_BYTES": ("2048", 2048),
     "MCP_BRIDGE_ALLOW_ROOT": ("yes", True),
