@@ -144,9 +144,15 @@ while True:
 
 
 async def run_cell(client: ClientSession, code: str, timeout: float = 60) -> dict[str, Any]:
-    """One run_python call (code dedented): its structuredContent plus the text and isError."""
+    """One run_python call (code dedented): its structuredContent plus the text, isError and
+    the number of images (a result with images has no structuredContent: status only)."""
     result = await client.call_tool("run_python", {"code": textwrap.dedent(code), "timeout": timeout})
-    return {**structured(result), "text": text_of(result), "is_error": result.is_error}
+    images = [block for block in result.content if isinstance(block, types.ImageContent)]
+    if images and result.structured_content is None:  # a result with images has none
+        fields: dict[str, Any] = {"status": "error" if result.is_error else "ok", "value": None}
+    else:
+        fields = structured(result)
+    return {**fields, "text": text_of(result), "is_error": result.is_error, "images": len(images)}
 
 
 def text_of(result: types.CallToolResult) -> str:

@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import REPO, Engine, bridge_client, claude_desktop_home, proxy_env, real_server, run_cell
 from tests.test_build_image import BATTERIES_EXAMPLE
+from tests.test_images import PLOT_EXAMPLE
 
 pytestmark = pytest.mark.anyio
 
@@ -80,9 +81,9 @@ ILLUSTRATIONS = {
         "NameError: name 'mcp_github' is not defined"
     ),
 }
-# BATTERIES_EXAMPLE (section "Data work") needs the batteries image: not run here, since
-# tests/test_build_image.py builds that image, runs this block in it and checks that
-# GUIDE.md still shows it verbatim.
+# BATTERIES_EXAMPLE (section "Data work") and PLOT_EXAMPLE (section "Images") need the
+# batteries image: not run here; tests/test_build_image.py and tests/test_images.py run
+# them verbatim in that image (and this file checks GUIDE.md still shows them).
 
 # Results the guide writes loosely, each read in one explicit way.
 # "Result: `1` the first time, then `2`, ...": run the block twice, expect 1 then 2.
@@ -109,7 +110,7 @@ def servers(tmp_path: Path) -> dict[str, Any]:
 
 def test_guide_marks_every_special_case() -> None:
     examples = guide_examples()
-    for marker in [*ILLUSTRATIONS, BATTERIES_EXAMPLE, COUNTS_UP, LIST_SERVERS]:
+    for marker in [*ILLUSTRATIONS, BATTERIES_EXAMPLE, PLOT_EXAMPLE, COUNTS_UP, LIST_SERVERS]:
         the_block(examples, marker)
     assert [e.line for e in examples if SHOWN_STATE_DIR in (e.result or "")] == [
         the_block(examples, "save_tool(slugify)").line
@@ -124,7 +125,7 @@ async def test_every_guide_example_does_what_the_guide_says(
 ) -> None:
     examples = guide_examples()
     assert len(examples) == GUIDE.read_text(encoding="utf-8").count("```python\n") > 10
-    skipped = {the_block(examples, BATTERIES_EXAMPLE).line}
+    skipped = {the_block(examples, BATTERIES_EXAMPLE).line, the_block(examples, PLOT_EXAMPLE).line}
     illustrations = {the_block(examples, marker).line: error for marker, error in ILLUSTRATIONS.items()}
     home = claude_desktop_home(tmp_path, servers(tmp_path))
     checked = []

@@ -30,6 +30,15 @@ async def call(client: ClientSession, code: str) -> tuple[list[str], list[bytes]
     return texts, images, result.structured_content
 
 
+# GUIDE.md's plot example, verbatim (tests/test_guide.py checks the guide still shows it).
+PLOT_EXAMPLE = """\
+import matplotlib.pyplot as plt
+plt.plot([1, 2, 3], [1, 4, 9])
+plt.title("squares")
+plt.show()
+"""
+
+
 @pytest.fixture
 def plots(proxy_engine: Engine) -> Engine:
     return Engine(proxy_engine.name, BATTERIES_IMAGE)
@@ -50,6 +59,12 @@ async def test_plots_come_back_as_png_images_and_are_closed(plots: Engine, state
             client, "import os\n(plt.get_fignums(), os.listdir('/workspace'), os.environ['MPLCONFIGDIR'])"
         )
         assert none == [] and structured is not None and texts == ["([], [], '/tmp/matplotlib')"], texts
+
+
+async def test_the_guides_plot_example_gives_one_image(plots: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(plots, state_dir)) as client:
+        texts, images, structured = await call(client, PLOT_EXAMPLE)
+    assert texts == [] and structured is None and len(images) == 1 and images[0].startswith(PNG)
 
 
 async def test_the_eleventh_image_is_dropped_with_a_note(plots: Engine, state_dir: Path) -> None:
