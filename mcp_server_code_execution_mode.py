@@ -2368,14 +2368,14 @@ _SUFFIXES = (
     ("ed", "", 3), ("ly", "", 4), ("s", "", 3),
 )  # fmt: skip
 _KEEP_ENDINGS = ("eed", "ss", "us", "is")  # speed, process, status, analysis
-# Field weights: a tool's name and titles 3; its server's names 1.5; its description and
-# parameters (names and descriptions, nested ones too) 1; what its server says about itself
+# Field weights: a tool's name and titles 3; its server's names 2; its description and
+# parameters (names, descriptions and choices, nested ones too) 1; what its server says about itself
 # (description, instructions: the same for all its tools) 0.5.
 _NAME_WEIGHT, _SERVER_WEIGHT, _TEXT_WEIGHT, _ABOUT_WEIGHT = 3.0, 2.0, 1.0, 0.5
 _RELATED_WEIGHT = 0.75  # a word of the same concept (_CONCEPTS), not the word itself
 _NAME_COVERAGE_WEIGHT = 1.0  # times the share of the tool's name that the query covers
 _UNASKED_DESTRUCTIVE = 0.85  # a destructive tool, when the query asks for no change
-_OTHER_INTENT = 0.85  # a tool that reads when the query asks to act, or acts when it asks to read
+_OTHER_INTENT = 0.85  # a tool that does something else than the query asks (_INTENT_WORDS)
 _GENERIC_NAME_WORDS = frozenset({"get"})  # left out of a name's coverage: get_sum is "sum"
 
 
@@ -2468,13 +2468,12 @@ _CHANGE_WORDS = _DESTRUCTIVE_VERBS | {
 # What a query asks for, told by its first word of these (verbs, and question words that
 # read): to read, or to act: create, update, delete, or any of them ("act": save, write).
 # What a tool does, told by its readOnlyHint and the first of these words in its name. A
-# tool that reads when the query acts (or the other way round), or that deletes when the
-# query creates, ranks lower (_OTHER_INTENT).
+# tool that reads when the query acts (or the other way round), or that does another of
+# create, update and delete, ranks lower (_OTHER_INTENT).
 _INTENT_WORDS = {
     "read": "get show list read view display see find search look fetch retrieve check describe "
     "print query what which who where when",
-    "create": "create make add new post send publish share reply comment propose upload append "
-    "remember",
+    "create": "create make add new post send publish share reply comment propose upload append remember",
     "update": "edit modify change update patch replace alter revise rename move set overwrite reset",
     "delete": "delete remove erase drop destroy purge clear wipe unlink forget discard",
     "act": "write save store record put push merge",
@@ -2540,9 +2539,10 @@ class QueryTerm:
 
 def query_terms(query: str) -> list[QueryTerm]:
     """The terms of a query, at most MAX_SEARCH_TERMS (the first ones): the distinct stems
-    of its words, each with the related stems of _CONCEPTS, the compound it makes with the
-    previous word ("time zones" -> "timezone") and, for a city ("Tokyo", "New York"),
-    "timezone" and "time"; plus a term for each phrase of _PHRASES ("what time" -> "now")."""
+    of its words, each with the related stems of _CONCEPTS (those of the two-word item it
+    ends too: "pull request" -> "pr"), the compound it makes with the previous word ("time
+    zones" -> "timezone") and, for a city ("Tokyo", "New York"), "timezone" and "time";
+    plus a term for each phrase of _PHRASES ("what time" -> "now")."""
     terms: dict[str, dict[str, float]] = {}
 
     def add(stem: str) -> dict[str, float]:
@@ -2631,7 +2631,8 @@ def _property_fields(schema: object, fields: list[tuple[object, float]], depth: 
             fields.append((prop.get("description"), _TEXT_WEIGHT))
             choices = prop.get("enum")
             if isinstance(choices, list):
-                fields.append((" ".join(c for c in choices[:_MAX_INDEXED_CHOICES] if isinstance(c, str)), _TEXT_WEIGHT))
+                words = " ".join(c for c in choices[:_MAX_INDEXED_CHOICES] if isinstance(c, str))
+                fields.append((words, _TEXT_WEIGHT))
             items = prop.get("items")
             _property_fields(items if isinstance(items, Mapping) else prop, fields, depth + 1)
 
@@ -2667,8 +2668,8 @@ def _tool_tokens(
 
 @dataclass(frozen=True)
 class IndexedTool:
-    """A tool as the ranking reads it: its weighted stems (_tool_tokens) and the stems of
-    its name (for the name's coverage)."""
+    """A tool as the ranking reads it: its weighted stems (_tool_tokens), the stems of its
+    name (for the name's coverage) and what it does (its intent)."""
 
     alias: str
     tool: Mapping[str, Any]
@@ -2678,9 +2679,9 @@ class IndexedTool:
 
 
 def _tool_intent(tool: Mapping[str, Any]) -> str:
-    """"read" for a tool whose readOnlyHint says so; else the intent of the first word of
-    its name in _INTENT_WORDS (``list_issues``: read; ``slack_post_message``: create); else
-    "act" when readOnlyHint is false; else "" (not told)."""
+    """What the tool does: read, when its readOnlyHint says so; else the intent of the first
+    word of its name in _INTENT_WORDS (``list_issues``: read; ``slack_post_message``:
+    create); else "act" when its readOnlyHint is false; else "" (not told)."""
     annotations = tool.get("annotations")
     read_only = annotations.get("readOnlyHint") if isinstance(annotations, Mapping) else None
     if read_only is True:
@@ -2752,8 +2753,7 @@ def _term_scores(entry: IndexedTool, matches: Sequence[Mapping[str, float]]) -> 
         shared = found.keys() & entry.tokens.keys()  # walks the smaller of the two
         for token in shared:
             value = found[token] * entry.tokens[token] * (0.5 if token in claimed else 1.0)
-            if (value, token) > (best, best_token):
-                best, best_token = value, token
+            best, best_token = max((best, best_token), (value, token))
         claimed.add(best_token)
         scores.append(best)
     return scores
@@ -2773,13 +2773,15 @@ def rank_tools(
 
     Each query term (query_terms) scores its best match among a tool's stems (same stem
     1.0, prefix 0.7, near spelling up to 0.6, related word 0.75, compound 1.0) times that
-    stem's field weight (name and titles 3, server names 1.5, description and parameters
-    1, server description and instructions 0.5). The terms' mean is weighted by rarity
-    (BM25's idf over the tools searched: a word every tool has counts little); to it is
-    added the share of the tool's name the query covers. A destructive tool (its
+    stem's field weight (name and titles 3, server names 2, description and parameters 1,
+    server description and instructions 0.5); a stem another term found first counts
+    half (_term_scores). The terms' mean is weighted by rarity (BM25's idf over the tools
+    searched: a word every tool has counts little); to it is added the share of the tool's
+    name the query covers (its server's prefix left out). A destructive tool (its
     destructiveHint, or a name starting with delete/remove/...) scores x0.85 unless the
-    query asks for a change. Ties go to the shorter tool name, then alphabetical order,
-    so results are deterministic.
+    query asks for a change; so does a tool that does something else than the query asks
+    (query_intent: reads when asked to create, creates when asked to delete...). Ties go
+    to the shorter tool name, then alphabetical order, so results are deterministic.
     """
     terms = query_terms(query)
     if not terms or limit <= 0:

@@ -24,6 +24,7 @@ frame = pd.DataFrame({"x": np.arange(5), "y": np.arange(5) ** 2})
 figure, axes = plt.subplots()
 axes.plot(frame.x, frame.y)
 figure.savefig("/tmp/squares.png")
+plt.close(figure)  # saved to a file, not shown
 (int(frame.y.sum()), os.path.getsize("/tmp/squares.png") > 1000)
 """
 
