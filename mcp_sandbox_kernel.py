@@ -39,6 +39,7 @@ import inspect
 import io
 import json
 import linecache
+import mimetypes
 import operator
 import os
 import queue
@@ -51,6 +52,7 @@ import threading
 import time
 import traceback
 import types
+import urllib.parse
 from collections.abc import Coroutine, Iterator
 from typing import Any, Callable, NamedTuple
 
@@ -155,6 +157,21 @@ def _is_images(value: Any) -> bool:
     )
 
 
+def _is_attachments(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) <= 100
+        and all(
+            isinstance(item, dict)
+            and set(item) in ({"uri", "mime_type", "text"}, {"uri", "mime_type", "blob"})
+            and all(isinstance(field, str) for field in item.values())
+            and _is_name(item["mime_type"])
+            and len(item["uri"]) <= 4096
+            for item in value
+        )
+    )
+
+
 def _is_grace(value: Any) -> bool:
     return type(value) in (int, float) and 0 < value <= 3600
 
@@ -192,6 +209,9 @@ FRAME_SCHEMAS: dict[str, dict[str, FieldRule]] = {
         "dropped": FieldRule(_is_stream_counts, "an object of stdout/stderr counts", required=False),
         "notices": FieldRule(_is_texts, "a list of at most 100 strings", required=False),
         "images": FieldRule(_is_images, "a list of at most 100 {mime_type, data} objects", required=False),
+        "attachments": FieldRule(
+            _is_attachments, "a list of at most 100 {uri, mime_type, text or blob} objects", required=False
+        ),
     },
     "error": {
         "id": FieldRule(lambda value: value is None or is_frame_id(value), "null or an id", required=False),
@@ -863,15 +883,18 @@ def safe_repr(value: Any, limit: int) -> str:
 
 
 # =============================================================================
-# images: plots, display(), show_image(), image values
+# rich output: images (plots, display(), show_image(), image values) and files
 # =============================================================================
 # What a call shows besides text: matplotlib figures (as Jupyter's inline backend does:
 # `plt.show()` and figures still open when the cell ends become PNGs, then are closed),
 # `display(obj)`, `runtime.show_image(...)`, and an image as the cell's final value. They
 # travel in the result frame, capped in number and size, and reach the client as image
-# content after the text.
+# content after the text. `runtime.attach(path)` sends a file the same way, as an
+# embedded resource (text or base64 blob, with its mime type).
 
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
+MAX_ATTACHMENTS = 10  # files per call
+_TEXT_TYPES = ("application/json", "application/xml", "application/javascript", "application/x-yaml")
 _IMAGE_SIGNATURES = (
     (b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF87a", "image/gif"),
     (b"GIF89a", "image/gif"),
@@ -924,17 +947,46 @@ def _png_of(save: Callable[..., Any], **options: Any) -> bytes:
 class ImageCollector:
     """The images of the running execute, within the caps; a note for each one dropped."""
 
-    def __init__(self, max_images: int, max_bytes: int) -> None:
+    def __init__(self, max_images: int, max_bytes: int, max_attachment_bytes: int = 5_000_000) -> None:
         self.max_images = max_images
         self.max_bytes = max_bytes
+        self.max_attachment_bytes = max_attachment_bytes
         self.images: list[dict[str, str]] = []
+        self.attachments: list[dict[str, str]] = []
         self.notes: list[str] = []
         self.offered = 0
 
-    def take(self) -> tuple[list[dict[str, str]], list[str]]:
-        taken = (self.images, self.notes)
-        self.images, self.notes, self.offered = [], [], 0
+    def take(self) -> tuple[list[dict[str, str]], list[dict[str, str]], list[str]]:
+        taken = (self.images, self.attachments, self.notes)
+        self.images, self.attachments, self.notes, self.offered = [], [], [], 0
         return taken
+
+    def attach(self, path: Any, mime_type: str | None = None) -> str:
+        """Send the file at ``path`` to the client with the result; returns its URI."""
+        if len(self.attachments) >= MAX_ATTACHMENTS:
+            raise ValueError("attach: at most %d files per call" % MAX_ATTACHMENTS)
+        real = os.path.realpath(os.fspath(path))
+        with open(real, "rb") as handle:
+            data = handle.read(self.max_attachment_bytes + 1)
+        if len(data) > self.max_attachment_bytes:
+            raise ValueError(
+                "attach: %s is larger than %d bytes (MCP_BRIDGE_MAX_ATTACHMENT_BYTES); compress it or "
+                "send a part" % (real, self.max_attachment_bytes)
+            )
+        kind = mime_type or mimetypes.guess_type(real)[0] or "application/octet-stream"
+        entry = {"uri": "file://" + urllib.parse.quote(real), "mime_type": kind}
+        text = None
+        if kind.startswith("text/") or kind in _TEXT_TYPES:
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                pass  # not really text: sent as a blob
+        if text is None:
+            entry["blob"] = base64.b64encode(data).decode("ascii")
+        else:
+            entry["text"] = text
+        self.attachments.append(entry)
+        return entry["uri"]
 
     def add(self, data: bytes, mime_type: str) -> None:
         self.offered += 1
@@ -1229,6 +1281,12 @@ class SandboxRuntime:
         """Show an image from bytes or a file (PNG, JPEG, GIF, WebP; sniffed unless given)."""
         self._images.show_image(data_or_path, mime_type)
 
+    def attach(self, path: Any, mime_type: str | None = None) -> str:
+        """Return the file at ``path`` to the client with this call's result, as an embedded
+        resource (text when it is text, else base64), its type guessed from the name unless
+        given. Returns the file's URI. At most 10 files per call."""
+        return self._images.attach(path, mime_type)
+
     def _now_or_deferred(
         self, run: Callable[[], Any], run_async: Callable[[], Coroutine[Any, Any, Any]], label: str
     ) -> Any:
@@ -1310,6 +1368,14 @@ class SandboxRuntime:
         return self._host(
             "call_tool", params, label, lambda result: unwrap_tool_result(server, tool, result, raw)
         )
+
+    @deferrable
+    def progress(self, done: float, total: float | None = None, message: str | None = None) -> Any:
+        """Tell the client how far the work is (``done`` of ``total``, and a short message),
+        if it asked for progress: a notification it shows while the call runs. Values
+        must grow; reports closer than a quarter second apart are thinned out."""
+        params = {"done": done, "total": total, "message": message}
+        return self._host("progress", params, "runtime.progress(%r)" % (done,))
 
     # --- memory: kept on the host, across sessions and bridges ------------------------------
     @deferrable
@@ -1808,7 +1874,9 @@ class ExecutorProcess:
         self.running_id: str | None = None
         self.requests = HostRequests(channel)
         self.images = ImageCollector(
-            int(config.get("max_images", 10)), int(config.get("max_image_bytes", 2**21))
+            int(config.get("max_images", 10)),
+            int(config.get("max_image_bytes", 2**21)),
+            int(config.get("max_attachment_bytes", 5_000_000)),
         )
         servers = list(config.get("servers", []))
         install_sandbox_api(self.executor.namespace, self.requests, servers, self.images)
@@ -1976,9 +2044,11 @@ class ExecutorProcess:
                 self.images.capture_figures()  # what was drawn before the error, as Jupyter shows it
         except BaseException as exc:
             self.images.notes.append("Open figures could not be drawn: %s" % type(exc).__name__)
-        images, notes = self.images.take()
+        images, attachments, notes = self.images.take()
         if images:
             result["images"] = images
+        if attachments:
+            result["attachments"] = attachments
         if notes:
             result["notices"] = list(result.get("notices") or []) + notes
 
@@ -2305,6 +2375,7 @@ class Supervisor:
                 value=frame.get("value"),
                 error=frame.get("error"),
                 images=frame.get("images"),
+                attachments=frame.get("attachments"),
             )
         elif kind == "request":
             self.forward_request(handle, frame, running)
@@ -2513,7 +2584,13 @@ class Supervisor:
                 pass
 
     def finish(
-        self, execute_id: Any, status: str, value: Any = None, error: Any = None, images: Any = None
+        self,
+        execute_id: Any,
+        status: str,
+        value: Any = None,
+        error: Any = None,
+        images: Any = None,
+        attachments: Any = None,
     ) -> None:
         """Send the one result of ``execute_id`` (later attempts are ignored)."""
         with self.lock:
@@ -2535,12 +2612,15 @@ class Supervisor:
                 result["notices"] = notices
             if images:
                 result["images"] = images
+            if attachments:
+                result["attachments"] = attachments
         try:
             self.channel.send(result)
         except ProtocolError as exc:  # only with a tiny frame cap; exactly one result still goes out
             result.update(status="error", value=None, error={"type": "ProtocolError", "message": str(exc)})
             result.pop("notices", None)
             result.pop("images", None)
+            result.pop("attachments", None)
             self.channel.send(result)
         with self.lock:
             following = self.queued.popleft() if self.queued else None

@@ -79,6 +79,7 @@ import mcp_sandbox_kernel
 from mcp_sandbox_kernel import (
     IMAGE_TYPES,
     KERNEL_FRAME_TYPES,
+    MAX_ATTACHMENTS,
     MAX_REQUESTS_IN_FLIGHT,
     PROTOCOL_VERSION,
     TOO_MANY_REQUESTS,
@@ -138,6 +139,7 @@ class BridgeConfig:
     max_memory_total_bytes: int = 100 * 1024 * 1024
     max_images: int = 10
     max_image_bytes: int = 2 * 1024 * 1024
+    max_attachment_bytes: int = 5_000_000
 
 
 class ConfigError(Exception):
@@ -393,6 +395,12 @@ OPTIONS: tuple[Option, ...] = (
         "MCP_BRIDGE_MAX_IMAGE_BYTES",
         _positive_int,
         "largest image a call may return, bytes",
+    ),
+    Option(
+        "max_attachment_bytes",
+        "MCP_BRIDGE_MAX_ATTACHMENT_BYTES",
+        _positive_int,
+        "largest file runtime.attach() may return, bytes",
     ),
 )
 
@@ -3156,6 +3164,12 @@ class MemoryListParams(_SandboxParams):
     pass
 
 
+class ProgressParams(_SandboxParams):
+    done: float = Field(ge=0, allow_inf_nan=False)
+    total: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    message: str | None = Field(default=None, max_length=1000)
+
+
 class ToolSaveParams(_SandboxParams):
     name: str = Field(min_length=1, max_length=100)
     source: str = Field(max_length=SavedTools.MAX_SOURCE_BYTES)
@@ -3225,7 +3239,11 @@ class HostAPI:
             "tool_list": (MemoryListParams, self.tool_list),
             "tool_delete": (ToolNameParams, self.tool_delete),
             "tool_sources": (MemoryListParams, self.tool_sources),
+            "progress": (ProgressParams, self.progress),
         }
+        # The progress of the call now running (set by SandboxSession.execute), if its
+        # client asked for progress notifications.
+        self.call_progress: CallProgress | None = None
         self.tool_pattern_problems: list[str] = []  # found as servers list their tools
         self.saved_tools = SavedTools(config.state_dir / MEMORY_DIRNAME)
         self.memory = MemoryStore(
@@ -3436,6 +3454,10 @@ class HostAPI:
     async def tool_sources(self) -> Any:
         return await self._in_store(self.saved_tools.sources)
 
+    async def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
+        if self.call_progress is not None:
+            await self.call_progress.from_code(done, total, message)
+
     async def capability_summary(self) -> str:
         lines = ["MCP servers available in this sandbox (none is started until used):"]
         for alias, client in sorted(self.pool.clients.items()):
@@ -3486,6 +3508,51 @@ class ExecutionOutcome:
     notices: list[str] = field(default_factory=list)
     duration: float = 0.0
     images: list[tuple[str, str]] = field(default_factory=list)  # (mime type, base64 data)
+    attachments: list[types.EmbeddedResource] = field(default_factory=list)  # runtime.attach()
+
+
+# How a call reports progress to its client (MCP notifications/progress): value, total, message.
+ProgressReport = Callable[[float, float | None, str | None], Awaitable[None]]
+PROGRESS_INTERVAL = 2.0  # seconds between notifications while code runs
+MIN_PROGRESS_GAP = 0.25  # code that reports faster is thinned out
+MAX_PROGRESS_MESSAGE_CHARS = 200
+
+
+class CallProgress:
+    """Progress notifications for one run_python call whose client sent a progress token:
+    every PROGRESS_INTERVAL seconds the seconds elapsed and the latest line of output, until
+    the code reports its own with runtime.progress(done, total, message). Values always
+    increase (the protocol requires it); at most one notification per MIN_PROGRESS_GAP."""
+
+    def __init__(self, report: ProgressReport) -> None:
+        self.report = report
+        self.latest_line = ""
+        self.code_reports = False
+        self._value = 0.0
+        self._sent_at = 0.0
+
+    def saw_output(self, text: str) -> None:
+        lines = [line for line in text.splitlines() if line.strip()]
+        if lines:
+            self.latest_line = lines[-1]
+
+    async def tick(self, elapsed: float) -> None:
+        if not self.code_reports:
+            await self._send(round(elapsed, 1), None, self.latest_line or "running for %ds" % elapsed)
+
+    async def from_code(self, done: float, total: float | None, message: str | None) -> None:
+        self.code_reports = True
+        await self._send(done, total, message)
+
+    async def _send(self, value: float, total: float | None, message: str | None) -> None:
+        now = time.monotonic()
+        if value <= self._value or now - self._sent_at < MIN_PROGRESS_GAP:
+            return
+        self._value, self._sent_at = value, now
+        if message is not None:
+            message = clean_text(message)[:MAX_PROGRESS_MESSAGE_CHARS]
+        with suppress(Exception):  # a client that went away must not fail the call
+            await self.report(value, total, message)
 
 
 def checked_images(
@@ -3509,6 +3576,33 @@ def checked_images(
     return kept
 
 
+def checked_attachments(
+    files: Sequence[Mapping[str, str]], config: BridgeConfig, notices: list[str]
+) -> list[types.EmbeddedResource]:
+    """Files from runtime.attach() as embedded resources, checked again on the host: a
+    file:// URI, valid base64, within the size cap, at most MAX_ATTACHMENTS."""
+    kept: list[types.EmbeddedResource] = []
+    for number, entry in enumerate(files, 1):
+        uri, kind = entry["uri"], entry["mime_type"]
+        contents: types.TextResourceContents | types.BlobResourceContents
+        try:
+            if "text" in entry:
+                size = len(entry["text"].encode("utf-8", "surrogatepass"))
+                contents = types.TextResourceContents(uri=uri, mime_type=kind, text=entry["text"])
+            else:
+                size = len(base64.b64decode(entry["blob"], validate=True))
+                contents = types.BlobResourceContents(uri=uri, mime_type=kind, blob=entry["blob"])
+        except ValueError:
+            size = -1
+        if not uri.startswith("file:///") or not 0 <= size <= config.max_attachment_bytes:
+            notices.append("File %d was dropped: not a valid attachment within the cap." % number)
+        elif len(kept) >= MAX_ATTACHMENTS:
+            notices.append("File %d was dropped: at most %d files per call." % (number, MAX_ATTACHMENTS))
+        else:
+            kept.append(types.EmbeddedResource(resource=contents))
+    return kept
+
+
 class PendingExecute:
     """Collects the frames of one execute until its result (or the session's death)."""
 
@@ -3520,8 +3614,11 @@ class PendingExecute:
         self.cut = {"stdout": 0, "stderr": 0}
         self.result: dict[str, Any] | None = None
         self.done = anyio.Event()
+        self.progress: CallProgress | None = None
 
     def add_stream(self, name: str, text: str) -> None:
+        if self.progress is not None:
+            self.progress.saw_output(text)
         # The kernel caps output already; this is the host's own cap (defense in depth
         # against code that writes frames to the channel itself).
         room = max(0, self.max_chars - self.kept[name])
@@ -3626,6 +3723,7 @@ class SandboxSession:
             "max_output_chars": self.config.max_output_chars,
             "max_images": self.config.max_images,
             "max_image_bytes": self.config.max_image_bytes,
+            "max_attachment_bytes": self.config.max_attachment_bytes,
             "memory": self.config.memory,  # named when the out-of-memory killer strikes
             "workdir": WORKDIR,
             "servers": self.host.server_list(),
@@ -3915,10 +4013,13 @@ class SandboxSession:
         return "exited unexpectedly with code %s.%s" % (code, tail)
 
     # --- execute ---------------------------------------------------------------------
-    async def execute(self, code: str, timeout: float) -> ExecutionOutcome:
+    async def execute(
+        self, code: str, timeout: float, progress: CallProgress | None = None
+    ) -> ExecutionOutcome:
         started = time.monotonic()
         malformed_before, self.first_malformed = self.malformed_frames, None
         pending = PendingExecute(secrets.token_hex(8), self.config.max_output_chars)
+        pending.progress = progress
         self.pending = pending
         try:
             data = encode_frame(
@@ -3931,12 +4032,17 @@ class SandboxSession:
                 "or raise MCP_BRIDGE_MAX_FRAME_BYTES." % exc
             ) from None
         timed_out = False
+        self.host.call_progress = progress
         try:
             with anyio.move_on_after(timeout):
                 # Inside the timeout: a sandbox that stopped reading cannot hold the call.
                 with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                     await self.send_bytes(data)  # if gone, the reader completes `pending`
-                await pending.done.wait()
+                async with anyio.create_task_group() as ticking:
+                    if progress is not None:
+                        ticking.start_soon(self._tick, progress, started)
+                    await pending.done.wait()
+                    ticking.cancel_scope.cancel()
             if not pending.done.is_set():
                 timed_out = True
                 await self._stop_running(pending, "after a timeout")
@@ -3948,6 +4054,7 @@ class SandboxSession:
             raise
         finally:
             self.pending = None
+            self.host.call_progress = None
             self.cancel_requests()
         outcome = self._outcome(pending, timeout, timed_out)
         outcome.duration = time.monotonic() - started
@@ -3957,6 +4064,12 @@ class SandboxSession:
                 % (self.malformed_frames - malformed_before, self.first_malformed)
             )
         return outcome
+
+    @staticmethod
+    async def _tick(progress: CallProgress, started: float) -> None:
+        while True:
+            await anyio.sleep(PROGRESS_INTERVAL)
+            await progress.tick(time.monotonic() - started)
 
     def abandon(self, reason: str) -> None:
         """End the running execute now, without its result (the bridge is shutting down);
@@ -3994,6 +4107,9 @@ class SandboxSession:
             notices=list(result.get("notices") or []),
         )
         outcome.images = checked_images(result.get("images") or [], self.config, outcome.notices)
+        outcome.attachments = checked_attachments(
+            result.get("attachments") or [], self.config, outcome.notices
+        )
         if timed_out and status == "ok":
             timed_out = False  # it finished during the grace period: an ordinary success
         if timed_out and status == "killed":
@@ -4161,7 +4277,9 @@ class SessionManager:
             except Exception:  # a background start-up step must never end the server
                 logger.exception("pre-warm failed (run_python will retry)")
 
-    async def answer(self, code: str, timeout: float, reset: bool) -> ExecutionOutcome:
+    async def answer(
+        self, code: str, timeout: float, reset: bool, progress: CallProgress | None = None
+    ) -> ExecutionOutcome:
         """run() for one tool call, answered with ShuttingDownError as soon as the bridge
         begins to shut down, so no call is left without a response. The work runs in
         the manager's task group; cancelling the call (the client gave up) cancels it."""
@@ -4177,7 +4295,7 @@ class SessionManager:
         async def work() -> None:
             with work_scope:
                 try:
-                    holder.append(await self.run(code, timeout, reset))
+                    holder.append(await self.run(code, timeout, reset, progress))
                 except Exception as exc:  # re-raised in the caller's task below
                     holder.append(exc)
             finished.set()
@@ -4207,7 +4325,9 @@ class SessionManager:
         with anyio.move_on_after(grace):
             await self._no_calls.wait()
 
-    async def run(self, code: str, timeout: float, reset: bool) -> ExecutionOutcome:
+    async def run(
+        self, code: str, timeout: float, reset: bool, progress: CallProgress | None = None
+    ) -> ExecutionOutcome:
         async with self._lock:
             if self.closing.is_set():
                 raise ShuttingDownError(SHUTTING_DOWN)
@@ -4219,7 +4339,7 @@ class SessionManager:
             elif reset:
                 self.lost_reason = None
             session = await self._ensure_session(notices)
-            outcome = await session.execute(code, timeout)
+            outcome = await session.execute(code, timeout, progress)
             outcome.notices[:0] = notices
             outcome.notices.extend(self.host.pool.drain_notices())
             if not session.alive:
@@ -4306,7 +4426,9 @@ def render_blocks(outcome: ExecutionOutcome, config: BridgeConfig) -> list[str]:
         "\n".join(output),
         "[%s] %s" % (outcome.status, outcome.detail) if outcome.detail else "",
     ]
-    return [block for block in blocks if block] or ([] if outcome.images else ["(no output)"])
+    return [block for block in blocks if block] or (
+        [] if outcome.images or outcome.attachments else ["(no output)"]
+    )
 
 
 def render_compact(outcome: ExecutionOutcome, config: BridgeConfig) -> str:
@@ -4362,11 +4484,13 @@ def tool_result(
     structured: dict[str, Any] | None,
     is_error: bool,
     images: Sequence[tuple[str, str]] = (),
+    attachments: Sequence[types.EmbeddedResource] = (),
 ) -> types.CallToolResult:
     """The one place a run_python result is built: every string in it goes through
-    clean_text; images (mime type, base64) follow the text."""
+    clean_text; images (mime type, base64), then attached files, follow the text."""
     content: list[types.ContentBlock] = [types.TextContent(text=clean_text(block)) for block in blocks]
     content += [types.ImageContent(data=data, mime_type=mime_type) for mime_type, data in images]
+    content += attachments  # strict UTF-8 text or base64: valid Unicode, and kept byte for byte
     structured = clean_strings(structured)
     return types.CallToolResult(content=content, structured_content=structured, is_error=is_error)
 
@@ -4374,9 +4498,9 @@ def tool_result(
 def render_outcome(outcome: ExecutionOutcome, config: BridgeConfig) -> types.CallToolResult:
     blocks = [render_toon(outcome)] if config.output_mode == "toon" else render_blocks(outcome, config)
     # Claude Code shows structuredContent instead of content when both are there, and so
-    # would drop the images: a result with images has none.
-    structured = None if outcome.images else structured_result(outcome)
-    return tool_result(blocks, structured, outcome.status != "ok", outcome.images)
+    # would drop images and files: a result with either has none.
+    structured = None if outcome.images or outcome.attachments else structured_result(outcome)
+    return tool_result(blocks, structured, outcome.status != "ok", outcome.images, outcome.attachments)
 
 
 def render_error(exc: BridgeError) -> types.CallToolResult:
@@ -4436,6 +4560,12 @@ configuration problems; runtime.capability_summary() is a short overview.
     update_memory("counter", lambda v: (v or 0) + 1)   # atomic, even with other bridges
     save_tool(my_function)   # a top-level def; defined in every future session
     list_saved_tools(); delete_tool("my_function")
+
+## Images, files, progress
+
+    plt.show()  /  display(obj)  /  runtime.show_image(bytes_or_path)   # images after the text
+    runtime.attach("/workspace/out.csv")        # the file itself, to the client
+    runtime.progress(3, 10, "step 3")           # a progress notification, if the client asked
 
 Saved tools are already defined when a session starts; list_saved_tools() names them.
 Like tool calls, these return their value, and can be awaited or gathered.
@@ -4661,11 +4791,22 @@ def build_server(
             request = input_model.model_validate(params.arguments or {})
         except ValidationError as exc:
             return render_error(InvalidRequestError(describe_validation_error(exc)))
+        meta: Mapping[str, Any] = ctx.meta or {}
+        token = meta.get("progress_token", meta.get("progressToken"))
+        progress = None
+        if isinstance(token, (str, int)) and not isinstance(token, bool):  # the client asked for progress
+
+            async def report(value: float, total: float | None, message: str | None) -> None:
+                related = None if ctx.request_id is None else str(ctx.request_id)
+                await ctx.session.send_progress_notification(token, value, total, message, related)
+
+            progress = CallProgress(report)
         try:
             outcome = await ctx.lifespan_context.sessions.answer(
                 request.code,  # type: ignore[attr-defined]
                 request.timeout,  # type: ignore[attr-defined]
                 request.reset,  # type: ignore[attr-defined]
+                progress,
             )
             return render_outcome(outcome, config)
         except BridgeError as exc:

@@ -145,14 +145,16 @@ while True:
 
 async def run_cell(client: ClientSession, code: str, timeout: float = 60) -> dict[str, Any]:
     """One run_python call (code dedented): its structuredContent plus the text, isError and
-    the number of images (a result with images has no structuredContent: status only)."""
+    the number of images and files (a result with those has no structuredContent: status only)."""
     result = await client.call_tool("run_python", {"code": textwrap.dedent(code), "timeout": timeout})
     images = [block for block in result.content if isinstance(block, types.ImageContent)]
-    if images and result.structured_content is None:  # a result with images has none
+    files = [block for block in result.content if isinstance(block, types.EmbeddedResource)]
+    if (images or files) and result.structured_content is None:  # a result with either has none
         fields: dict[str, Any] = {"status": "error" if result.is_error else "ok", "value": None}
     else:
         fields = structured(result)
-    return {**fields, "text": text_of(result), "is_error": result.is_error, "images": len(images)}
+    counts = {"images": len(images), "files": len(files)}
+    return {**fields, "text": text_of(result), "is_error": result.is_error, **counts}
 
 
 def text_of(result: types.CallToolResult) -> str:

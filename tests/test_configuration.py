@@ -44,6 +44,7 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "MCP_BRIDGE_MAX_TOOL_RESULT_BYTES": ("1_000_000", 1_000_000),
     "MCP_BRIDGE_MAX_IMAGES": ("3", 3),
     "MCP_BRIDGE_MAX_IMAGE_BYTES": ("500000", 500_000),
+    "MCP_BRIDGE_MAX_ATTACHMENT_BYTES": ("1000", 1000),
     "MCP_BRIDGE_OCI_RUNTIME": ("/usr/bin/runsc", "/usr/bin/runsc"),
     "MCP_BRIDGE_MAX_MEMORY_BYTES": ("2048", 2048),
     "MCP_BRIDGE_ALLOW_ROOT": ("yes", True),
