@@ -110,7 +110,7 @@ class BridgeConfig:
     runtime: RuntimeName | None = None
     image: str = "python:3.14-slim"
     timeout: float = 30.0
-    max_timeout: float = 120.0
+    max_timeout: float = 3600.0
     state_dir: Path = field(default_factory=lambda: Path("~/MCPs").expanduser())
     output_mode: OutputMode = "compact"
     memory: str = "512m"
@@ -140,6 +140,7 @@ class BridgeConfig:
     max_images: int = 10
     max_image_bytes: int = 2 * 1024 * 1024
     max_attachment_bytes: int = 5_000_000
+    respond_after: float = 45.0
 
 
 class ConfigError(Exception):
@@ -395,6 +396,13 @@ OPTIONS: tuple[Option, ...] = (
         "MCP_BRIDGE_MAX_IMAGE_BYTES",
         _positive_int,
         "largest image a call may return, bytes",
+    ),
+    Option(
+        "respond_after",
+        "MCP_BRIDGE_RESPOND_AFTER",
+        _non_negative_float,
+        "answer with 'still running' after this many seconds (clients give up at about 60); "
+        "the code goes on; 0 = wait for the end",
     ),
     Option(
         "max_attachment_bytes",
@@ -3497,7 +3505,7 @@ SUPERVISOR_MARGIN = 5.0
 class ExecutionOutcome:
     """What one run_python call produced; rendered once at the tool boundary."""
 
-    status: Literal["ok", "error", "timeout", "crashed"]
+    status: Literal["ok", "error", "timeout", "crashed", "running"]
     stdout: str = ""
     stderr: str = ""
     value: str | None = None
@@ -3509,6 +3517,8 @@ class ExecutionOutcome:
     duration: float = 0.0
     images: list[tuple[str, str]] = field(default_factory=list)  # (mime type, base64 data)
     attachments: list[types.EmbeddedResource] = field(default_factory=list)  # runtime.attach()
+    # The end of the code an earlier call left running, when this call waited for it.
+    earlier: ExecutionOutcome | None = None
 
 
 # How a call reports progress to its client (MCP notifications/progress): value, total, message.
@@ -4014,12 +4024,16 @@ class SandboxSession:
 
     # --- execute ---------------------------------------------------------------------
     async def execute(
-        self, code: str, timeout: float, progress: CallProgress | None = None
+        self,
+        code: str,
+        timeout: float,
+        progress: CallProgress | None = None,
+        pending: PendingExecute | None = None,
     ) -> ExecutionOutcome:
         started = time.monotonic()
         malformed_before, self.first_malformed = self.malformed_frames, None
-        pending = PendingExecute(secrets.token_hex(8), self.config.max_output_chars)
-        pending.progress = progress
+        pending = pending or PendingExecute(secrets.token_hex(8), self.config.max_output_chars)
+        pending.progress = progress or pending.progress  # a waiting call may have set its own
         self.pending = pending
         try:
             data = encode_frame(
@@ -4032,15 +4046,14 @@ class SandboxSession:
                 "or raise MCP_BRIDGE_MAX_FRAME_BYTES." % exc
             ) from None
         timed_out = False
-        self.host.call_progress = progress
+        self.host.call_progress = pending.progress
         try:
             with anyio.move_on_after(timeout):
                 # Inside the timeout: a sandbox that stopped reading cannot hold the call.
                 with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                     await self.send_bytes(data)  # if gone, the reader completes `pending`
                 async with anyio.create_task_group() as ticking:
-                    if progress is not None:
-                        ticking.start_soon(self._tick, progress, started)
+                    ticking.start_soon(self._tick, pending, started)
                     await pending.done.wait()
                     ticking.cancel_scope.cancel()
             if not pending.done.is_set():
@@ -4066,10 +4079,12 @@ class SandboxSession:
         return outcome
 
     @staticmethod
-    async def _tick(progress: CallProgress, started: float) -> None:
+    async def _tick(pending: PendingExecute, started: float) -> None:
+        """Progress for whichever call is waiting for this execute now (it may change)."""
         while True:
             await anyio.sleep(PROGRESS_INTERVAL)
-            await progress.tick(time.monotonic() - started)
+            if pending.progress is not None:
+                await pending.progress.tick(time.monotonic() - started)
 
     def abandon(self, reason: str) -> None:
         """End the running execute now, without its result (the bridge is shutting down);
@@ -4186,6 +4201,76 @@ class SandboxSession:
 START_RETRY_SECONDS = 300
 
 
+class RunningCode:
+    """One execute running in the manager's task group, so a call can answer "still running"
+    after respond_after seconds and a later call can wait for the rest. Its own timeout
+    still ends it; cancelling its scope stops the code (the client gave up)."""
+
+    def __init__(self, session: SandboxSession, code: str, timeout: float) -> None:
+        self.session = session
+        self.code = code
+        self.timeout = timeout
+        self.started = time.monotonic()
+        self.pending = PendingExecute(secrets.token_hex(8), session.config.max_output_chars)
+        self.scope = anyio.CancelScope()
+        self.finished = anyio.Event()
+        self.outcome: ExecutionOutcome | None = None
+        self.failure: Exception | None = None
+        self.shown = {"stdout": 0, "stderr": 0}  # characters already returned by "still running"
+
+    async def run(self) -> None:
+        with self.scope:
+            try:
+                self.outcome = await self.session.execute(self.code, self.timeout, pending=self.pending)
+            except Exception as exc:  # re-raised to the call that waits for it
+                self.failure = exc
+        self.finished.set()
+
+    async def wait(self, seconds: float, progress: CallProgress | None) -> bool:
+        """Whether the code ended within ``seconds`` (0: however long it takes); the
+        waiting call's progress listener hears it meanwhile. A cancelled wait stops it."""
+        self.pending.progress = self.session.host.call_progress = progress
+        try:
+            with anyio.move_on_after(seconds or math.inf):
+                await self.finished.wait()
+        except anyio.get_cancelled_exc_class():
+            self.scope.cancel()
+            with anyio.CancelScope(shield=True):
+                await self.finished.wait()
+            raise
+        finally:
+            if not self.finished.is_set():
+                self.pending.progress = self.session.host.call_progress = None
+        return self.finished.is_set()
+
+    def new_output(self) -> dict[str, str]:
+        """What the code printed since the last "still running" answer."""
+        text = {}
+        for name in ("stdout", "stderr"):
+            whole = "".join(self.pending.streams[name])
+            text[name], self.shown[name] = whole[self.shown[name] :], len(whole)
+        return text
+
+    def rest_of(self, outcome: ExecutionOutcome) -> ExecutionOutcome:
+        outcome.stdout = outcome.stdout[self.shown["stdout"] :]
+        outcome.stderr = outcome.stderr[self.shown["stderr"] :]
+        return outcome
+
+    def still_running(self, waited_for_earlier: bool) -> ExecutionOutcome:
+        elapsed = time.monotonic() - self.started
+        output = self.new_output()
+        detail = (
+            "Still running after %ds (its timeout of %gs still applies). Call run_python again to wait "
+            "for the rest of its output and its result (any code; it runs once this code has ended), "
+            "or with reset: true to stop it." % (elapsed, self.timeout)
+        )
+        if waited_for_earlier:
+            detail = "Your code was not run: the code of an earlier call is still running. " + detail
+        return ExecutionOutcome(
+            status="running", stdout=output["stdout"], stderr=output["stderr"], detail=detail
+        )
+
+
 class SessionManager:
     """Owns the one sandbox session of this bridge: pre-warms it, serializes executes,
     replaces it after a crash, a kill, a reset or idle shutdown, and tells the model
@@ -4217,6 +4302,7 @@ class SessionManager:
         # full once, then answered at once, not retried (a pull that cannot work takes long
         # every time) until the image appears locally or START_RETRY_SECONDS pass.
         self.start_failure: tuple[str, float] | None = None
+        self.running: RunningCode | None = None  # code an earlier call left running
 
     async def _ensure_runtime(self) -> ContainerRuntime:
         if self.runtime is None:
@@ -4331,7 +4417,20 @@ class SessionManager:
         async with self._lock:
             if self.closing.is_set():
                 raise ShuttingDownError(SHUTTING_DOWN)
+            earlier: ExecutionOutcome | None = None
             notices: list[str] = []
+            if self.running is not None and reset:  # a reset stops the earlier code too
+                self.running.scope.cancel()
+                await self.running.finished.wait()
+                self.running = None
+            elif self.running is not None:
+                if not await self.running.wait(self.config.respond_after, progress):
+                    return self.running.still_running(waited_for_earlier=True)
+                earlier = await self._finish(self.running, [])
+                if earlier is None:
+                    notices.append(
+                        "The code of an earlier call was stopped: the call waiting for it was cancelled."
+                    )
             if reset and self.session is not None:
                 await self.session.stop()
                 self.session = None
@@ -4339,15 +4438,40 @@ class SessionManager:
             elif reset:
                 self.lost_reason = None
             session = await self._ensure_session(notices)
-            outcome = await session.execute(code, timeout, progress)
-            outcome.notices[:0] = notices
-            outcome.notices.extend(self.host.pool.drain_notices())
-            if not session.alive:
-                await session.stop()
-                self.session = None
-                self.lost_reason = "the previous sandbox %s." % session.death_reason
+            running = RunningCode(session, code, timeout)
+            self.running = running
+            self.task_group.start_soon(running.run)
+            if await running.wait(self.config.respond_after, progress):
+                finished = await self._finish(running, notices)
+                assert finished is not None  # only a cancelled wait stops it, and that raised
+                outcome = finished
+            else:
+                outcome = running.still_running(waited_for_earlier=False)
+                outcome.notices[:0] = notices
+            outcome.earlier = earlier
             self.last_used = time.monotonic()
             return outcome
+
+    async def _finish(self, running: RunningCode, notices: list[str]) -> ExecutionOutcome | None:
+        """The outcome of code that has ended (what a "still running" answer already
+        showed left out), and the session replaced if it died; None when it was stopped
+        (the call waiting for it was cancelled)."""
+        self.running = None
+        if running.failure is not None:
+            raise running.failure
+        if running.outcome is None:
+            return None
+        outcome = running.rest_of(running.outcome)
+        outcome.notices[:0] = notices
+        outcome.notices.extend(self.host.pool.drain_notices())
+        session = running.session
+        if not session.alive:
+            await session.stop()
+            if self.session is session:
+                self.session = None
+            self.lost_reason = "the previous sandbox %s." % session.death_reason
+        self.last_used = time.monotonic()
+        return outcome
 
     async def watch_idle(self) -> None:
         """Stop the sandbox after idle_timeout seconds without a call."""
@@ -4355,8 +4479,8 @@ class SessionManager:
             return
         while True:
             await anyio.sleep(min(self.config.idle_timeout, 30.0) / 2)
-            if self.session is None or self._lock.locked():
-                continue
+            if self.session is None or self._lock.locked() or self.running is not None:
+                continue  # in use: a call, or code an earlier call left running
             if time.monotonic() - self.last_used >= self.config.idle_timeout:
                 async with self._lock:
                     idle = time.monotonic() - self.last_used >= self.config.idle_timeout
@@ -4394,6 +4518,7 @@ def structured_result(outcome: ExecutionOutcome) -> dict[str, Any]:
         "detail": outcome.detail,
         "notices": outcome.notices,
         "duration_seconds": round(outcome.duration, 3),
+        **({"earlier": structured_result(outcome.earlier)} if outcome.earlier is not None else {}),
     }
 
 
@@ -4496,11 +4621,20 @@ def tool_result(
 
 
 def render_outcome(outcome: ExecutionOutcome, config: BridgeConfig) -> types.CallToolResult:
-    blocks = [render_toon(outcome)] if config.output_mode == "toon" else render_blocks(outcome, config)
+    parts = [outcome] if outcome.earlier is None else [outcome.earlier, outcome]
+    blocks = []
+    for part in parts:
+        text = [render_toon(part)] if config.output_mode == "toon" else render_blocks(part, config)
+        if part is outcome.earlier:  # the end of the code an earlier call left running
+            text = ["[earlier call, now finished]", *text]
+        blocks += text
+    images = [image for part in parts for image in part.images]
+    attachments = [attachment for part in parts for attachment in part.attachments]
     # Claude Code shows structuredContent instead of content when both are there, and so
     # would drop images and files: a result with either has none.
-    structured = None if outcome.images or outcome.attachments else structured_result(outcome)
-    return tool_result(blocks, structured, outcome.status != "ok", outcome.images, outcome.attachments)
+    structured = None if images or attachments else structured_result(outcome)
+    # "running" is no error: the model calls again to wait for the rest.
+    return tool_result(blocks, structured, outcome.status not in ("ok", "running"), images, attachments)
 
 
 def render_error(exc: BridgeError) -> types.CallToolResult:

@@ -45,6 +45,7 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "MCP_BRIDGE_MAX_IMAGES": ("3", 3),
     "MCP_BRIDGE_MAX_IMAGE_BYTES": ("500000", 500_000),
     "MCP_BRIDGE_MAX_ATTACHMENT_BYTES": ("1000", 1000),
+    "MCP_BRIDGE_RESPOND_AFTER": ("5.5", 5.5),
     "MCP_BRIDGE_OCI_RUNTIME": ("/usr/bin/runsc", "/usr/bin/runsc"),
     "MCP_BRIDGE_MAX_MEMORY_BYTES": ("2048", 2048),
     "MCP_BRIDGE_ALLOW_ROOT": ("yes", True),
@@ -60,7 +61,8 @@ def test_no_flags_and_no_environment_gives_the_defaults() -> None:
     assert config.runtime is None
     assert config.image == "python:3.14-slim"
     assert config.timeout == 30.0
-    assert config.max_timeout == 120.0
+    assert config.max_timeout == 3600.0
+    assert config.respond_after == 45.0
     assert config.output_mode == "compact"
     assert config.memory == "512m"
     assert config.container_user == "65534:65534"
@@ -226,7 +228,7 @@ def test_timeout_above_max_timeout_is_rejected() -> None:
 
 def test_timeout_above_default_max_timeout_is_rejected() -> None:
     with pytest.raises(ConfigError, match="must not exceed"):
-        load_config(["--timeout", "121"], {})
+        load_config(["--timeout", "3601"], {})
 
 
 def test_timeout_equal_to_max_timeout_is_accepted() -> None:

@@ -1,0 +1,75 @@
+"""Work that runs longer than clients wait: after MCP_BRIDGE_RESPOND_AFTER seconds a call
+answers "still running" with the output so far, the code goes on, and the next call
+waits for the rest (its output and result), then runs its own code. The code's own
+timeout, reset and a cancelled wait still stop it. Through the SDK's client."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from tests.conftest import Engine, bridge_client, bridge_env, run_cell
+
+pytestmark = pytest.mark.anyio
+
+# Timings leave a second of slack each way: respond after 2 s, code that takes 3 s or 5 s.
+TICKS = "import time\nfor n in range(10):\n    print('tick', n, flush=True)\n    time.sleep(0.3)\n'done'"
+
+
+async def test_a_long_call_answers_still_running_and_the_next_call_gets_the_rest(
+    engine: Engine, state_dir: Path
+) -> None:
+    async with bridge_client(bridge_env(engine, state_dir, MCP_BRIDGE_RESPOND_AFTER="2")) as client:
+        first = await run_cell(client, TICKS, timeout=30)
+        assert first["status"] == "running" and not first["is_error"], first
+        assert first["detail"].startswith("Still running after 2s (its timeout of 30s still applies)"), first
+        second = await run_cell(client, "after = 'mine'\nafter")
+        assert second["status"] == "ok" and second["value"] == "'mine'", second
+        earlier = second["earlier"]
+        assert earlier["status"] == "ok" and earlier["value"] == "'done'", second
+        ticks = first["stdout"] + earlier["stdout"]
+        assert ticks == "".join("tick %d\n" % n for n in range(10)), (first["stdout"], earlier["stdout"])
+        assert "[earlier call, now finished]" in second["text"]
+
+
+async def test_a_call_made_while_earlier_code_still_runs_does_not_run_its_own(
+    engine: Engine, state_dir: Path
+) -> None:
+    async with bridge_client(bridge_env(engine, state_dir, MCP_BRIDGE_RESPOND_AFTER="2")) as client:
+        first = await run_cell(client, "import time\ntime.sleep(5)\n'slept'", timeout=30)
+        assert first["status"] == "running", first
+        second = await run_cell(client, "skipped = True")
+        assert second["status"] == "running" and second["detail"].startswith("Your code was not run"), second
+        third = await run_cell(client, "'skipped' in globals()")
+        assert third["earlier"]["value"] == "'slept'" and third["value"] == "False", third
+
+
+async def test_the_timeout_still_ends_code_that_runs_on_in_the_background(
+    engine: Engine, state_dir: Path
+) -> None:
+    async with bridge_client(bridge_env(engine, state_dir, MCP_BRIDGE_RESPOND_AFTER="2")) as client:
+        first = await run_cell(client, "import time\nkept = 1\ntime.sleep(60)", timeout=3)
+        assert first["status"] == "running", first
+        second = await run_cell(client, "kept")
+        assert second["earlier"]["status"] == "timeout" and second["earlier"]["state_kept"], second
+        assert second["value"] == "1", second
+
+
+async def test_reset_and_a_cancelled_wait_stop_code_that_runs_on(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir, MCP_BRIDGE_RESPOND_AFTER="3")) as client:
+        first = await run_cell(client, "import time\ntime.sleep(60)", timeout=120)
+        assert first["status"] == "running", first
+        reset = await client.call_tool("run_python", {"code": "'fresh'", "reset": True})
+        assert not reset.is_error and "Reset: started a fresh session" in str(reset.content), reset
+        await run_cell(client, "marker = 'before'")
+        slow = await run_cell(client, "import time\nfor _ in range(600):\n    time.sleep(0.1)", timeout=120)
+        assert slow["status"] == "running", slow
+        with anyio.move_on_after(1):  # the client gives up while waiting: the code is stopped
+            await run_cell(client, "pass")
+        after = await run_cell(client, "marker")
+        assert after["value"] == "'before'" and "earlier" not in after, after
+        assert after["notices"] == [
+            "The code of an earlier call was stopped: the call waiting for it was cancelled."
+        ], after
