@@ -71,11 +71,13 @@ prepare_tools() {
     touch .venv/.installed
   fi
   # --- real third-party MCP servers for the proxy tests ---------------------------
+  # ... and the official TypeScript client (the inspector's CLI mode) for client-side tests.
   NPM_SERVERS=(@modelcontextprotocol/server-everything @modelcontextprotocol/server-filesystem
-               @modelcontextprotocol/server-memory)
+               @modelcontextprotocol/server-memory @modelcontextprotocol/inspector)
   if [ ! -x .cache/mcp-servers/node_modules/.bin/mcp-server-everything ] \
      || [ ! -x .cache/mcp-servers/node_modules/.bin/mcp-server-filesystem ] \
-     || [ ! -x .cache/mcp-servers/node_modules/.bin/mcp-server-memory ]; then
+     || [ ! -x .cache/mcp-servers/node_modules/.bin/mcp-server-memory ] \
+     || [ ! -x .cache/mcp-servers/node_modules/.bin/mcp-inspector ]; then
     log "installing ${NPM_SERVERS[*]} into .cache/mcp-servers"
     mkdir -p .cache/mcp-servers
     npm install --prefix .cache/mcp-servers --no-audit --no-fund --silent "${NPM_SERVERS[@]}" >/dev/null

@@ -5,12 +5,14 @@ timeout, reset and a cancelled wait still stop it. Through the SDK's client."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 import anyio
 import pytest
 
-from tests.conftest import Engine, bridge_client, bridge_env, run_cell
+from tests.conftest import NPM_BIN, Engine, bridge_client, bridge_env, console_script, run_cell
 
 pytestmark = pytest.mark.anyio
 
@@ -73,3 +75,25 @@ async def test_reset_and_a_cancelled_wait_stop_code_that_runs_on(engine: Engine,
         assert after["notices"] == [
             "The code of an earlier call was stopped: the call waiting for it was cancelled."
         ], after
+
+
+def test_the_typescript_client_gets_still_running_before_its_60_second_timeout(
+    proxy_engine: Engine, state_dir: Path
+) -> None:
+    # The official TypeScript client (the inspector's CLI mode) gives up on a request after
+    # 60 s by default; with default settings a 70 s loop must answer before that.
+    inspector = NPM_BIN / "mcp-inspector"
+    if not inspector.exists():
+        pytest.fail("the MCP inspector is not installed at %s; run scripts/setup.sh" % inspector)
+    env = bridge_env(proxy_engine, state_dir)
+    variables = [part for key in ("MCP_BRIDGE_RUNTIME", "MCP_BRIDGE_IMAGE", "MCP_BRIDGE_STATE_DIR")
+                 for part in ("-e", "%s=%s" % (key, env[key]))]  # fmt: skip
+    loop = "import time\nfor n in range(70):\n    print('tick', n, flush=True)\n    time.sleep(1)"
+    argv = [str(inspector), "--cli", *variables, console_script(), "--method", "tools/call"]
+    argv += ["--tool-name", "run_python", "--tool-arg", "code=" + loop, "--tool-arg", "timeout=120"]
+    # Past 60 s the client itself fails ("Request timed out"): an answer at all is the proof.
+    answer = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, env=env)
+    assert answer.returncode == 0, answer.stdout + answer.stderr
+    result = json.loads(answer.stdout)
+    assert result["isError"] is False and result["structuredContent"]["status"] == "running", result
+    assert result["structuredContent"]["stdout"].startswith("tick 0\ntick 1\n"), result
