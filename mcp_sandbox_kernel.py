@@ -224,6 +224,8 @@ FRAME_SCHEMAS: dict[str, dict[str, FieldRule]] = {
     },
     "cancel": {"id": _ID},
 }
+# What a result may carry besides its status, value and error; the supervisor passes it on.
+RESULT_EXTRAS = ("images", "attachments")
 # Who may send what: bridge -> supervisor, supervisor -> bridge, supervisor -> executor,
 # executor -> supervisor.
 BRIDGE_FRAME_TYPES = frozenset({"execute", "interrupt", "response"})
@@ -2374,8 +2376,7 @@ class Supervisor:
                 str(frame["status"]),
                 value=frame.get("value"),
                 error=frame.get("error"),
-                images=frame.get("images"),
-                attachments=frame.get("attachments"),
+                extra={key: frame[key] for key in RESULT_EXTRAS if key in frame},
             )
         elif kind == "request":
             self.forward_request(handle, frame, running)
@@ -2589,8 +2590,7 @@ class Supervisor:
         status: str,
         value: Any = None,
         error: Any = None,
-        images: Any = None,
-        attachments: Any = None,
+        extra: Frame | None = None,
     ) -> None:
         """Send the one result of ``execute_id`` (later attempts are ignored)."""
         with self.lock:
@@ -2610,17 +2610,14 @@ class Supervisor:
             self.pending_notices = []
             if notices:
                 result["notices"] = notices
-            if images:
-                result["images"] = images
-            if attachments:
-                result["attachments"] = attachments
+            result.update(extra or {})
         try:
             self.channel.send(result)
         except ProtocolError as exc:  # only with a tiny frame cap; exactly one result still goes out
             result.update(status="error", value=None, error={"type": "ProtocolError", "message": str(exc)})
             result.pop("notices", None)
-            result.pop("images", None)
-            result.pop("attachments", None)
+            for key in RESULT_EXTRAS:
+                result.pop(key, None)
             self.channel.send(result)
         with self.lock:
             following = self.queued.popleft() if self.queued else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from mcp.shared.dispatcher import ProgressFnT
 
 import mcp_server_code_execution_mode as bridge
 from tests.conftest import Engine, bridge_client, bridge_env, text_of
@@ -16,12 +17,18 @@ pytestmark = pytest.mark.anyio
 Heard = list[tuple[float, float | None, str | None]]
 
 
-async def test_long_running_code_reports_its_latest_output_line(engine: Engine, state_dir: Path) -> None:
+def listener() -> tuple[Heard, ProgressFnT]:
+    """A progress callback for the SDK's client, and the list of what it heard."""
     heard: Heard = []
 
     async def listen(progress: float, total: float | None, message: str | None) -> None:
         heard.append((progress, total, message))
 
+    return heard, listen
+
+
+async def test_long_running_code_reports_its_latest_output_line(engine: Engine, state_dir: Path) -> None:
+    heard, listen = listener()
     async with bridge_client(bridge_env(engine, state_dir)) as client:
         result = await client.call_tool(
             "run_python",
@@ -37,11 +44,7 @@ async def test_long_running_code_reports_its_latest_output_line(engine: Engine, 
 
 
 async def test_code_reports_its_own_progress(engine: Engine, state_dir: Path) -> None:
-    heard: Heard = []
-
-    async def listen(progress: float, total: float | None, message: str | None) -> None:
-        heard.append((progress, total, message))
-
+    heard, listen = listener()
     async with bridge_client(bridge_env(engine, state_dir)) as client:
         result = await client.call_tool(
             "run_python",
