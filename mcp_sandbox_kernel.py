@@ -949,10 +949,15 @@ def _png_of(save: Callable[..., Any], **options: Any) -> bytes:
 class ImageCollector:
     """The images of the running execute, within the caps; a note for each one dropped."""
 
-    def __init__(self, max_images: int, max_bytes: int, max_attachment_bytes: int = 5_000_000) -> None:
+    def __init__(
+        self, max_images: int, max_bytes: int, max_attachment_bytes: int = 5_000_000, max_total: int = 2**24
+    ) -> None:
         self.max_images = max_images
         self.max_bytes = max_bytes
         self.max_attachment_bytes = max_attachment_bytes
+        # Images and files of one call together, in base64, must fit in one result frame.
+        self.max_total = max_total
+        self.total = 0
         self.images: list[dict[str, str]] = []
         self.attachments: list[dict[str, str]] = []
         self.notes: list[str] = []
@@ -960,8 +965,16 @@ class ImageCollector:
 
     def take(self) -> tuple[list[dict[str, str]], list[dict[str, str]], list[str]]:
         taken = (self.images, self.attachments, self.notes)
-        self.images, self.attachments, self.notes, self.offered = [], [], [], 0
+        self.images, self.attachments, self.notes, self.offered, self.total = [], [], [], 0, 0
         return taken
+
+    def _room(self, size: int) -> bool:
+        """Whether ``size`` more bytes (base64 grows them by a third) still fit in the frame."""
+        encoded = (size + 2) // 3 * 4
+        if self.total + encoded > self.max_total:
+            return False
+        self.total += encoded
+        return True
 
     def attach(self, path: Any, mime_type: str | None = None) -> str:
         """Send the file at ``path`` to the client with the result; returns its URI."""
@@ -974,6 +987,11 @@ class ImageCollector:
             raise ValueError(
                 "attach: %s is larger than %d bytes (MCP_BRIDGE_MAX_ATTACHMENT_BYTES); compress it or "
                 "send a part" % (real, self.max_attachment_bytes)
+            )
+        if not self._room(len(data)):
+            raise ValueError(
+                "attach: %s does not fit in this call's result with the images and files before it; "
+                "attach it in another call" % real
             )
         kind = mime_type or mimetypes.guess_type(real)[0] or "application/octet-stream"
         entry = {"uri": "file://" + urllib.parse.quote(real), "mime_type": kind}
@@ -1007,6 +1025,11 @@ class ImageCollector:
             self.notes.append(
                 "Image %d was not returned: %s is not one of %s."
                 % (self.offered, mime_type, ", ".join(IMAGE_TYPES))
+            )
+        elif not self._room(len(data)):
+            self.notes.append(
+                "Image %d was not returned: the call's images and files together would not fit in one "
+                "result; show fewer or smaller images per call." % self.offered
             )
         else:
             self.images.append({"mime_type": mime_type, "data": base64.b64encode(data).decode("ascii")})
@@ -1879,6 +1902,7 @@ class ExecutorProcess:
             int(config.get("max_images", 10)),
             int(config.get("max_image_bytes", 2**21)),
             int(config.get("max_attachment_bytes", 5_000_000)),
+            int(config.get("max_frame_bytes", 2**25)) // 2,
         )
         servers = list(config.get("servers", []))
         install_sandbox_api(self.executor.namespace, self.requests, servers, self.images)
@@ -1996,9 +2020,11 @@ class ExecutorProcess:
             result = self.execute(frame)
             try:
                 self.channel.send(result)
-            except ProtocolError as exc:  # only with a tiny frame cap; exactly one result still goes out
+            except ProtocolError as exc:  # too big for a frame: exactly one result still goes out
                 error = {"type": "ProtocolError", "message": str(exc), "traceback": ""}
                 result.update(status="error", value=None, error=error)
+                for key in RESULT_EXTRAS:
+                    result.pop(key, None)
                 self.channel.send(result)
 
     def execute(self, frame: Frame) -> Frame:

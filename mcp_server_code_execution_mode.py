@@ -3525,12 +3525,13 @@ class ExecutionOutcome:
 ProgressReport = Callable[[float, float | None, str | None], Awaitable[None]]
 PROGRESS_INTERVAL = 2.0  # seconds between notifications while code runs
 MIN_PROGRESS_GAP = 0.25  # code that reports faster is thinned out
+TICK_STEP = 0.001  # the ticker's progress value per notification (see CallProgress.tick)
 MAX_PROGRESS_MESSAGE_CHARS = 200
 
 
 class CallProgress:
     """Progress notifications for one run_python call whose client sent a progress token:
-    every PROGRESS_INTERVAL seconds the seconds elapsed and the latest line of output, until
+    every PROGRESS_INTERVAL seconds the latest line of output (or the seconds so far), until
     the code reports its own with runtime.progress(done, total, message). Values always
     increase (the protocol requires it); at most one notification per MIN_PROGRESS_GAP."""
 
@@ -3547,8 +3548,11 @@ class CallProgress:
             self.latest_line = lines[-1]
 
     async def tick(self, elapsed: float) -> None:
+        # The ticker's values only creep up (TICK_STEP each), so the code's own numbers,
+        # whenever it starts to report, are still above them: the protocol wants growth.
         if not self.code_reports:
-            await self._send(round(elapsed, 1), None, self.latest_line or "running for %ds" % elapsed)
+            message = self.latest_line or "running for %ds" % elapsed
+            await self._send(round(self._value + TICK_STEP, 6), None, message)
 
     async def from_code(self, done: float, total: float | None, message: str | None) -> None:
         self.code_reports = True
@@ -3586,6 +3590,16 @@ def checked_images(
     return kept
 
 
+def _strict_utf8(*texts: str) -> bool:
+    """Whether every text is valid Unicode (no lone surrogates: JSON cannot carry them)."""
+    try:
+        for text in texts:
+            text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def checked_attachments(
     files: Sequence[Mapping[str, str]], config: BridgeConfig, notices: list[str]
 ) -> list[types.EmbeddedResource]:
@@ -3604,7 +3618,9 @@ def checked_attachments(
                 contents = types.BlobResourceContents(uri=uri, mime_type=kind, blob=entry["blob"])
         except ValueError:
             size = -1
-        if not uri.startswith("file:///") or not 0 <= size <= config.max_attachment_bytes:
+        if not (uri.startswith("file:///") and _strict_utf8(uri, entry.get("text", ""))) or not (
+            0 <= size <= config.max_attachment_bytes
+        ):
             notices.append("File %d was dropped: not a valid attachment within the cap." % number)
         elif len(kept) >= MAX_ATTACHMENTS:
             notices.append("File %d was dropped: at most %d files per call." % (number, MAX_ATTACHMENTS))
@@ -4219,12 +4235,14 @@ class RunningCode:
         self.shown = {"stdout": 0, "stderr": 0}  # characters already returned by "still running"
 
     async def run(self) -> None:
-        with self.scope:
-            try:
-                self.outcome = await self.session.execute(self.code, self.timeout, pending=self.pending)
-            except Exception as exc:  # re-raised to the call that waits for it
-                self.failure = exc
-        self.finished.set()
+        try:
+            with self.scope:
+                try:
+                    self.outcome = await self.session.execute(self.code, self.timeout, pending=self.pending)
+                except Exception as exc:  # re-raised to the call that waits for it
+                    self.failure = exc
+        finally:  # also when the whole task group is cancelled (shutdown): nobody waits forever
+            self.finished.set()
 
     async def wait(self, seconds: float, progress: CallProgress | None) -> bool:
         """Whether the code ended within ``seconds`` (0: however long it takes); the
@@ -4479,7 +4497,8 @@ class SessionManager:
             return
         while True:
             await anyio.sleep(min(self.config.idle_timeout, 30.0) / 2)
-            if self.session is None or self._lock.locked() or self.running is not None:
+            busy = self.running is not None and not self.running.finished.is_set()
+            if self.session is None or self._lock.locked() or busy:
                 continue  # in use: a call, or code an earlier call left running
             if time.monotonic() - self.last_used >= self.config.idle_timeout:
                 async with self._lock:

@@ -83,6 +83,7 @@ def test_the_host_drops_attachments_that_are_not_within_the_cap() -> None:
             {"uri": "http://evil/a", "mime_type": "text/plain", "text": "x"},
             {"uri": "file:///tmp/b", "mime_type": "application/zip", "blob": "not base64!"},
             {"uri": "file:///tmp/c", "mime_type": "text/plain", "text": "abcde"},
+            {"uri": "file:///tmp/e", "mime_type": "text/plain", "text": "\ud800"},  # JSON cannot carry it
             *[{"uri": "file:///tmp/d", "mime_type": "application/zip", "blob": "AA=="}] * 10,
         ],
         config,
@@ -93,5 +94,6 @@ def test_the_host_drops_attachments_that_are_not_within_the_cap() -> None:
         "File 2 was dropped: not a valid attachment within the cap.",
         "File 3 was dropped: not a valid attachment within the cap.",
         "File 4 was dropped: not a valid attachment within the cap.",
-        "File 14 was dropped: at most 10 files per call.",
+        "File 5 was dropped: not a valid attachment within the cap.",
+        "File 15 was dropped: at most 10 files per call.",
     ]

@@ -924,3 +924,24 @@ def test_a_signature_is_rebuilt_from_the_hosts_text() -> None:
         "(*, raw: bool = False, **kwargs: Any) -> Any"
     )
     assert mcp_sandbox_kernel.signature_from_text("broken(") is None
+
+
+def test_images_and_files_of_one_call_stay_within_one_frame(tmp_path: Path) -> None:
+    collector = mcp_sandbox_kernel.ImageCollector(10, 1000, 1000, max_total=2000)
+    png = b"\x89PNG\r\n\x1a\n" + b"x" * 992  # 1000 bytes: 1336 in base64
+    collector.add(png, "image/png")
+    collector.add(png, "image/png")  # would make 2672 base64 bytes
+    (tmp_path / "f").write_bytes(b"y" * 1000)
+    with pytest.raises(ValueError, match="does not fit in this call's result"):
+        collector.attach(tmp_path / "f")
+    images, files, notes = collector.take()
+    assert (
+        len(images) == 1
+        and files == []
+        and notes
+        == [
+            "Image 2 was not returned: the call's images and files together would not fit in one result; "
+            "show fewer or smaller images per call."
+        ]
+    )
+    collector.attach(tmp_path / "f")  # a new call starts from nothing

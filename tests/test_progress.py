@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import pytest
 from mcp.shared.dispatcher import ProgressFnT
 
@@ -72,4 +73,7 @@ async def test_progress_is_thinned_and_cleaned() -> None:
     progress.saw_output("first\n\x1b[31mred\x1b[0m\n\n")
     await progress.tick(2.0)
     await progress.from_code(5, None, "x" * 500)  # too soon after the tick: dropped
-    assert sent == [(2.0, None, "red")]
+    assert sent == [(0.001, None, "red")]
+    await anyio.sleep(bridge.MIN_PROGRESS_GAP)
+    await progress.from_code(1, 10, "x" * 500)  # the ticker's values stay below the code's own
+    assert sent[1] == (1, 10, "x" * 200)
