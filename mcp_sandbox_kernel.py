@@ -143,32 +143,27 @@ def _is_texts(value: Any) -> bool:
     return isinstance(value, list) and len(value) <= 100 and all(isinstance(item, str) for item in value)
 
 
-def _is_images(value: Any) -> bool:
+def _is_listed(value: Any, item_is: Callable[[Any], bool]) -> bool:
+    """A list of at most 100 items, each of which ``item_is`` accepts."""
+    return isinstance(value, list) and len(value) <= 100 and all(item_is(item) for item in value)
+
+
+def _is_image(item: Any) -> bool:
     return (
-        isinstance(value, list)
-        and len(value) <= 100
-        and all(
-            isinstance(item, dict)
-            and set(item) == {"mime_type", "data"}
-            and _is_name(item["mime_type"])
-            and isinstance(item["data"], str)
-            for item in value
-        )
+        isinstance(item, dict)
+        and set(item) == {"mime_type", "data"}
+        and _is_name(item["mime_type"])
+        and isinstance(item["data"], str)
     )
 
 
-def _is_attachments(value: Any) -> bool:
+def _is_attachment(item: Any) -> bool:
     return (
-        isinstance(value, list)
-        and len(value) <= 100
-        and all(
-            isinstance(item, dict)
-            and set(item) in ({"uri", "mime_type", "text"}, {"uri", "mime_type", "blob"})
-            and all(isinstance(field, str) for field in item.values())
-            and _is_name(item["mime_type"])
-            and len(item["uri"]) <= 4096
-            for item in value
-        )
+        isinstance(item, dict)
+        and set(item) in ({"uri", "mime_type", "text"}, {"uri", "mime_type", "blob"})
+        and all(isinstance(field, str) for field in item.values())
+        and _is_name(item["mime_type"])
+        and len(item["uri"]) <= 4096
     )
 
 
@@ -208,9 +203,15 @@ FRAME_SCHEMAS: dict[str, dict[str, FieldRule]] = {
         "error": FieldRule(_is_optional_error_info, _ERROR_INFO, required=False),
         "dropped": FieldRule(_is_stream_counts, "an object of stdout/stderr counts", required=False),
         "notices": FieldRule(_is_texts, "a list of at most 100 strings", required=False),
-        "images": FieldRule(_is_images, "a list of at most 100 {mime_type, data} objects", required=False),
+        "images": FieldRule(
+            lambda value: _is_listed(value, _is_image),
+            "a list of at most 100 {mime_type, data} objects",
+            required=False,
+        ),
         "attachments": FieldRule(
-            _is_attachments, "a list of at most 100 {uri, mime_type, text or blob} objects", required=False
+            lambda value: _is_listed(value, _is_attachment),
+            "a list of at most 100 {uri, mime_type, text or blob} objects",
+            required=False,
         ),
     },
     "error": {
@@ -690,18 +691,21 @@ class DeferAwaitedCalls(ast.NodeTransformer):
     def __init__(self, tree: ast.AST, functions: AwaitingFunctions) -> None:
         self.functions = functions
         self.scopes: list[set[str]] = []
-        for node in ast.walk(tree):
+        # Each scope's awaited names, read once from the tree as written (before any rewrite).
+        self.awaited_in: dict[ast.AST, set[str]] = {
+            node: _awaited_names(node) for node in ast.walk(tree) if isinstance(node, (ast.Module, *_SCOPES))
+        }
+        for node, names in self.awaited_in.items():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 positional = [argument.arg for argument in node.args.posonlyargs + node.args.args]
-                every = set(positional) | {argument.arg for argument in node.args.kwonlyargs}
-                awaited = _awaited_names(node) & every
+                awaited = names & (set(positional) | {argument.arg for argument in node.args.kwonlyargs})
                 if awaited:
                     functions[node.name] = (positional, awaited)
                 else:
                     functions.pop(node.name, None)
 
     def _scope(self, node: ast.AST) -> ast.AST:
-        self.scopes.append(_awaited_names(node))
+        self.scopes.append(self.awaited_in[node])
         self.generic_visit(node)
         self.scopes.pop()
         return node
