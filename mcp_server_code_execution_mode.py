@@ -3249,9 +3249,9 @@ class HostAPI:
             "tool_sources": (MemoryListParams, self.tool_sources),
             "progress": (ProgressParams, self.progress),
         }
-        # The progress of the call now running (set by SandboxSession.execute), if its
-        # client asked for progress notifications.
-        self.call_progress: CallProgress | None = None
+        # The execute now running in the current sandbox (set by SandboxSession): its
+        # progress listener, if a waiting client asked, hears runtime.progress().
+        self.running_execute: Callable[[], PendingExecute | None] = lambda: None
         self.tool_pattern_problems: list[str] = []  # found as servers list their tools
         self.saved_tools = SavedTools(config.state_dir / MEMORY_DIRNAME)
         self.memory = MemoryStore(
@@ -3463,8 +3463,9 @@ class HostAPI:
         return await self._in_store(self.saved_tools.sources)
 
     async def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
-        if self.call_progress is not None:
-            await self.call_progress.from_code(done, total, message)
+        pending = self.running_execute()
+        if pending is not None and pending.progress is not None:
+            await pending.progress.from_code(done, total, message)
 
     async def capability_summary(self) -> str:
         lines = ["MCP servers available in this sandbox (none is started until used):"]
@@ -3717,6 +3718,7 @@ class SandboxSession:
         self.hello_received = anyio.Event()
         self.exited = anyio.Event()
         self.pending: PendingExecute | None = None
+        host.running_execute = lambda: self.pending
         self.killed_by_bridge = False
         self.death_reason: str | None = None
         self.stderr_tail: list[str] = []
@@ -4062,7 +4064,6 @@ class SandboxSession:
                 "or raise MCP_BRIDGE_MAX_FRAME_BYTES." % exc
             ) from None
         timed_out = False
-        self.host.call_progress = pending.progress
         try:
             with anyio.move_on_after(timeout):
                 # Inside the timeout: a sandbox that stopped reading cannot hold the call.
@@ -4083,7 +4084,6 @@ class SandboxSession:
             raise
         finally:
             self.pending = None
-            self.host.call_progress = None
             self.cancel_requests()
         outcome = self._outcome(pending, timeout, timed_out)
         outcome.duration = time.monotonic() - started
@@ -4247,7 +4247,7 @@ class RunningCode:
     async def wait(self, seconds: float, progress: CallProgress | None) -> bool:
         """Whether the code ended within ``seconds`` (0: however long it takes); the
         waiting call's progress listener hears it meanwhile. A cancelled wait stops it."""
-        self.pending.progress = self.session.host.call_progress = progress
+        self.pending.progress = progress
         try:
             with anyio.move_on_after(seconds or math.inf):
                 await self.finished.wait()
@@ -4258,7 +4258,7 @@ class RunningCode:
             raise
         finally:
             if not self.finished.is_set():
-                self.pending.progress = self.session.host.call_progress = None
+                self.pending.progress = None
         return self.finished.is_set()
 
     def new_output(self) -> dict[str, str]:
