@@ -32,8 +32,12 @@ import builtins
 import codecs
 import collections
 import collections.abc
+import contextlib
+import contextvars
 import difflib
 import functools
+import hashlib
+import hmac
 import importlib.abc
 import inspect
 import io
@@ -60,7 +64,7 @@ from typing import Any, Callable, NamedTuple
 # wire protocol
 # =============================================================================
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3  # 3: the supervisor signs its frames
 DEFAULT_MAX_FRAME_BYTES = 32 * 1024 * 1024
 
 Frame = dict[str, Any]
@@ -83,7 +87,9 @@ TOO_MANY_REQUESTS = (
 )
 MAX_ID_CHARS = 64  # ids are short strings or integers: a reply echoes the id
 MAX_NAME_CHARS = 200  # method names, error type names
+KEY_CHARS = 64  # hex digits of the key that signs the supervisor's frames (see below)
 STREAM_NAMES = ("stdout", "stderr")
+CUT_PARTS = (*STREAM_NAMES, "value")  # what a result may cut from its middle
 RESULT_STATUSES = ("ok", "error", "interrupted", "killed", "crashed")
 
 
@@ -103,6 +109,10 @@ def _is_name(value: Any) -> bool:
     return isinstance(value, str) and 0 < len(value) <= MAX_NAME_CHARS
 
 
+def _is_hex(value: str, length: int) -> bool:
+    return len(value) == length and all(char in "0123456789abcdef" for char in value)
+
+
 def _is_text(value: Any) -> bool:
     return isinstance(value, str)
 
@@ -119,10 +129,20 @@ def _is_count(value: Any) -> bool:
     return type(value) is int and value >= 0
 
 
-def _is_stream_counts(value: Any) -> bool:
-    return isinstance(value, dict) and all(
-        name in STREAM_NAMES and _is_count(count) for name, count in value.items()
+def _is_cut(value: Any) -> bool:
+    """{"count": chars cut from the middle, "tail": the text after them, "file": where all
+    of it was saved (optional)}"""
+    return (
+        isinstance(value, dict)
+        and set(value) - {"file"} == {"count", "tail"}
+        and _is_count(value["count"])
+        and _is_text(value["tail"])
+        and (value.get("file") is None or (_is_text(value["file"]) and len(value["file"]) <= 4096))
     )
+
+
+def _is_cuts(value: Any) -> bool:
+    return isinstance(value, dict) and all(part in CUT_PARTS and _is_cut(cut) for part, cut in value.items())
 
 
 def _is_error_info(value: Any) -> bool:
@@ -179,7 +199,8 @@ _ID = FieldRule(is_frame_id, "a string of 1-%d characters or an integer" % MAX_I
 _ERROR_INFO = "null or an object with string fields type, message (and traceback)"
 
 FRAME_SCHEMAS: dict[str, dict[str, FieldRule]] = {
-    # bridge -> kernel
+    # bridge -> kernel ("key" only as the very first line; see frame authentication)
+    "key": {"key": FieldRule(lambda value: _is_text(value) and _is_hex(value, KEY_CHARS), "64 hex digits")},
     "execute": {"id": _ID, "code": FieldRule(_is_text, "a string")},
     "interrupt": {"id": _ID, "grace": FieldRule(_is_grace, "a number of seconds (0-3600]", required=False)},
     "response": {
@@ -200,8 +221,11 @@ FRAME_SCHEMAS: dict[str, dict[str, FieldRule]] = {
         "id": _ID,
         "status": FieldRule(_one_of(*RESULT_STATUSES), ", ".join(RESULT_STATUSES)),
         "value": FieldRule(_is_optional_text, "null or a string", required=False),
+        "json": FieldRule(lambda value: value is not None, "the value as JSON data", required=False),
         "error": FieldRule(_is_optional_error_info, _ERROR_INFO, required=False),
-        "dropped": FieldRule(_is_stream_counts, "an object of stdout/stderr counts", required=False),
+        "cut": FieldRule(
+            _is_cuts, "an object of stdout/stderr/value cuts {count, tail, file}", required=False
+        ),
         "notices": FieldRule(_is_texts, "a list of at most 100 strings", required=False),
         "images": FieldRule(
             lambda value: _is_listed(value, _is_image),
@@ -222,11 +246,13 @@ FRAME_SCHEMAS: dict[str, dict[str, FieldRule]] = {
         "id": _ID,
         "method": FieldRule(_is_name, "a method name of 1-%d characters" % MAX_NAME_CHARS),
         "params": FieldRule(_is_object, "an object"),
+        # executor -> supervisor only: the execute whose code made the request (CURRENT_CALL)
+        "call": FieldRule(lambda value: value is None or is_frame_id(value), "null or an id", required=False),
     },
     "cancel": {"id": _ID},
 }
 # What a result may carry besides its status, value and error; the supervisor passes it on.
-RESULT_EXTRAS = ("images", "attachments")
+RESULT_EXTRAS = ("json", "images", "attachments")
 # Who may send what: bridge -> supervisor, supervisor -> bridge, supervisor -> executor,
 # executor -> supervisor.
 BRIDGE_FRAME_TYPES = frozenset({"execute", "interrupt", "response"})
@@ -256,10 +282,43 @@ def _preview(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def encode_frame(frame: Frame, max_frame_bytes: int) -> bytes:
-    """One frame = one JSON object on one line. JSON escapes newlines inside strings,
-    so the only raw newline is the terminator."""
+# --- frame authentication -------------------------------------------------------------
+# What the supervisor sends the bridge is signed. Its channel is the container's stdin and
+# stdout, which the code could reach through /proc/1/fd where PR_SET_DUMPABLE is not
+# honoured (gVisor). The bridge sends a fresh random key as the first line on stdin; the
+# supervisor reads it before any code runs and keeps it only in its memory. Each frame it
+# then sends starts with a MAC over the rest of the line, and carries a sequence number
+# that must grow, so a frame the code read off the pipe cannot be replayed (a tool call
+# twice) and one it wrote cannot pass at all.
+
+MAC_PREFIX = b'{"mac":"'
+MAC_CHARS = 32  # hex digits: 128 bits of HMAC-SHA256
+
+
+def frame_mac(key: bytes, signed: bytes) -> bytes:
+    return hmac.new(key, signed, hashlib.sha256).hexdigest()[:MAC_CHARS].encode("ascii")
+
+
+def sign_frame(data: bytes, key: bytes) -> bytes:
+    """``data`` (one JSON object, no newline) with a MAC over all but its opening brace."""
+    signed = data[1:]
+    return MAC_PREFIX + frame_mac(key, signed) + b'",' + signed
+
+
+def authentic_part(line: bytes, key: bytes) -> bool:
+    """Whether ``line`` starts with a MAC, under ``key``, of the rest of it."""
+    start = len(MAC_PREFIX)
+    if not line.startswith(MAC_PREFIX) or line[start + MAC_CHARS : start + MAC_CHARS + 2] != b'",':
+        return False
+    return hmac.compare_digest(line[start : start + MAC_CHARS], frame_mac(key, line[start + MAC_CHARS + 2 :]))
+
+
+def encode_frame(frame: Frame, max_frame_bytes: int, key: bytes | None = None) -> bytes:
+    """One frame = one JSON object on one line (signed with ``key`` when given). JSON
+    escapes newlines inside strings, so the only raw newline is the terminator."""
     data = json.dumps(frame, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+    if key is not None:
+        data = sign_frame(data, key)
     if len(data) + 1 > max_frame_bytes:
         raise ProtocolError(
             "frame of %d bytes exceeds the maximum frame size of %d bytes" % (len(data) + 1, max_frame_bytes)
@@ -278,16 +337,30 @@ class FrameDecoder:
     stream the reader must survive): such a line is skipped and counted in ``rejected``,
     an oversized one discarded as it arrives."""
 
-    def __init__(self, max_frame_bytes: int, tolerant: bool = False) -> None:
+    def __init__(self, max_frame_bytes: int, tolerant: bool = False, key: bytes | None = None) -> None:
         self.max_frame_bytes = max_frame_bytes
         self.tolerant = tolerant
         self.rejected = 0
+        # With a key: only signed frames with a growing "seq" are frames; any other line
+        # is dropped and counted in ``unauthentic`` (the code may have written it).
+        self.key = key
+        self.unauthentic = 0
+        self._last_seq = 0
         self._buffer = bytearray()
         self._scanned = 0  # bytes of the buffer known to hold no newline
         self._discarding = False  # tolerant: inside an oversized line, dropping it
 
+    @property
+    def buffered(self) -> int:
+        """Bytes of an unfinished frame held until its newline arrives."""
+        return len(self._buffer)
+
     def feed(self, data: bytes) -> list[Frame]:
-        frames: list[Frame] = []
+        return [frame for frame, _ in self.feed_sized(data)]
+
+    def feed_sized(self, data: bytes) -> list[tuple[Frame, int]]:
+        """Like feed, with each frame's size on the wire (bytes, its newline included)."""
+        frames: list[tuple[Frame, int]] = []
         if self._discarding:
             end = data.find(b"\n")
             if end < 0:
@@ -302,7 +375,7 @@ class FrameDecoder:
                 break
             frame = self._parse(bytes(self._buffer[start:end]))
             if frame is not None:
-                frames.append(frame)
+                frames.append((frame, end + 1 - start))
             start = end + 1
         del self._buffer[:start]
         self._scanned = len(self._buffer)
@@ -318,6 +391,9 @@ class FrameDecoder:
         return frames
 
     def _parse(self, line: bytes) -> Frame | None:
+        if self.key is not None and not authentic_part(line, self.key):
+            self.unauthentic += 1
+            return None
         try:
             if len(line) + 1 > self.max_frame_bytes:
                 raise ProtocolError(
@@ -332,6 +408,13 @@ class FrameDecoder:
                 ) from None
             if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
                 raise ProtocolError("frame is not an object with a string 'type': %r" % line[:80])
+            if self.key is not None:
+                del frame["mac"]
+                seq = frame.pop("seq", None)
+                if type(seq) is not int or seq <= self._last_seq:  # replayed or reordered
+                    self.unauthentic += 1
+                    return None
+                self._last_seq = seq
         except ProtocolError:
             if not self.tolerant:
                 raise
@@ -348,6 +431,8 @@ class Channel:
         self.out_fd = out_fd
         self.max_frame_bytes = max_frame_bytes
         self.decoder = FrameDecoder(max_frame_bytes, tolerant)
+        self.key: bytes | None = None  # set: every frame sent is signed and numbered
+        self.seq = 0
         self._pending: list[Frame] = []
         self._lock = threading.Lock()
         # A KeyboardInterrupt between two partial writes would leave half a frame on the
@@ -359,9 +444,12 @@ class Channel:
     def send(self, frame: Frame) -> None:
         """Send one frame whole; ProtocolError (nothing sent) when it is over the cap,
         so the sender can tell its own caller at once."""
-        data = encode_frame(frame, self.max_frame_bytes)
         in_main = threading.current_thread() is threading.main_thread()
+        data = encode_frame(frame, self.max_frame_bytes) if self.key is None else b""
         with self._lock:
+            if self.key is not None:  # numbered under the lock: they go out in that order
+                data = encode_frame({"seq": self.seq + 1, **frame}, self.max_frame_bytes, self.key)
+                self.seq += 1
             if self.output_closed:
                 raise OSError(9, "the channel is closed")
             self.main_thread_writing = in_main
@@ -398,33 +486,179 @@ class Channel:
 # =============================================================================
 
 
-class OutputLimiter:
-    """Per-execute output cap shared by the stdout and stderr pumps: text past the
-    cap is counted, not sent, so a ten-megabyte print costs the channel nothing."""
+# One budget for a result's text (MCP_BRIDGE_MAX_OUTPUT characters), shared by stdout,
+# stderr and the value. Whatever does not fit is cut from the middle, so the head and the
+# tail both stay: the start says what the code began doing, the end how it finished. The
+# supervisor streams each stream's head live (half the budget), keeps the last half of the
+# budget as the tail, and counts the middle; the bridge fits all parts into the budget and
+# marks each cut with cut_marker. When a call's output did not fit, every stream is saved
+# whole in OUTPUT_DIR so the code can page through it.
 
-    def __init__(self, max_chars: int) -> None:
-        self.max_chars = max_chars
+DEFAULT_MAX_OUTPUT = 20_000
+OUTPUT_DIR = "/tmp/outputs"
+SAVED_CALLS = 10  # calls whose full output stays in OUTPUT_DIR; older files are removed
+
+
+def cut_marker(count: int, what: str, budget: int, saved: str | None = None) -> str:
+    """The one marker for text cut from a result (a stream, the value, a traceback)."""
+    text = "[... %s characters of %s cut (a result shows %s characters, MCP_BRIDGE_MAX_OUTPUT)" % (
+        format(count, ","),
+        what,
+        format(budget, ","),
+    )
+    return text + ("; all of it is in %s ...]" % saved if saved else " ...]")
+
+
+def head_and_tail(text: str, keep: int) -> tuple[str, int, str]:
+    """``text`` as (head, characters cut from the middle, tail) within ``keep`` characters."""
+    if len(text) <= keep:
+        return text, 0, ""
+    head = keep - keep // 2
+    return text[:head], len(text) - keep, text[len(text) - keep // 2 :]
+
+
+class StreamKeeper:
+    """One output stream of one execute: the head (streamed live), the tail (held back
+    until the result) and the count of what lies between. Once saving starts, the file
+    gets the whole stream in order: the head, each piece as it is cut, then the tail."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room  # characters of head, and of tail
+        self.sent = 0
+        self.head: list[str] = []  # a copy of what was sent, for the file
+        self.tail: collections.deque[str] = collections.deque()
+        self.tail_chars = 0
+        self.cut = 0
+        self.file: Any = None
+        self.saving = False  # saving started (the file may have failed since)
+        self.save_error: str | None = None
+
+    def would_cut(self, chars: int) -> bool:
+        return self.sent + self.tail_chars + chars > 2 * self.room
+
+    def admit(self, text: str) -> str:
+        """The part of ``text`` to stream live now; the rest joins the tail."""
+        kept = text[: max(0, self.room - self.sent)]
+        if kept:
+            self.sent += len(kept)
+            self.head.append(kept)
+            self._save(kept)
+        rest = text[len(kept) :]
+        if rest:
+            self.tail.append(rest)
+            self.tail_chars += len(rest)
+            while self.tail_chars > self.room:  # the oldest tail text is cut
+                excess = self.tail_chars - self.room
+                oldest = self.tail[0]
+                if len(oldest) <= excess:
+                    self.tail.popleft()
+                else:
+                    self.tail[0], oldest = oldest[excess:], oldest[:excess]
+                self.tail_chars -= len(oldest)
+                self.cut += len(oldest)
+                self._save(oldest)
+        return kept
+
+    def unsend(self, chars: int) -> None:
+        """Text admitted but not delivered (a frame cap below the chunk size) is cut."""
+        self.sent -= chars
+        self.cut += chars
+
+    def start_saving(self, path: str) -> None:
+        self.saving = True
+        try:
+            self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed by finish_saving)
+        except OSError as exc:
+            self.save_error = "%s: %s" % (type(exc).__name__, exc)
+            return
+        self._save("".join(self.head))
+
+    def finish_saving(self) -> None:
+        self._save("".join(self.tail))
+        self._close()
+
+    def _save(self, text: str) -> None:
+        if self.file is None or not text:
+            return
+        try:
+            self.file.write(text)
+        except (OSError, ValueError) as exc:  # disk full, or the code removed the folder
+            self.save_error = "%s: %s" % (type(exc).__name__, exc)
+            self._close()
+
+    def _close(self) -> None:
+        if self.file is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.file.close()
+            self.file = None
+
+    def total(self) -> int:
+        return self.sent + self.cut + self.tail_chars
+
+
+class OutputKeeper:
+    """The output of the running execute, both streams, within the budget (see above)."""
+
+    def __init__(self, budget: int, directory: str = OUTPUT_DIR) -> None:
+        self.budget = budget
+        self.directory = directory
         self._lock = threading.Lock()
-        self.reset(None)
+        self.calls = 0  # executes so far in this container: names the saved files
+        self.saved_calls: collections.deque[int] = collections.deque()
+        self.streams = {name: StreamKeeper(budget // 2) for name in STREAM_NAMES}
 
-    def reset(self, execute_id: str | None) -> None:
+    def reset(self) -> None:
+        """A new execute begins."""
         with self._lock:
-            self.execute_id = execute_id
-            self.sent = {"stdout": 0, "stderr": 0}
-            self.dropped = {"stdout": 0, "stderr": 0}
+            for stream in self.streams.values():
+                stream.finish_saving()
+            self.calls += 1
+            self.streams = {name: StreamKeeper(self.budget // 2) for name in STREAM_NAMES}
 
-    def uncount(self, name: str, chars: int) -> None:
-        with self._lock:
-            self.sent[name] -= chars
-            self.dropped[name] += chars
+    def path(self, call: int, name: str) -> str:
+        return os.path.join(self.directory, "%d.%s" % (call, name))
 
     def admit(self, name: str, text: str) -> str:
         with self._lock:
-            room = max(0, self.max_chars - self.sent[name])
-            kept = text[:room]
-            self.sent[name] += len(kept)
-            self.dropped[name] += len(text) - len(kept)
-            return kept
+            stream = self.streams[name]
+            if not stream.saving and stream.would_cut(len(text)):
+                self._start_saving(name)
+            return stream.admit(text)
+
+    def unsend(self, name: str, chars: int) -> None:
+        with self._lock:
+            self.streams[name].unsend(chars)
+
+    def _start_saving(self, name: str) -> None:
+        """Save stream ``name`` of this call, removing the files of calls beyond SAVED_CALLS."""
+        with contextlib.suppress(OSError):  # start_saving says why, if it matters
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        if not self.saved_calls or self.saved_calls[-1] != self.calls:
+            self.saved_calls.append(self.calls)
+            while len(self.saved_calls) > SAVED_CALLS:
+                old = self.saved_calls.popleft()
+                for stream in STREAM_NAMES:
+                    with contextlib.suppress(OSError):
+                        os.unlink(self.path(old, stream))
+        self.streams[name].start_saving(self.path(self.calls, name))
+
+    def finish(self, other_chars: int) -> dict[str, Any]:
+        """The result's ``cut`` entries for the streams (count, tail and saved file).
+        ``other_chars`` (the value's length) shares the budget: when the whole does not
+        fit, every stream with text is saved, since the bridge will cut it."""
+        with self._lock:
+            over = sum(stream.total() for stream in self.streams.values()) + other_chars > self.budget
+            cuts: dict[str, Any] = {}
+            for name, stream in self.streams.items():
+                if over and stream.total() and not stream.saving:
+                    self._start_saving(name)
+                tail = "".join(stream.tail)
+                stream.finish_saving()
+                if tail or stream.cut or stream.saving:
+                    cuts[name] = {"count": stream.cut, "tail": tail}
+                    if stream.saving and stream.save_error is None:
+                        cuts[name]["file"] = self.path(self.calls, name)
+            return cuts
 
 
 class OutputPump(threading.Thread):
@@ -868,24 +1102,52 @@ def describe_user_exception(exc: BaseException, limit: int) -> dict[str, str]:
     try:
         message = str(exc)
     except Exception:
-        message = safe_repr(exc, 2000)
+        message = safe_repr(exc)
     try:
         text = format_user_exception(exc, __file__)
     except Exception:
         text = "%s: %s\n" % (type(exc).__name__, message)
     if len(text) > limit:
-        text = "[... %d characters of the traceback cut ...]\n%s" % (len(text) - limit, text[-limit:])
+        text = "%s\n%s" % (cut_marker(len(text) - limit, "the traceback", limit), text[-limit:])
     return {"type": type(exc).__name__[:MAX_NAME_CHARS], "message": message[:2000], "traceback": text}
 
 
-def safe_repr(value: Any, limit: int) -> str:
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def plain_json(value: Any, budget: int) -> Any:
+    """``value`` as JSON data when it is plain JSON (dicts with string keys, lists, tuples,
+    strings, numbers, booleans, None: exactly those types, so a namedtuple or a dict
+    subclass keeps its repr) and its JSON text fits ``budget`` characters; else None.
+    The bridge gives it to the client as structured data instead of a repr."""
+    nodes = 0
+    pending: list[tuple[Any, int]] = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        nodes += 1
+        if nodes > budget or depth > 64:
+            return None
+        kind = type(item)
+        if kind is dict:
+            if not all(type(key) is str for key in item):
+                return None
+            pending.extend((child, depth + 1) for child in item.values())
+        elif kind is list or kind is tuple:
+            pending.extend((child, depth + 1) for child in item)
+        elif kind not in _JSON_SCALARS:
+            return None
     try:
-        text = repr(value)
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+    except (ValueError, TypeError):  # NaN or infinity; an int too long to print
+        return None
+    return json.loads(text) if len(text) <= budget else None
+
+
+def safe_repr(value: Any) -> str:
+    try:
+        return repr(value)
     except Exception as exc:  # a broken __repr__ must not break the result frame
-        text = f"<unrepresentable {type(value).__name__}: {type(exc).__name__}: {exc}>"
-    if len(text) > limit:
-        text = text[:limit] + "... [%d more characters of the value cut]" % (len(text) - limit)
-    return text
+        return f"<unrepresentable {type(value).__name__}: {type(exc).__name__}: {exc}>"
 
 
 # =============================================================================
@@ -1151,6 +1413,40 @@ class MCPToolError(MCPError):
 ERROR_TYPES = {"MCPError": MCPError, "MCPToolError": MCPToolError}
 
 
+# The execute whose code is running here: set by the executor around each cell and
+# inherited by what the cell starts: asyncio tasks (they copy the context), threads and
+# thread-pool jobs (see inherit_current_call). Every host request carries it, and the
+# supervisor refuses one whose call is not the running execute, so a thread left over
+# from an earlier call cannot act during a later one. Code can set it to anything: this
+# stops accidents, not malice (the supervisor still refuses all requests between calls).
+CURRENT_CALL: contextvars.ContextVar[Any] = contextvars.ContextVar("mcp_current_call", default=None)
+
+
+def inherit_current_call() -> None:
+    """Executor only: a thread runs for the call that started it, a ThreadPoolExecutor
+    job for the call that submitted it (a pool's threads outlive calls; asyncio's
+    run_in_executor uses one), as Python 3.14 threads can inherit the context."""
+    import concurrent.futures  # noqa: PLC0415 - asyncio imports it anyway
+
+    start, submit = threading.Thread.start, concurrent.futures.ThreadPoolExecutor.submit
+
+    def start_in_call(self: threading.Thread) -> None:
+        call, run = CURRENT_CALL.get(), self.run
+
+        def run_in_call() -> None:
+            CURRENT_CALL.set(call)  # this thread's own context: no reset needed
+            run()
+
+        self.run = run_in_call  # type: ignore[method-assign]
+        start(self)
+
+    def submit_in_call(self: Any, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        return submit(self, contextvars.copy_context().run, fn, *args, **kwargs)
+
+    threading.Thread.start = start_in_call  # type: ignore[method-assign]
+    concurrent.futures.ThreadPoolExecutor.submit = submit_in_call  # type: ignore[method-assign]
+
+
 class HostRequests:
     """Requests from sandbox code to the bridge, multiplexed by id over the channel, so
     many can be in flight at once. Synchronous callers block on a threading.Event;
@@ -1170,8 +1466,10 @@ class HostRequests:
         return request_id
 
     def _send_request(self, request_id: str, method: str, params: dict[str, Any]) -> None:
+        frame = {"type": "request", "id": request_id, "method": method, "params": params}
+        frame["call"] = CURRENT_CALL.get()
         try:
-            self.channel.send({"type": "request", "id": request_id, "method": method, "params": params})
+            self.channel.send(frame)
         except ProtocolError as exc:
             self._forget(request_id, cancel=False)  # never sent: nothing to cancel
             raise MCPError(
@@ -1485,11 +1783,14 @@ class SandboxRuntime:
         """Save a function defined with ``def`` at the top level of a cell, so every future
         session (and every other bridge) has it. Saving the same name again replaces it.
         Returns {"name", "path", "warnings"}: names it uses that a fresh session may lack."""
-        source, warnings = tool_source(func)
+        source, unbound = tool_source(func)
         params = {"name": func.__name__, "source": source}
-        return self._host(
-            "tool_save", params, "save_tool(%s)" % func.__name__, lambda info: dict(info, warnings=warnings)
-        )
+
+        def answer(info: dict[str, Any]) -> dict[str, Any]:
+            saved = info.pop("tools", [])  # every saved tool's name: a fresh session has them
+            return dict(info, warnings=unbound_name_warnings(unbound, saved))
+
+        return self._host("tool_save", params, "save_tool(%s)" % func.__name__, answer)
 
     @deferrable
     def list_saved_tools(self) -> Any:
@@ -1523,9 +1824,11 @@ SAVED_TOOL_PREFIX = "<saved tool "
 
 
 def tool_source(func: Any) -> tuple[str, list[str]]:
-    """The source of a function fit to save, and warnings about names it uses that a
-    fresh session may not define. TypeError says why a function cannot be saved."""
+    """The source of a function fit to save, and the names it uses that it does not define
+    (see _unbound_names). TypeError says why a function cannot be saved."""
     name = getattr(func, "__name__", type(func).__name__)
+    if hasattr(func, "__wrapped__"):  # functools.wraps, lru_cache, ...: the wrapper is not the source
+        raise TypeError("save_tool cannot save decorated functions (%s): save the plain function" % name)
     if not inspect.isfunction(func):
         raise TypeError(
             "save_tool needs a function defined with def; %s is a %s" % (name, type(func).__name__)
@@ -1552,7 +1855,7 @@ def tool_source(func: Any) -> tuple[str, list[str]]:
 
 def _unbound_names(definition: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
     """Names the function reads that are not its parameters, its own assignments or imports,
-    or builtins: a fresh session will not have them unless they are saved tools too."""
+    or builtins (sorted): a fresh session will not have them unless they are saved tools."""
     bound = {definition.name}
     arguments = definition.args
     for arg in (
@@ -1579,11 +1882,16 @@ def _unbound_names(definition: ast.FunctionDef | ast.AsyncFunctionDef) -> list[s
             bound.add(node.arg)
         elif isinstance(node, ast.ExceptHandler) and node.name:
             bound.add(node.name)
-    missing = sorted({name for name in used if name not in bound and not hasattr(builtins, name)})
+    return sorted({name for name in used if name not in bound and not hasattr(builtins, name)})
+
+
+def unbound_name_warnings(names: list[str], saved_tools: collections.abc.Collection[str]) -> list[str]:
+    """save_tool's warnings: the unbound ``names`` that are not saved tools either."""
     return [
         "%s is not defined inside the function; a fresh session will not have it unless it is a saved "
         "tool or you define it again" % name
-        for name in missing
+        for name in names
+        if name not in saved_tools
     ]
 
 
@@ -1894,7 +2202,7 @@ class ExecutorProcess:
 
     def __init__(self, channel: Channel, config: dict[str, Any]) -> None:
         self.channel = channel
-        self.max_output_chars = int(config.get("max_output_chars", 50000))
+        self.max_output_chars = int(config.get("max_output_chars", DEFAULT_MAX_OUTPUT))
         self.executor = Executor()
         self.std_streams: dict[str, Any] = {}
         # Private copies of the output pipes, to repair fd 1/2 if user code closes them.
@@ -1952,6 +2260,7 @@ class ExecutorProcess:
         signal.signal(signal.SIGINT, self._on_sigint)
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
         capture_images(self.images)
+        inherit_current_call()
         try:  # if memory runs out, the kernel's OOM killer should pick this process, not PID 1
             with open("/proc/self/oom_score_adj", "w") as handle:
                 handle.write("500")
@@ -2027,7 +2336,7 @@ class ExecutorProcess:
             except ProtocolError as exc:  # too big for a frame: exactly one result still goes out
                 error = {"type": "ProtocolError", "message": str(exc), "traceback": ""}
                 result.update(status="error", value=None, error=error)
-                for key in RESULT_EXTRAS:
+                for key in (*RESULT_EXTRAS, "cut"):
                     result.pop(key, None)
                 self.channel.send(result)
 
@@ -2043,6 +2352,7 @@ class ExecutorProcess:
             if not isinstance(code, str):
                 raise TypeError("execute frame has no 'code' string")
             self.running_id = execute_id
+            CURRENT_CALL.set(execute_id)  # inherited by the tasks and threads the cell starts
             if not self.tools_loaded:  # a fresh namespace: the saved tools first
                 self.tools_loaded = True
                 notices = self.load_saved_tools()
@@ -2052,7 +2362,14 @@ class ExecutorProcess:
             if value is not None:  # still interruptible: a __repr__ may never return
                 self.executor.namespace["_"] = value
                 if not self.images.add_value(value):
-                    result["value"] = safe_repr(value, self.max_output_chars)
+                    head, cut, tail = head_and_tail(safe_repr(value), self.max_output_chars)
+                    result["value"] = head
+                    if cut or tail:  # the bridge fits head and tail into the result's budget
+                        result["cut"] = {"value": {"count": cut, "tail": tail}}
+                    else:
+                        data = plain_json(value, self.max_output_chars)
+                        if data is not None:
+                            result["json"] = data
             self.images.capture_figures()  # figures still open at the end of the cell
             self.running_id = None
         except BaseException as exc:
@@ -2167,8 +2484,18 @@ def live_descendants(root: int) -> list[int]:
 
 
 def kill_descendants(keep: frozenset[int] = frozenset()) -> int:
-    """SIGKILL every process below this one except ``keep``, again and again until none
-    is left (a fork bomb keeps making more). Returns how many were killed."""
+    """SIGKILL every process below this one except ``keep``. Returns how many were killed.
+
+    As PID 1 of the container (the supervisor), every other process of its pid namespace
+    is one it started or inherited: one kill(-1, SIGSTOP) freezes them all at once (the
+    kernel signals each process of the namespace but init and the caller, and a fork that
+    races with it fails), so a fork bomb cannot outrun the kill and the supervisor gets the
+    CPU back; then each is killed by pid and ``keep`` is continued. Anywhere else (the
+    kernel run on the host, in tests) kill(-1) would reach every process of the machine's
+    user, so there the tree below this process is walked, again and again until none is
+    left (a fork bomb keeps making more)."""
+    if os.getpid() == 1:
+        return _kill_namespace(keep)
     killed = 0
     for _ in range(200):
         victims = [pid for pid in live_descendants(os.getpid()) if pid not in keep]
@@ -2180,6 +2507,28 @@ def kill_descendants(keep: frozenset[int] = frozenset()) -> int:
                 killed += 1
             except (ProcessLookupError, PermissionError):
                 pass
+    return killed
+
+
+def _kill_namespace(keep: frozenset[int]) -> int:
+    """kill_descendants as PID 1: stop all, kill all but ``keep``, continue ``keep``."""
+    try:
+        os.kill(-1, signal.SIGSTOP)
+    except OSError:  # ESRCH: no other process at all
+        return 0
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != 1 and int(entry) not in keep:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+                killed += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+    for pid in keep:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except (ProcessLookupError, PermissionError):
+            pass
     return killed
 
 
@@ -2249,9 +2598,9 @@ class Supervisor:
         self.channel = channel
         self.config = config
         self.config_path = config_path
-        self.max_output_chars = int(config.get("max_output_chars", 50000))
+        self.max_output_chars = int(config.get("max_output_chars", DEFAULT_MAX_OUTPUT))
         self.memory = str(config.get("memory", "the"))
-        self.limiter = OutputLimiter(self.max_output_chars)
+        self.output = OutputKeeper(self.max_output_chars, str(config.get("output_dir", OUTPUT_DIR)))
         self.lock = threading.RLock()
         self.child: ExecutorHandle | None = None
         self.ready = threading.Event()  # an executor is up and has said hello
@@ -2407,6 +2756,7 @@ class Supervisor:
                 value=frame.get("value"),
                 error=frame.get("error"),
                 extra={key: frame[key] for key in RESULT_EXTRAS if key in frame},
+                value_cut=(frame.get("cut") or {}).get("value"),
             )
         elif kind == "request":
             self.forward_request(handle, frame, running)
@@ -2423,7 +2773,7 @@ class Supervisor:
         request_id = frame["id"]
         with self.lock:
             refuse = None
-            if running is None:
+            if running is None or frame.get("call") != running:  # a thread of an earlier call
                 refuse = BACKGROUND_REFUSED
             elif request_id in self.forwarded:
                 refuse = "refused: request id %r is already in flight" % (request_id,)
@@ -2457,12 +2807,12 @@ class Supervisor:
             if running is None:
                 self.background[name] += len(text)
                 return
-            kept = self.limiter.admit(name, text)
+            kept = self.output.admit(name, text)
         if kept:
             try:
                 self.channel.send({"type": "stream", "id": running, "name": name, "text": kept})
             except ProtocolError:  # only with a frame cap below the chunk size: count it as cut
-                self.limiter.uncount(name, len(kept))
+                self.output.unsend(name, len(kept))
 
     # --- from the bridge -----------------------------------------------------------------------
     def serve(self) -> None:
@@ -2522,7 +2872,7 @@ class Supervisor:
         with self.lock:
             self.pending_notices.extend(self.take_background_notices())
             self.running, self.interrupted = execute_id, False
-            self.limiter.reset(execute_id)
+            self.output.reset()
             handle = self.child
         assert handle is not None
         try:
@@ -2621,6 +2971,7 @@ class Supervisor:
         value: Any = None,
         error: Any = None,
         extra: Frame | None = None,
+        value_cut: Frame | None = None,
     ) -> None:
         """Send the one result of ``execute_id`` (later attempts are ignored)."""
         with self.lock:
@@ -2634,8 +2985,16 @@ class Supervisor:
                 "status": status,
                 "value": value,
                 "error": error,
-                "dropped": dict(self.limiter.dropped),
             }
+            # The value and the traceback share the output budget with the streams.
+            others = len(value or "") + len((error or {}).get("traceback") or "")
+            if value_cut:
+                others += value_cut["count"] + len(value_cut["tail"])
+            cuts = self.output.finish(others)
+            if value_cut:
+                cuts["value"] = value_cut
+            if cuts:
+                result["cut"] = cuts
             notices = self.pending_notices + self.take_background_notices()
             self.pending_notices = []
             if notices:
@@ -2646,6 +3005,7 @@ class Supervisor:
         except ProtocolError as exc:  # only with a tiny frame cap; exactly one result still goes out
             result.update(status="error", value=None, error={"type": "ProtocolError", "message": str(exc)})
             result.pop("notices", None)
+            result.pop("cut", None)
             for key in RESULT_EXTRAS:
                 result.pop(key, None)
             self.channel.send(result)
@@ -2689,6 +3049,17 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the code may signal PID 1; only the bridge may stop it
     os.chdir(str(config.get("workdir") or os.getcwd()))
     channel = Channel(0, 1, int(config.get("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES)))
+    first = channel.receive()  # the key, before the executor (and any code) exists
+    if first is None:
+        return 0
+    try:
+        validate_frame(first, frozenset({"key"}))
+    except ProtocolError as exc:
+        channel.send(
+            {"type": "error", "message": "kernel stopped: the first frame must be the key (%s)" % exc}
+        )
+        return 2
+    channel.key = bytes.fromhex(first["key"])
     Supervisor(channel, config, config_path).serve()
     return 0
 

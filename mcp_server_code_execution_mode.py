@@ -103,6 +103,16 @@ OutputMode = Literal["compact", "toon"]
 
 
 @dataclass(frozen=True)
+class Workspace:
+    """MCP_BRIDGE_WORKSPACE: a host folder mounted at /workspace instead of the in-memory
+    one (``PATH``, or ``PATH:ro`` read-only). The only writable host mount, and only when
+    the user chooses it. ``path`` is absolute and resolved (no symbolic links)."""
+
+    path: Path
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
 class BridgeConfig:
     """Every setting, read once in main() and passed down; nothing reads the
     environment after start-up."""
@@ -119,7 +129,7 @@ class BridgeConfig:
     container_user: str = "65534:65534"
     idle_timeout: float = 3600.0
     prewarm: bool = True
-    max_output_chars: int = 50_000
+    max_output_chars: int = mcp_sandbox_kernel.DEFAULT_MAX_OUTPUT
     max_frame_bytes: int = 32 * 1024 * 1024
     start_timeout: float = 120.0
     interrupt_grace: float = 3.0
@@ -141,6 +151,7 @@ class BridgeConfig:
     max_image_bytes: int = 2 * 1024 * 1024
     max_attachment_bytes: int = 5_000_000
     respond_after: float = 45.0
+    workspace: Workspace | None = None
 
 
 class ConfigError(Exception):
@@ -221,6 +232,33 @@ def _tool_patterns(text: str) -> tuple[str, ...]:
     return patterns
 
 
+# Folders of the system itself: an engine's socket lives under /run, devices under /dev.
+REFUSED_WORKSPACE_ROOTS = tuple(Path(root) for root in ("/proc", "/sys", "/dev", "/run", "/var/run"))
+
+
+def _workspace(text: str) -> Workspace:
+    raw, read_only = (text[: -len(":ro")], True) if text.endswith(":ro") else (text, False)
+    path = Path(os.path.expandvars(raw)).expanduser()
+    if not path.is_absolute():
+        raise ValueError("must be an absolute path to a folder, optionally ending in :ro")
+    if not path.is_dir():
+        raise ValueError("%s is not a folder" % path if path.exists() else "no such folder: %s" % path)
+    resolved = path.resolve()
+    # Defense in depth: the sandbox may write and delete anything in the folder.
+    choose = "; choose (or create) a folder just for the sandbox, e.g. ~/mcp-workspace"
+    home = Path.home().resolve()
+    if resolved == Path(resolved.anchor):
+        raise ValueError("%s is the whole file system%s" % (resolved, choose))
+    if resolved == home or resolved in home.parents:
+        relation = "is" if resolved == home else "contains"
+        raise ValueError("%s %s your home folder%s" % (resolved, relation, choose))
+    if any(resolved == root or root in resolved.parents for root in REFUSED_WORKSPACE_ROOTS):
+        raise ValueError("%s is a system folder (/proc, /sys, /dev, /run)%s" % (resolved, choose))
+    if "," in str(resolved):
+        raise ValueError("%s has a comma, which the engines' --mount option cannot carry" % resolved)
+    return Workspace(resolved, read_only)
+
+
 @dataclass(frozen=True)
 class Option:
     """One setting: its config field, environment variable, flag and parser. The single
@@ -290,7 +328,8 @@ OPTIONS: tuple[Option, ...] = (
         "max_output_chars",
         "MCP_BRIDGE_MAX_OUTPUT",
         _positive_int,
-        "characters kept per stream (stdout, stderr) per call; the rest is cut with a marker",
+        "characters of a result's text, shared by stdout, stderr and the value; a longer part keeps its "
+        "head and tail around a marker, and a call's whole output is saved in /tmp/outputs",
     ),
     Option(
         "max_frame_bytes", "MCP_BRIDGE_MAX_FRAME_BYTES", _positive_int, "largest bridge<->kernel frame, bytes"
@@ -374,13 +413,13 @@ OPTIONS: tuple[Option, ...] = (
         "max_memory_bytes",
         "MCP_BRIDGE_MAX_MEMORY_BYTES",
         _positive_int,
-        "largest value one memory may hold (save_memory), bytes of JSON",
+        "largest memory (save_memory): bytes of its value's and metadata's JSON together",
     ),
     Option(
         "max_memory_total_bytes",
         "MCP_BRIDGE_MAX_MEMORY_TOTAL_BYTES",
         _positive_int,
-        "largest total of all memories, bytes of JSON",
+        "largest total of all memories (values and metadata), bytes of JSON",
     ),
     Option(
         "max_tool_result_bytes",
@@ -409,6 +448,14 @@ OPTIONS: tuple[Option, ...] = (
         "MCP_BRIDGE_MAX_ATTACHMENT_BYTES",
         _positive_int,
         "largest file runtime.attach() may return, bytes",
+    ),
+    Option(
+        "workspace",
+        "MCP_BRIDGE_WORKSPACE",
+        _workspace,
+        "host folder mounted at /workspace (PATH, or PATH:ro for read-only), kept across resets; "
+        "the sandbox runs as its owner",
+        "none (in memory)",
     ),
 )
 
@@ -494,6 +541,15 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> BridgeConfig
             "MCP_BRIDGE_TIMEOUT (%g) must not exceed MCP_BRIDGE_MAX_TIMEOUT (%g)"
             % (config.timeout, config.max_timeout)
         )
+    if config.workspace is not None:
+        # Defense in depth: the state directory holds the launch files (kernel, seccomp profile).
+        state_dir = config.state_dir.resolve()
+        if config.workspace.path in (state_dir, *state_dir.parents):
+            raise ConfigError(
+                "MCP_BRIDGE_WORKSPACE=%s contains the bridge's state directory %s (MCP_BRIDGE_STATE_DIR): "
+                "the sandbox could rewrite its own launch files, memories and saved tools; choose a folder "
+                "outside it" % (config.workspace.path, state_dir)
+            )
     return config
 
 
@@ -540,6 +596,10 @@ SESSION_CONFIG_FILENAME = "session.json"
 SECCOMP_FILENAME = "seccomp.json"
 IPC_MOUNT = "/ipc"
 WORKDIR = "/workspace"
+# Frames from the sandbox (or lines from a proxied server) that complete more than this
+# many bytes in one read are decoded in a worker thread: decoding megabytes takes long
+# (0.6 s for 11 MB of nested lists), and the event loop must keep answering the client.
+DECODE_IN_THREAD_BYTES = 256 * 1024
 
 
 # =============================================================================
@@ -704,6 +764,25 @@ class LaunchSpec:
     cpus: float
     user: str
     seccomp_profile: Path | None = None  # written by the session; None: the engine's default
+    workspace: Workspace | None = None  # None: /workspace is an in-memory tmpfs
+
+
+def sandbox_user(config: BridgeConfig) -> str:
+    """The sandbox's --user: MCP_BRIDGE_CONTAINER_USER, or with a workspace folder its
+    owner's uid:gid, so that files written there are the user's. Never root: a folder
+    whose owner or group is root keeps the configured user (main() warns)."""
+    if config.workspace is None:
+        return config.container_user
+    try:
+        info = config.workspace.path.stat()
+    except OSError as exc:
+        raise SandboxStartError(
+            "The workspace folder MCP_BRIDGE_WORKSPACE=%s cannot be read (%s); restore it, or restart the "
+            "server without it." % (config.workspace.path, exc.strerror or exc)
+        ) from None
+    if info.st_uid == 0 or info.st_gid == 0:
+        return config.container_user
+    return "%d:%d" % (info.st_uid, info.st_gid)
 
 
 class ContainerRuntime:
@@ -720,11 +799,18 @@ class ContainerRuntime:
 
     # Flags only this engine takes, added to the shared run argv.
     engine_flags: ClassVar[tuple[str, ...]] = ()
+    # Mount options this engine takes on a bind mount (the workspace folder).
+    bind_options: ClassVar[tuple[str, ...]] = ()
 
     def run_argv(self, spec: LaunchSpec) -> list[str]:
         global_flags, run_flags = self.oci_runtime_flags()
-        argv = build_run_argv(self.executable, spec, (*self.engine_flags, *run_flags))
+        flags = (*self.engine_flags, *self.workspace_flags(spec), *run_flags)
+        argv = build_run_argv(self.executable, spec, flags, self.bind_options)
         return [argv[0], *global_flags, *argv[1:]]
+
+    def workspace_flags(self, spec: LaunchSpec) -> list[str]:
+        """Run flags a workspace folder needs on this engine, beside its mount."""
+        return []
 
     def oci_runtime_flags(self) -> tuple[list[str], list[str]]:
         """(flags before `run`, flags of `run`) that select the OCI runtime."""
@@ -799,10 +885,18 @@ class PodmanRuntime(ContainerRuntime):
     # With --read-only, Podman also mounts writable, exec-allowed tmpfs on /run, /tmp and
     # /var/tmp; only the filesystems we document (and size) may be writable.
     engine_flags = ("--read-only-tmpfs=false",)
+    # As on the tmpfs mounts (Docker's bind mounts take none of these).
+    bind_options = ("noexec", "nosuid", "nodev")
 
     def __init__(self, executable: str) -> None:
         super().__init__(executable)
         self.started_machine: str | None = None
+        self.rootless = False  # read by check_ready()
+
+    def workspace_flags(self, spec: LaunchSpec) -> list[str]:
+        # Rootless, container uids map to the user's subordinate ids; keep-id maps the
+        # user's own uid to itself, so the sandbox (run as the folder's owner) can write.
+        return ["--userns=keep-id"] if spec.workspace is not None and self.rootless else []
 
     def oci_runtime_flags(self) -> tuple[list[str], list[str]]:
         if not self.oci_runtime:
@@ -840,6 +934,7 @@ class PodmanRuntime(ContainerRuntime):
             [self.executable, "info", "--format", "{{.Host.Security.Rootless}} {{.Host.CgroupsVersion}}"],
         )
         rootless, _, cgroups = result.stdout.decode().strip().partition(" ")
+        self.rootless = rootless == "true"
         if rootless == "true" and cgroups == "v1":
             self.warnings.append(
                 "rootless Podman on cgroups v1 ignores resource limits: the sandbox's memory, "
@@ -914,11 +1009,19 @@ async def detect_runtime(
     )
 
 
-def build_run_argv(executable: str, spec: LaunchSpec, engine_flags: Sequence[str] = ()) -> list[str]:
+def build_run_argv(
+    executable: str, spec: LaunchSpec, engine_flags: Sequence[str] = (), bind_options: Sequence[str] = ()
+) -> list[str]:
     """The hardened `run` command for one sandbox. Pure, so tests assert on it exactly.
-    ``engine_flags`` are the runtime's own additions (placed after --read-only)."""
+    ``engine_flags`` are the runtime's own additions (placed after --read-only);
+    ``bind_options`` its options for the workspace folder's bind mount."""
     sizes = writable_sizes(spec.memory)
     tmpfs = "rw,nosuid,nodev,noexec,size=%dk,mode=1777"
+    workdir = ["--tmpfs", WORKDIR + ":" + tmpfs % (sizes[WORKDIR] // 1024)]
+    if spec.workspace is not None:  # the user's folder: the only writable host mount
+        mount = ["type=bind", "source=%s" % spec.workspace.path, "target=" + WORKDIR]
+        mount += ["readonly"] if spec.workspace.read_only else []
+        workdir = ["--mount", ",".join([*mount, *bind_options])]
     return [
         executable, "run",
         "--interactive",  # the kernel's stdin is the frame channel; EOF ends the container
@@ -939,8 +1042,11 @@ def build_run_argv(executable: str, spec: LaunchSpec, engine_flags: Sequence[str
         "--ulimit", "nofile=%d:%d" % (ULIMIT_NOFILE, ULIMIT_NOFILE),
         "--ulimit", "nproc=%d:%d" % (ULIMIT_NPROC, ULIMIT_NPROC),
         "--tmpfs", "/tmp:" + tmpfs % (sizes["/tmp"] // 1024),
-        "--tmpfs", WORKDIR + ":" + tmpfs % (sizes[WORKDIR] // 1024),
+        *workdir,
         "--shm-size", "%dk" % (sizes["/dev/shm"] // 1024),  # noexec, nosuid, nodev on both engines
+        # The engines mount a writable mqueue filesystem here; a read-only tmpfs hides it
+        # (mq_open still works: its queues live in the container's own IPC namespace).
+        "--tmpfs", "/dev/mqueue:ro,nosuid,nodev,noexec,size=4k",
         "--volume", "%s:%s:ro" % (spec.ipc_dir, IPC_MOUNT),
         # No --workdir: Docker re-creates a workdir that is a tmpfs mount point as 0755
         # root, making it unwritable for the sandbox user. The kernel chdirs instead.
@@ -1680,6 +1786,7 @@ _READ_CHUNK = 1 << 20
 _LINE_EDGE = 1024  # bytes kept of each end of a discarded line: enough to find its id
 _SERVER_EXIT_GRACE = 2.0  # seconds per shutdown step: stdin closed, SIGTERM, SIGKILL
 OVERSIZED = "mcp-bridge:oversized"  # marks the error the bridge answers in place of a discarded line
+INVALID = "mcp-bridge:invalid"  # marks the error the bridge answers in place of an invalid response
 
 
 @dataclass(frozen=True)
@@ -1779,11 +1886,56 @@ def _server_item(line: bytes | OversizedLine, cap: int) -> SessionMessage | Exce
         return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error))
     if not line.strip():
         return None
+    text = line.decode("utf-8", "replace")
     try:
-        message = types.jsonrpc_message_adapter.validate_json(line.decode("utf-8", "replace"), by_name=False)
-    except ValueError as exc:  # junk on stdout: the session reports it, the connection stays
-        return exc
+        message = types.jsonrpc_message_adapter.validate_json(text, by_name=False)
+    except ValueError as exc:
+        return _repaired_item(text, exc)
     return SessionMessage(message)
+
+
+def _repaired_item(text: str, exc: ValueError) -> SessionMessage | Exception:
+    """A line the SDK's validator refused. Lone surrogates (``\\udcff`` escapes: valid JSON
+    from a careless server, refused by the validator) are replaced and the message is
+    validated again. A response that is still invalid answers its request with an error
+    now (else the call would wait out MCP_BRIDGE_TOOL_TIMEOUT); anything else is junk on
+    stdout, which the session reports while the connection stays."""
+    try:
+        cleaned = _without_lone_surrogates(json.loads(text))
+    except (ValueError, RecursionError):  # not JSON at all (or absurdly deep)
+        return exc
+    try:
+        return SessionMessage(types.jsonrpc_message_adapter.validate_python(cleaned, by_name=False))
+    except ValueError as invalid:
+        request_id = cleaned.get("id") if isinstance(cleaned, dict) else None
+        if not isinstance(request_id, int | str) or isinstance(request_id, bool):
+            return exc
+        if "method" in cleaned:  # a request or a notification: it answers nothing
+            return exc
+        problem = type(invalid).__name__
+        if isinstance(invalid, ValidationError) and invalid.errors():
+            errors = invalid.errors(include_url=False, include_input=False)
+            as_response = [error for error in errors if error["loc"][:1] == ("JSONRPCResponse",)]
+            first = (as_response or errors)[0]
+            problem = "%s: %s" % (".".join(str(part) for part in first["loc"]), first["msg"])
+        problem = clean_text(problem)[:300]
+        error = types.ErrorData(code=types.INTERNAL_ERROR, message=problem, data={INVALID: problem})
+        return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error))
+
+
+def _without_lone_surrogates(value: Any) -> Any:
+    """JSON data with each lone surrogate in its strings written as ``\\udcff`` text."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return value
+    if isinstance(value, list):
+        return [_without_lone_surrogates(item) for item in value]
+    if isinstance(value, dict):
+        return {_without_lone_surrogates(key): _without_lone_surrogates(item) for key, item in value.items()}
+    return value
 
 
 @asynccontextmanager
@@ -1812,7 +1964,13 @@ async def capped_stdio_transport(params: StdioServerParameters, cap: int) -> Asy
                 while True:
                     chunk = await stdout.receive(_READ_CHUNK)
                     for line in splitter.feed(chunk):
-                        item = _server_item(line, cap) if delivering else None
+                        if not delivering:
+                            item = None
+                        elif isinstance(line, bytes) and len(line) > DECODE_IN_THREAD_BYTES:
+                            # Validating megabytes takes long: off the event loop.
+                            item = await anyio.to_thread.run_sync(_server_item, line, cap)
+                        else:
+                            item = _server_item(line, cap)
                         if item is None:
                             continue
                         try:
@@ -2046,6 +2204,11 @@ class PooledClient:
                 "MCP server %r answered %s with %s bytes, over the %d-byte cap "
                 "(MCP_BRIDGE_MAX_TOOL_RESULT_BYTES); the bridge discarded the answer unread.%s"
                 % (name, request, leaf.data[OVERSIZED], self.config.max_tool_result_bytes, hint)
+            )
+        if isinstance(leaf, McpProtocolError) and isinstance(leaf.data, dict) and INVALID in leaf.data:
+            return ProxyError(
+                "MCP server %r answered %s with a message that is not valid MCP (%s); the bridge "
+                "discarded it." % (name, request, leaf.data[INVALID])
             )
         if code == REQUEST_TIMEOUT or isinstance(leaf, TimeoutError):
             limit = "within %gs (MCP_BRIDGE_TOOL_TIMEOUT)" % self.config.tool_timeout
@@ -2927,28 +3090,44 @@ class MemoryStore:
             "a new one." % (self.path, type(exc).__name__, exc)
         )
 
-    def _encode(self, value: Any, metadata: dict[str, Any] | None) -> tuple[str, str | None, int]:
+    def _encode(self, value: Any, metadata: dict[str, Any] | None) -> tuple[str, str | None]:
         text = memory_json(value, "value")
-        size = len(text.encode("utf-8"))
-        if size > self.max_value_bytes:
-            raise MemoryStoreError(
-                "The value is %d bytes, over the %d-byte cap per memory (MCP_BRIDGE_MAX_MEMORY_BYTES)."
-                % (size, self.max_value_bytes)
-            )
-        return text, None if metadata is None else memory_json(metadata, "metadata"), size
+        meta = None if metadata is None else memory_json(metadata, "metadata")
+        self._entry_size(text, meta)  # refused before the store is opened, when it can be
+        return text, meta
 
-    def _write(self, db: sqlite3.Connection, key: str, text: str, meta: str | None, size: int) -> int:
+    def _entry_size(self, text: str, meta: str | None) -> int:
+        """Bytes an entry counts against both caps: its value's and its metadata's JSON."""
+        value_bytes = len(text.encode("utf-8"))
+        meta_bytes = 0 if meta is None else len(meta.encode("utf-8"))
+        size = value_bytes + meta_bytes
+        if size > self.max_value_bytes:
+            parts = (
+                "The value is %d bytes" % value_bytes
+                if not meta_bytes
+                else "The value (%d bytes) and its metadata (%d bytes) are %d bytes together"
+                % (value_bytes, meta_bytes, size)
+            )
+            raise MemoryStoreError(
+                "%s, over the %d-byte cap per memory (MCP_BRIDGE_MAX_MEMORY_BYTES; value and metadata "
+                "count together)." % (parts, self.max_value_bytes)
+            )
+        return size
+
+    def _write(self, db: sqlite3.Connection, key: str, text: str, meta: str | None) -> int:
+        row = db.execute("SELECT version, metadata FROM memories WHERE key = ?", (key,)).fetchone()
+        # metadata=None keeps the entry's metadata (the upsert below), so it counts too.
+        size = self._entry_size(text, meta if meta is not None or row is None else row[1])
         others = db.execute("SELECT COALESCE(SUM(size), 0) FROM memories WHERE key != ?", (key,)).fetchone()[
             0
         ]
         if others + size > self.max_total_bytes:
             raise MemoryStoreError(
-                "Storing %d bytes would take the memory store over its %d-byte total "
-                "(MCP_BRIDGE_MAX_MEMORY_TOTAL_BYTES); delete memories you no longer need."
-                % (size, self.max_total_bytes)
+                "Storing %d bytes (value and metadata) would take the memory store over its %d-byte total "
+                "(MCP_BRIDGE_MAX_MEMORY_TOTAL_BYTES; the other memories hold %d bytes); delete memories "
+                "you no longer need." % (size, self.max_total_bytes, others)
             )
         now = time.time()
-        row = db.execute("SELECT version, metadata FROM memories WHERE key = ?", (key,)).fetchone()
         version = (row[0] if row else 0) + 1
         db.execute(
             "INSERT INTO memories (key, value, metadata, version, size, created, updated) "
@@ -2960,9 +3139,9 @@ class MemoryStore:
         return int(version)
 
     def save(self, key: str, value: Any, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
-        text, meta, size = self._encode(value, metadata)
+        text, meta = self._encode(value, metadata)
         with self._transaction(write=True) as db:
-            self._write(db, validate_memory_key(key), text, meta, size)
+            self._write(db, validate_memory_key(key), text, meta)
         info = self.info(key)
         assert info is not None
         return info
@@ -2980,7 +3159,7 @@ class MemoryStore:
     def put_if(self, key: str, value: Any, version: int) -> dict[str, Any]:
         """Write ``value`` only if the key is still at ``version`` (0: still absent): the
         commit half of update_memory, whose function runs in the sandbox in between."""
-        text, meta, size = self._encode(value, None)
+        text, meta = self._encode(value, None)
         with self._transaction(write=True) as db:
             row = db.execute(
                 "SELECT version FROM memories WHERE key = ?", (validate_memory_key(key),)
@@ -2988,7 +3167,7 @@ class MemoryStore:
             current = row[0] if row else 0
             if current != version:
                 return {"ok": False, "version": current}
-            return {"ok": True, "version": self._write(db, key, text, meta, size)}
+            return {"ok": True, "version": self._write(db, key, text, meta)}
 
     def delete(self, key: str) -> bool:
         with self._transaction(write=True) as db:
@@ -2998,15 +3177,19 @@ class MemoryStore:
         rows = self._infos("WHERE key = ?", (validate_memory_key(key),))
         return rows[0] if rows else None
 
-    def entries(self) -> list[dict[str, Any]]:
-        return self._infos("ORDER BY key", ())
+    def entries(self, value_sizes: bool = False) -> list[dict[str, Any]]:
+        """Every memory's info; ``value_sizes``: with "value_size", the bytes of its value's
+        JSON alone ("size" counts the metadata too, as the caps do)."""
+        return self._infos("ORDER BY key", (), value_sizes=value_sizes)
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """Every memory, its value first, then its info, read in one transaction: a
         consistent copy even while another bridge writes."""
         return {entry.pop("key"): entry for entry in self._infos("ORDER BY key", (), with_values=True)}
 
-    def _infos(self, where: str, args: tuple[Any, ...], with_values: bool = False) -> list[dict[str, Any]]:
+    def _infos(
+        self, where: str, args: tuple[Any, ...], with_values: bool = False, value_sizes: bool = False
+    ) -> list[dict[str, Any]]:
         columns = "key, metadata, size, version, created, updated" + (", value" if with_values else "")
         with self._transaction(write=False) as db:
             rows = db.execute("SELECT %s FROM memories %s" % (columns, where), args).fetchall()
@@ -3022,6 +3205,8 @@ class MemoryStore:
                 created=_iso_time(created),
                 updated=_iso_time(updated),
             )
+            if value_sizes:
+                info["value_size"] = size - (len(metadata.encode("utf-8")) if metadata else 0)
             infos.append(info)
         return infos
 
@@ -3029,9 +3214,14 @@ class MemoryStore:
 class SavedTools:
     """Saved tools: one readable Python file per tool, ``STATE_DIR/user_tools/<name>.py``,
     that the user may open and edit; written atomically (a temporary file, then
-    os.replace), so a reader never sees half a file. Blocking, like MemoryStore."""
+    os.replace), so a reader never sees half a file. Blocking, like MemoryStore.
+
+    Bounded, because every new session loads them all: at most MAX_TOOLS tools and
+    MAX_TOTAL_BYTES of source together (a save that would pass either is refused)."""
 
     MAX_SOURCE_BYTES = 256 * 1024
+    MAX_TOOLS = 1000
+    MAX_TOTAL_BYTES = 10 * 1024 * 1024
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -3052,6 +3242,7 @@ class SavedTools:
             compile(source, str(path), "exec", dont_inherit=True)
         except (SyntaxError, ValueError) as exc:
             raise MemoryStoreError("The source of %s does not compile: %s" % (name, exc)) from None
+        self._check_room(path, len(data))
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         temporary = path.with_name(".%s.%s.tmp" % (path.name, secrets.token_hex(4)))
         try:
@@ -3060,7 +3251,32 @@ class SavedTools:
         except OSError as exc:
             temporary.unlink(missing_ok=True)
             raise MemoryStoreError("Could not write %s: %s" % (path, exc)) from None
-        return {"name": name, "path": str(path)}
+        # "tools": every saved tool's name, so the kernel does not warn about calls to them.
+        return {"name": name, "path": str(path), "tools": [other.stem for other in self._files()]}
+
+    def _files(self) -> list[Path]:
+        if not self.directory.is_dir():
+            return []
+        return [path for path in sorted(self.directory.glob("*.py")) if path.stem.isidentifier()]
+
+    def _check_room(self, path: Path, size: int) -> None:
+        """MemoryStoreError if one more tool, or ``size`` more bytes, would pass the bounds.
+        Two bridges saving at the same moment may each pass it once: a soft bound."""
+        others = [other for other in self._files() if other != path]
+        if len(others) >= self.MAX_TOOLS:
+            raise MemoryStoreError(
+                "There are already %d saved tools, the most there may be; delete_tool() the ones you no "
+                "longer need (list_saved_tools() names them)." % len(others)
+            )
+        used = 0
+        for other in others:
+            with suppress(OSError):  # deleted meanwhile: takes no room
+                used += other.stat().st_size
+        if used + size > self.MAX_TOTAL_BYTES:
+            raise MemoryStoreError(
+                "Saving %d bytes of source would take the saved tools over %d bytes together (the others "
+                "hold %d); delete_tool() the ones you no longer need." % (size, self.MAX_TOTAL_BYTES, used)
+            )
 
     def delete(self, name: str) -> bool:
         try:
@@ -3072,9 +3288,7 @@ class SavedTools:
     def sources(self) -> list[dict[str, str]]:
         """Every saved tool's source, in name order; unreadable files are skipped (and logged)."""
         tools = []
-        for path in sorted(self.directory.glob("*.py")) if self.directory.is_dir() else ():
-            if not path.stem.isidentifier():
-                continue
+        for path in self._files():
             try:
                 tools.append(
                     {"name": path.stem, "path": str(path), "source": path.read_text(encoding="utf-8")}
@@ -3188,15 +3402,29 @@ class ToolNameParams(_SandboxParams):
 
 
 MAX_ARGUMENT_DEPTH = 100
+# The MCP SDK serializes a call's arguments on the event loop, at up to a microsecond per
+# value (lists and objects cost most): this many values hold it for a tenth of a second at
+# worst. Bulk data of one string (file contents) counts as one value.
+MAX_ARGUMENT_VALUES = 250_000
 
 
 def check_tool_arguments(arguments: dict[str, Any]) -> None:
     """ProxyError for arguments a server connection would choke on: strings with lone
     surrogates (e.g. a file name that is not UTF-8; the transport's encoder would fail
-    and drop the connection) and nesting deeper than MAX_ARGUMENT_DEPTH."""
+    and drop the connection), nesting deeper than MAX_ARGUMENT_DEPTH and more than
+    MAX_ARGUMENT_VALUES values. CPU-bound on large arguments: call it in a worker thread."""
     stack: list[tuple[Any, int]] = [(arguments, 0)]
+    count = 1
     while stack:
         value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            count += len(value) * (2 if isinstance(value, dict) else 1)  # before the walk grows
+            if count > MAX_ARGUMENT_VALUES:
+                raise ProxyError(
+                    "Tool arguments hold more than %d values (numbers, strings, keys, lists and objects each "
+                    "count once). Split the data over several calls, or pass it as one string where the "
+                    "tool accepts text." % MAX_ARGUMENT_VALUES
+                )
         if depth > MAX_ARGUMENT_DEPTH:
             raise ProxyError("Tool arguments are nested deeper than %d levels." % MAX_ARGUMENT_DEPTH)
         if isinstance(value, str):
@@ -3263,6 +3491,9 @@ class HostAPI:
         # One search ranks at a time, in a worker thread: it is CPU-bound and must not
         # stall the event loop (which also answers the MCP client's pings).
         self._search_limiter = anyio.CapacityLimiter(1)
+        # Other CPU-bound work on what the sandbox or a server sent (walking a call's
+        # arguments, measuring its result: megabytes each) also runs in worker threads.
+        self._cpu_limiter = anyio.CapacityLimiter(2)
         # alias -> (the tool list it was built from, its search index); one per server.
         self._search_index: dict[str, tuple[list[types.Tool], list[IndexedTool]]] = {}
 
@@ -3412,14 +3643,14 @@ class HostAPI:
     async def call_tool(
         self, server: str, tool: str, arguments: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        check_tool_arguments(arguments or {})
+        await self._off_loop(check_tool_arguments, arguments or {})
         client = self.pool.client(server)
         found = await self._find_tool(client, tool)
         # The signature shows Python names (user_id); the server knows its own (user-id).
-        result = await client.call_tool(found.name, schema_arguments(found.input_schema, arguments or {}))
-        payload: dict[str, Any] = result.model_dump(by_alias=True, exclude_none=True, mode="json")
-        # surrogatepass: a server may send lone surrogates; they are measured, not fatal.
-        size = len(json.dumps(payload, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+        renamed = await self._off_loop(schema_arguments, found.input_schema, arguments or {})
+        result = await client.call_tool(found.name, renamed)
+        measured: tuple[dict[str, Any], int] = await self._off_loop(result_payload, result)
+        payload, size = measured
         if size > self.config.max_tool_result_bytes:
             raise ProxyError(
                 "The result of %s.%s is %d bytes, over the %d-byte cap (MCP_BRIDGE_MAX_TOOL_RESULT_BYTES). "
@@ -3427,6 +3658,11 @@ class HostAPI:
                 % (server, tool, size, self.config.max_tool_result_bytes)
             )
         return payload
+
+    async def _off_loop(self, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)`` in a worker thread: it walks data of up to the request or
+        result cap, which would hold the event loop for a second or more."""
+        return await anyio.to_thread.run_sync(function, *args, limiter=self._cpu_limiter)
 
     # --- memory: the store's methods, off the event loop ---------------------------------
     async def _in_store(self, method: Callable[..., Any], *args: Any) -> Any:
@@ -3488,6 +3724,13 @@ class HostAPI:
         return "\n".join(lines)
 
 
+def result_payload(result: types.CallToolResult) -> tuple[dict[str, Any], int]:
+    """A proxied tool's result as JSON data, and its size in bytes."""
+    payload: dict[str, Any] = result.model_dump(by_alias=True, exclude_none=True, mode="json")
+    # surrogatepass: a server may send lone surrogates; they are measured, not fatal.
+    return payload, len(json.dumps(payload, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+
+
 def _tool_dict(tool: types.Tool) -> dict[str, Any]:
     return tool.model_dump(by_alias=True, exclude_none=True, mode="json")
 
@@ -3503,15 +3746,28 @@ SUPERVISOR_MARGIN = 5.0
 
 
 @dataclass
+class OutputCut:
+    """Characters cut from the middle of a part of a result, the text after them, and the
+    file in the sandbox that holds the whole part (streams only)."""
+
+    count: int = 0
+    tail: str = ""
+    file: str | None = None
+
+
+@dataclass
 class ExecutionOutcome:
     """What one run_python call produced; rendered once at the tool boundary."""
 
     status: Literal["ok", "error", "timeout", "crashed", "running"]
     stdout: str = ""
     stderr: str = ""
-    value: str | None = None
+    value: str | None = None  # the repr of the final value
+    value_json: Any = None  # the final value as JSON data, when it is plain JSON
     error: dict[str, str] | None = None
-    truncated: dict[str, int] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
+    # What was cut from the middle of stdout, stderr or the value (rendering fits the rest
+    # into the output budget): the count, the text after the cut, the file holding it all.
+    cuts: dict[str, OutputCut] = field(default_factory=dict)
     state_kept: bool = True
     detail: str | None = None  # the status line: what happened to the run and the session
     notices: list[str] = field(default_factory=list)
@@ -3646,9 +3902,9 @@ class PendingExecute:
     def add_stream(self, name: str, text: str) -> None:
         if self.progress is not None:
             self.progress.saw_output(text)
-        # The kernel caps output already; this is the host's own cap (defense in depth
-        # against code that writes frames to the channel itself).
-        room = max(0, self.max_chars - self.kept[name])
+        # The supervisor streams at most half the budget per stream (the head); this is the
+        # host's own cap, in case anything else ever writes stream frames.
+        room = max(0, self.max_chars // 2 - self.kept[name])
         if room:
             self.streams[name].append(text[:room])
         self.kept[name] += min(room, len(text))
@@ -3710,6 +3966,7 @@ class SandboxSession:
         self.task_group: anyio.abc.TaskGroup | None = None
         self.requests: dict[str | int, anyio.CancelScope] = {}
         self.in_flight = 0
+        self.request_bytes = 0  # frame bytes of the requests in flight (capped, see _accept_request)
         self.owner = owner or bridge_owner()
         self.name = container_name(self.owner)
         self.ipc_dir = ipc_root / session_dir_name(self.owner, self.name) / "ipc"
@@ -3727,6 +3984,7 @@ class SandboxSession:
         self.first_malformed: str | None = None
         # Shared by the bridge's sessions: a sandbox restarted again and again logs once.
         self.problems = problems or ProblemLog()
+        self.frame_key = secrets.token_bytes(32)  # signs what the supervisor sends (see the kernel)
         self.refusing = 0  # refusal answers being sent
         self._write_lock = anyio.Lock()
         self._reader_scopes: list[anyio.CancelScope] = []
@@ -3772,8 +4030,9 @@ class SandboxSession:
             memory=self.config.memory,
             pids=self.config.pids,
             cpus=self.config.cpus,
-            user=self.config.container_user,
+            user=sandbox_user(self.config),
             seccomp_profile=self.seccomp_path,
+            workspace=self.config.workspace,
         )
 
     @property
@@ -3807,6 +4066,9 @@ class SandboxSession:
             ) from None
         logger.debug("starting sandbox: %s", " ".join(argv))
         self.task_group = task_group
+        # The first line: the key the supervisor signs its frames with (frame authentication).
+        with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await self.send({"type": "key", "key": self.frame_key.hex()})
         task_group.start_soon(self._read_frames)
         task_group.start_soon(self._read_stderr)
         with anyio.move_on_after(self.config.start_timeout):
@@ -3845,12 +4107,25 @@ class SandboxSession:
 
     async def _read_frames(self) -> None:
         assert self.process is not None and self.process.stdout is not None
-        decoder = FrameDecoder(self.config.max_frame_bytes)
+        decoder = FrameDecoder(self.config.max_frame_bytes, key=self.frame_key)
+        unauthentic = 0
         with self._reader_scope():
             try:
                 async for chunk in self.process.stdout:
-                    for frame in decoder.feed(chunk):
-                        await self._dispatch(frame)
+                    if decoder.buffered + len(chunk) > DECODE_IN_THREAD_BYTES and b"\n" in chunk:
+                        # One reader per session: frames are still decoded in order.
+                        frames = await anyio.to_thread.run_sync(decoder.feed_sized, chunk)
+                    else:
+                        frames = decoder.feed_sized(chunk)
+                    if decoder.unauthentic > unauthentic:  # the code wrote to the channel itself
+                        unauthentic = decoder.unauthentic
+                        self.problems.report(
+                            "unauthentic frames",
+                            "sandbox %s: dropped lines on its channel that its supervisor did not sign",
+                            self.name,
+                        )
+                    for frame, size in frames:
+                        await self._dispatch(frame, size)
             except ProtocolError as exc:
                 logger.error("sandbox %s broke the frame protocol: %s", self.name, exc)
                 await self._kill("broke the frame protocol (%s)" % exc)
@@ -3875,9 +4150,10 @@ class SandboxSession:
         self._reader_scopes.append(scope)
         return scope
 
-    async def _dispatch(self, frame: dict[str, Any]) -> None:
-        """One frame from the sandbox, validated before any field is used. Runs in the
-        reader task: what it awaits slows the sandbox's sender, never the bridge."""
+    async def _dispatch(self, frame: dict[str, Any], size: int = 0) -> None:
+        """One frame from the sandbox (``size`` bytes on the wire), validated before any
+        field is used. Runs in the reader task: what it awaits slows the sandbox's sender,
+        never the bridge."""
         try:
             validate_frame(frame, KERNEL_FRAME_TYPES)
         except ProtocolError as exc:
@@ -3902,7 +4178,7 @@ class SandboxSession:
             else:
                 self._note_kernel_error(frame["message"])
         elif kind == "request":
-            await self._accept_request(frame)
+            await self._accept_request(frame, size)
         elif kind == "cancel":
             self.cancel_requests(frame["id"])
 
@@ -3924,8 +4200,8 @@ class SandboxSession:
         self.kernel_errors = [*self.kernel_errors[-4:], message[:500]]
         self.problems.report("kernel error", "sandbox %s kernel: %s", self.name, message[:500])
 
-    async def _accept_request(self, frame: dict[str, Any]) -> None:
-        request_id = frame["id"]
+    async def _accept_request(self, frame: dict[str, Any], size: int = 0) -> None:
+        request_id, cap = frame["id"], self.config.max_tool_result_bytes
         if self.pending is None:
             # The supervisor already refuses requests between calls; defense in depth.
             self._refuse(request_id, "refused: no run_python call is running")
@@ -3935,10 +4211,29 @@ class SandboxSession:
             # Defense in depth (the supervisor caps requests in flight too): code that fires
             # requests without bound must not make the bridge hold unbounded server calls.
             self._refuse(request_id, TOO_MANY_REQUESTS)
+        elif size > cap:
+            # Defense in depth: a request's arguments are held (and checked, and sent on)
+            # by the bridge, so they are capped like a tool's result.
+            self._refuse(
+                request_id,
+                "runtime.%s: the request is %d bytes, over the %d-byte cap for a request to the host "
+                "(MCP_BRIDGE_MAX_TOOL_RESULT_BYTES). Pass less data per call (split it over several calls)."
+                % (frame["method"], size, cap),
+            )
+        elif self.request_bytes + size > cap:
+            # All requests in flight together hold at most the cap too (up to 256 of them
+            # could otherwise hold 256 times the cap).
+            self._refuse(
+                request_id,
+                "runtime.%s: the request is %d bytes, and requests still in flight hold %d bytes; together "
+                "they may hold at most %d bytes (MCP_BRIDGE_MAX_TOOL_RESULT_BYTES). Wait for those calls to "
+                "finish, or pass less data per call." % (frame["method"], size, self.request_bytes, cap),
+            )
         else:
             self.in_flight += 1
+            self.request_bytes += size
             scope = self.requests[request_id] = anyio.CancelScope()
-            self.task_group.start_soon(self._serve_request, frame, scope)
+            self.task_group.start_soon(self._serve_request, frame, scope, size)
 
     def _refuse(self, request_id: Any, message: str) -> None:
         """Answer a request with an error from a task of its own: the reader must never
@@ -3957,7 +4252,7 @@ class SandboxSession:
 
         self.task_group.start_soon(answer)
 
-    async def _serve_request(self, frame: dict[str, Any], scope: anyio.CancelScope) -> None:
+    async def _serve_request(self, frame: dict[str, Any], scope: anyio.CancelScope, size: int = 0) -> None:
         """Serve one request and answer it exactly once; nothing raises out of here."""
         request_id = frame["id"]
         result: Any = None
@@ -3982,6 +4277,7 @@ class SandboxSession:
         finally:
             self.requests.pop(request_id, None)
             self.in_flight -= 1
+            self.request_bytes -= size
         await self._respond(request_id, result=result, error=error)
 
     async def _respond(self, request_id: Any, result: Any = None, error: str | None = None) -> None:
@@ -4127,14 +4423,18 @@ class SandboxSession:
     def _outcome(self, pending: PendingExecute, timeout: float, timed_out: bool) -> ExecutionOutcome:
         result = pending.result or {}
         status = result.get("status")
-        dropped = result.get("dropped") or {}
+        cuts = {name: OutputCut(**cut) for name, cut in (result.get("cut") or {}).items()}
+        for name, count in pending.cut.items():  # the host's own cap cut the head
+            if count:
+                cuts.setdefault(name, OutputCut()).count += count
         outcome = ExecutionOutcome(
             status="ok",
             stdout="".join(pending.streams["stdout"]),
             stderr="".join(pending.streams["stderr"]),
             value=result.get("value"),
+            value_json=result.get("json"),
             error=result.get("error"),
-            truncated={name: int(dropped.get(name, 0)) + pending.cut[name] for name in ("stdout", "stderr")},
+            cuts=cuts,
             notices=list(result.get("notices") or []),
         )
         outcome.images = checked_images(result.get("images") or [], self.config, outcome.notices)
@@ -4525,46 +4825,117 @@ class SessionManager:
 # =============================================================================
 
 
-def structured_result(outcome: ExecutionOutcome) -> dict[str, Any]:
-    return {
-        "status": outcome.status,
+# --- the output budget -------------------------------------------------------------
+# One budget (MCP_BRIDGE_MAX_OUTPUT characters) for the text of a result, shared by
+# stdout, stderr, the traceback and the value: each gets a fair share, a part that needs
+# less leaves the rest to the others, and a part longer than its share keeps its head and
+# its tail around one cut marker (the kernel's, so every cut reads the same). Streams cut
+# this way were saved whole in the sandbox; the marker names the file.
+
+PART_LABELS = {"stdout": "stdout", "stderr": "stderr", "traceback": "the traceback", "value": "the value"}
+
+
+@dataclass
+class FittedOutput:
+    text: dict[str, str]  # part -> what the result shows of it
+    cut: dict[str, dict[str, Any]]  # part -> {"characters": cut, "file": the whole, if saved}
+
+
+def shown_error(outcome: ExecutionOutcome) -> str:
+    """The error text a result shows: the traceback of code that failed or timed out."""
+    if not outcome.error or outcome.status not in ("error", "timeout"):
+        return ""
+    return outcome.error.get("traceback") or "%s: %s" % (outcome.error["type"], outcome.error["message"])
+
+
+def shares(sizes: dict[str, int], budget: int) -> dict[str, int]:
+    """How many characters each part keeps: the budget split evenly, smallest first, so
+    what a small part does not use goes to the bigger ones."""
+    keep: dict[str, int] = {}
+    left = budget
+    for done, name in enumerate(sorted(sizes, key=sizes.__getitem__)):
+        keep[name] = min(sizes[name], left // (len(sizes) - done))
+        left -= keep[name]
+    return keep
+
+
+def fit_output(outcome: ExecutionOutcome, budget: int) -> FittedOutput:
+    parts = {
         "stdout": outcome.stdout,
         "stderr": outcome.stderr,
-        "value": outcome.value,
-        "error": outcome.error,
-        "truncated": outcome.truncated,
-        "state_kept": outcome.state_kept,
-        "detail": outcome.detail,
-        "notices": outcome.notices,
-        "duration_seconds": round(outcome.duration, 3),
-        **({"earlier": structured_result(outcome.earlier)} if outcome.earlier is not None else {}),
+        "traceback": shown_error(outcome),
+        "value": outcome.value or "",
     }
+    cuts = {name: outcome.cuts.get(name) or OutputCut() for name in parts}
+    keep = shares({name: len(parts[name]) + len(cuts[name].tail) for name in parts}, budget)
+    fitted = FittedOutput(text={}, cut={})
+    for name, head in parts.items():
+        cut = cuts[name]
+        shown_head, count, shown_tail = keep_ends(head, cut.count, cut.tail, keep[name])
+        if not count:
+            fitted.text[name] = shown_head
+            continue
+        marker = mcp_sandbox_kernel.cut_marker(count, PART_LABELS[name], budget, cut.file)
+        newline = "\n" if shown_head and not shown_head.endswith("\n") else ""
+        fitted.text[name] = shown_head + newline + marker + "\n" + shown_tail
+        fitted.cut[name] = {"characters": count, **({"file": cut.file} if cut.file else {})}
+    return fitted
 
 
-def cut_marker(stream: str, count: int, config: BridgeConfig) -> str:
-    return (
-        "\n[... %d more characters of %s cut: output is capped at %d characters per call "
-        "(MCP_BRIDGE_MAX_OUTPUT) ...]" % (count, stream, config.max_output_chars)
-    )
+def keep_ends(head: str, missing: int, tail: str, keep: int) -> tuple[str, int, str]:
+    """(head shown, characters cut, tail shown) of a text known as its head, ``missing``
+    characters, and its tail, showing at most ``keep`` characters: half each end."""
+    if not missing:  # nothing lies between head and tail: one text, cut anywhere
+        whole = head + tail
+        if len(whole) <= keep:
+            return whole, 0, ""
+        return whole[: keep - keep // 2], len(whole) - keep, whole[len(whole) - keep // 2 :]
+    tail_keep = min(len(tail), keep // 2)
+    head_keep = min(len(head), keep - tail_keep)
+    tail_keep = min(len(tail), keep - head_keep)  # a short head leaves more to the tail
+    cut = missing + len(head) - head_keep + len(tail) - tail_keep
+    return head[:head_keep], cut, tail[len(tail) - tail_keep :]
 
 
-def render_blocks(outcome: ExecutionOutcome, config: BridgeConfig) -> list[str]:
+def structured_result(outcome: ExecutionOutcome, fitted: FittedOutput) -> dict[str, Any]:
+    """The result as data (structuredContent, and TOON mode's text): only what this call
+    has (no empty fields), and the final value as JSON data when it is plain JSON within
+    the budget (else its repr, as ``value_repr``)."""
+    data: dict[str, Any] = {"status": outcome.status}
+    for name in ("stdout", "stderr"):
+        if fitted.text[name]:
+            data[name] = fitted.text[name]
+    if outcome.value_json is not None and "value" not in fitted.cut:
+        data["value"] = outcome.value_json
+    elif outcome.value is not None:
+        data["value_repr"] = fitted.text["value"]
+    if outcome.error is not None:
+        data["error"] = dict(
+            outcome.error, traceback=fitted.text["traceback"] or outcome.error.get("traceback", "")
+        )
+    if fitted.cut:
+        data["truncated"] = fitted.cut
+    if not outcome.state_kept:
+        data["state_kept"] = False
+    if outcome.detail:
+        data["detail"] = outcome.detail
+    if outcome.notices:
+        data["notices"] = outcome.notices
+    data["duration_seconds"] = round(outcome.duration, 3)
+    return data
+
+
+def render_blocks(outcome: ExecutionOutcome, fitted: FittedOutput) -> list[str]:
     """The result text as content blocks: the bridge's notices, the code's own output
     (stdout, stderr, traceback, value), and the bridge's status line. Kept apart so
     nothing the code prints can pass for a message from the bridge."""
-    output: list[str] = []
-    for stream in ("stdout", "stderr"):
-        text = getattr(outcome, stream)
-        if outcome.truncated[stream]:
-            text += cut_marker(stream, outcome.truncated[stream], config)
-        if text:
-            output.append(text.rstrip("\n") if stream == "stdout" else "[stderr]\n" + text.rstrip("\n"))
-    if outcome.error and outcome.status in ("error", "timeout"):
-        output.append(
-            outcome.error.get("traceback") or "%s: %s" % (outcome.error["type"], outcome.error["message"])
-        )
+    output = [
+        {"stdout": text.rstrip("\n"), "stderr": "[stderr]\n" + text.rstrip("\n")}.get(name, text)
+        for name, text in fitted.text.items()
+        if text and name != "value"
+    ]
     if outcome.value is not None:
-        output.append(outcome.value)
+        output.append(fitted.text["value"])
     blocks = [
         "\n".join("[session] " + notice for notice in outcome.notices),
         "\n".join(output),
@@ -4576,12 +4947,11 @@ def render_blocks(outcome: ExecutionOutcome, config: BridgeConfig) -> list[str]:
 
 
 def render_compact(outcome: ExecutionOutcome, config: BridgeConfig) -> str:
-    return "\n".join(render_blocks(outcome, config))
+    return "\n".join(render_blocks(outcome, fit_output(outcome, config.max_output_chars)))
 
 
-def render_toon(outcome: ExecutionOutcome) -> str:
-    data = {key: value for key, value in structured_result(outcome).items() if value not in (None, "", [])}
-    return str(toon_format.encode(data))
+def render_toon(outcome: ExecutionOutcome, fitted: FittedOutput) -> str:
+    return str(toon_format.encode(structured_result(outcome, fitted)))
 
 
 # What a terminal would act on rather than show: escape sequences (colours, cursor moves,
@@ -4641,9 +5011,10 @@ def tool_result(
 
 def render_outcome(outcome: ExecutionOutcome, config: BridgeConfig) -> types.CallToolResult:
     parts = [outcome] if outcome.earlier is None else [outcome.earlier, outcome]
+    fitted = [fit_output(part, config.max_output_chars // len(parts)) for part in parts]  # one budget
     blocks = []
-    for part in parts:
-        text = [render_toon(part)] if config.output_mode == "toon" else render_blocks(part, config)
+    for part, fit in zip(parts, fitted, strict=True):
+        text = [render_toon(part, fit)] if config.output_mode == "toon" else render_blocks(part, fit)
         if part is outcome.earlier:  # the end of the code an earlier call left running
             text = ["[earlier call, now finished]", *text]
         blocks += text
@@ -4651,7 +5022,11 @@ def render_outcome(outcome: ExecutionOutcome, config: BridgeConfig) -> types.Cal
     attachments = [attachment for part in parts for attachment in part.attachments]
     # Claude Code shows structuredContent instead of content when both are there, and so
     # would drop images and files: a result with either has none.
-    structured = None if images or attachments else structured_result(outcome)
+    structured = None
+    if not images and not attachments:
+        structured = structured_result(outcome, fitted[-1])
+        if outcome.earlier is not None:
+            structured["earlier"] = structured_result(outcome.earlier, fitted[0])
     # "running" is no error: the model calls again to wait for the rest.
     return tool_result(blocks, structured, outcome.status not in ("ok", "running"), images, attachments)
 
@@ -4686,7 +5061,7 @@ result says so whenever earlier state is gone.
 - stdout/stderr are captured (subprocesses too) and capped per call with a marker.
 - A timeout raises KeyboardInterrupt in the code and keeps the session; code that
   ignores it is killed and the session restarts empty.
-- Writable: /workspace (working directory) and /tmp, in memory. No network.
+- Writable: /workspace (working directory) and /tmp, in memory; reset empties them. No network.
 
 ## Your MCP servers, as Python
 Each configured server is an object `mcp_<alias>` (also `from mcp.servers import <alias>`);
@@ -4723,6 +5098,24 @@ configuration problems; runtime.capability_summary() is a short overview.
 Saved tools are already defined when a session starts; list_saved_tools() names them.
 Like tool calls, these return their value, and can be awaited or gathered.
 """
+
+
+# The manual's line on files, as it reads with MCP_BRIDGE_WORKSPACE set (":ro" or not).
+MANUAL_WRITABLE_LINE = "- Writable: /workspace (working directory) and /tmp, in memory; reset empties them."
+MANUAL_WORKSPACE_LINES = {
+    False: "- Writable: /tmp (in memory; reset empties it) and /workspace (working directory): the\n"
+    "  user's own folder on their disk, kept across resets and sessions; you can delete there too.",
+    True: "- Writable: /tmp (in memory; reset empties it). /workspace (working directory) is the\n"
+    "  user's own folder, read-only: read their files there, write to /tmp.",
+}
+
+
+def capabilities_manual(config: BridgeConfig) -> str:
+    """The manual, true to this bridge's /workspace (in memory, or the user's folder)."""
+    if config.workspace is None:
+        return CAPABILITIES_MANUAL
+    line = MANUAL_WORKSPACE_LINES[config.workspace.read_only]
+    return CAPABILITIES_MANUAL.replace(MANUAL_WRITABLE_LINE, line)
 
 
 def run_python_input_model(config: BridgeConfig) -> type[BaseModel]:
@@ -4815,9 +5208,9 @@ def memory_resource(entry: Mapping[str, Any]) -> types.Resource:
         name=entry["key"],
         title="memory " + entry["key"],
         description="Memory saved by run_python code (save_memory): %d bytes of JSON, updated %s%s"
-        % (entry["size"], entry["updated"], "; metadata " + metadata if entry["metadata"] else ""),
+        % (entry["value_size"], entry["updated"], "; metadata " + metadata if entry["metadata"] else ""),
         mime_type="application/json",
-        size=entry["size"],
+        size=entry["value_size"],
     )
 
 
@@ -4841,7 +5234,7 @@ def user_resources(store: MemoryStore, tools: SavedTools) -> list[types.Resource
     resources = []
     if store.path.exists():  # listing must not create the store
         try:
-            resources += [memory_resource(entry) for entry in store.entries()]
+            resources += [memory_resource(entry) for entry in store.entries(value_sizes=True)]
         except (MemoryStoreError, ValueError) as exc:
             logger.warning("resources/list leaves out the memories: %s", exc)
     for entry in tools.entries():
@@ -4991,7 +5384,7 @@ def build_server(
     ) -> types.ReadResourceResult:
         uri = str(params.uri)
         if uri == CAPABILITIES_URI:
-            mime_type, text = "text/markdown", CAPABILITIES_MANUAL
+            mime_type, text = "text/markdown", capabilities_manual(config)
         elif (key := memory_key_of(uri)) is not None:
             mime_type, text = "application/json", await _read_memory_resource(uri, key)
         elif uri.startswith(TOOL_URI_PREFIX):
@@ -6276,6 +6669,24 @@ def build_image_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     return 0
 
 
+def log_workspace(config: BridgeConfig) -> None:
+    """Says once, at start-up, which host folder the sandbox writes in, and as whom."""
+    assert config.workspace is not None
+    path = config.workspace.path
+    try:
+        info = path.stat()
+    except OSError:
+        return  # gone since it was checked: the sandbox's start says so
+    user, access = sandbox_user(config), "read-only" if config.workspace.read_only else "read-write"
+    logger.info("workspace: %s at %s (%s), sandbox user %s", path, WORKDIR, access, user)
+    if info.st_uid == 0 or info.st_gid == 0:
+        logger.warning(
+            "MCP_BRIDGE_WORKSPACE %s belongs to root (user or group), so the sandbox runs as %s, never as "
+            "root: that user must be able to %s it; or give the folder to your own user (chown)",
+            path, user, "read" if config.workspace.read_only else "read and write",
+        )  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == [MEMORY_COMMAND]:
@@ -6306,6 +6717,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for problem in discovery.problems:
         logger.warning("MCP server configuration: %s", problem)
+    if config.workspace is not None:
+        log_workspace(config)
     logger.info("MCP servers configured: %s", ", ".join(spec.alias for spec in discovery.servers) or "none")
     try:
         anyio.run(serve, config, discovery)

@@ -244,7 +244,9 @@ async def run_cell(bridge: Bridge, template: str, cell_timeout: float, **fields:
     if not isinstance(value, str):
         raise CellError("no structuredContent value in the result: %s" % text_of(result)[:500])
     try:
-        return json.loads(ast.literal_eval(value))  # repr() of the json.dumps string
+        if value.startswith(("'", '"')):  # repr() of the json.dumps string (bridges before JSON values)
+            value = ast.literal_eval(value)
+        return json.loads(value)  # the json.dumps string itself, as JSON data
     except (ValueError, SyntaxError, TypeError) as exc:
         raise CellError(
             "the cell's value is not repr() of a JSON string (%s): %s..." % (exc, value[:300])

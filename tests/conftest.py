@@ -161,9 +161,40 @@ def text_of(result: types.CallToolResult) -> str:
     return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
 
 
+# What structuredContent leaves out when a call has none of it.
+STRUCTURED_DEFAULTS: dict[str, Any] = {
+    "stdout": "",
+    "stderr": "",
+    "error": None,
+    "truncated": {},
+    "state_kept": True,
+    "detail": None,
+    "notices": [],
+}
+
+
 def structured(result: types.CallToolResult) -> dict[str, Any]:
+    """A result's structuredContent as the tests read it: absent fields at their defaults,
+    ``value`` the value as the REPL shows it (its repr) and ``json`` the value as JSON data
+    (None when the value is not plain JSON). The raw form is tested in test_rendering and
+    test_structured_values."""
     assert isinstance(result.structured_content, dict), result
-    return result.structured_content
+    raw = result.structured_content
+    shown = shown_value(raw, text_of(result))
+    return {**STRUCTURED_DEFAULTS, **raw, "value": shown, "json": raw.get("value")}
+
+
+def shown_value(raw: dict[str, Any], text: str) -> str | None:
+    """The final value as the REPL (and the result's text) shows it: its repr, which JSON
+    data gives back but for a tuple (JSON has none: the text says which it was)."""
+    if "value_repr" in raw:
+        return str(raw["value_repr"])
+    if "value" not in raw:
+        return None
+    shown = repr(raw["value"])
+    if isinstance(raw["value"], list) and shown not in text and repr(tuple(raw["value"])) in text:
+        return repr(tuple(raw["value"]))
+    return shown
 
 
 # --- real MCP servers for the proxy tests -------------------------------------------

@@ -13,6 +13,8 @@ import pytest
 import mcp_server_code_execution_mode as bridge
 from mcp_server_code_execution_mode import OPTIONS, BridgeConfig, ConfigError, build_arg_parser, load_config
 
+TESTS_DIR = Path(__file__).resolve().parent
+
 # One valid, non-default raw value per environment variable, and what it parses to.
 ENV_VALUES: dict[str, tuple[str, Any]] = {
     "MCP_BRIDGE_RUNTIME": ("docker", "docker"),
@@ -51,6 +53,7 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "MCP_BRIDGE_ALLOW_ROOT": ("yes", True),
     "MCP_BRIDGE_DISCOVER": ("0", False),
     "MCP_BRIDGE_MAX_MEMORY_TOTAL_BYTES": ("1_000_000", 1_000_000),
+    "MCP_BRIDGE_WORKSPACE": (str(TESTS_DIR) + ":ro", bridge.Workspace(TESTS_DIR, read_only=True)),
 }
 
 
@@ -186,6 +189,10 @@ def test_help_and_readme_show_the_same_defaults() -> None:
         ("MCP_BRIDGE_DISCOVER", "sometimes"),
         ("MCP_BRIDGE_DENY_TOOLS", "write_*"),
         ("MCP_BRIDGE_ALLOW_TOOLS", "time.*, get_time"),
+        ("MCP_BRIDGE_WORKSPACE", "/no/such/folder"),
+        ("MCP_BRIDGE_WORKSPACE", __file__),
+        ("MCP_BRIDGE_WORKSPACE", "/"),
+        ("MCP_BRIDGE_WORKSPACE", "relative/folder"),
     ],
 )
 def test_invalid_environment_value_raises_config_error_naming_the_variable(env: str, raw: str) -> None:
@@ -390,3 +397,71 @@ def test_a_tool_pattern_that_matches_no_tool_is_reported_once_its_servers_listed
     assert bridge.tool_pattern_problems(config, listed, servers)[1:] == [
         "MCP_BRIDGE_DENY_TOOLS: '*.delete_*' matches no tool of time, files"
     ]
+
+
+# --- MCP_BRIDGE_WORKSPACE: the one writable host folder -------------------------------------
+
+
+def test_a_workspace_folder_is_parsed_absolute_and_resolved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "work"
+    folder.mkdir()
+    (tmp_path / "home").mkdir()
+    (tmp_path / "link").symlink_to(folder)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MY_WORK", str(tmp_path))
+
+    assert load_config([], {"MCP_BRIDGE_WORKSPACE": str(folder)}).workspace == bridge.Workspace(folder)
+    assert load_config(["--workspace", str(folder) + ":ro"], {}).workspace == bridge.Workspace(folder, True)
+    assert load_config([], {"MCP_BRIDGE_WORKSPACE": "$MY_WORK/link"}).workspace == bridge.Workspace(folder)
+    assert load_config([], {"MCP_BRIDGE_WORKSPACE": "~/../work"}).workspace == bridge.Workspace(folder)
+    assert load_config([], {}).workspace is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        ("{tmp}/missing", "no such folder: {tmp}/missing"),
+        ("{tmp}/file", "{tmp}/file is not a folder"),
+        ("{tmp}/file:ro", "{tmp}/file is not a folder"),
+        ("work", "must be an absolute path"),
+        ("/", "/ is the whole file system; choose (or create) a folder just for the sandbox"),
+        ("{tmp}/home", "{tmp}/home is your home folder"),
+        ("{tmp}/home/", "{tmp}/home is your home folder"),
+        ("{tmp}/link-to-home", "{tmp}/home is your home folder"),
+        ("{tmp}", "{tmp} contains your home folder"),
+        ("/proc/self", "is a system folder (/proc, /sys, /dev, /run)"),
+        ("/sys:ro", "/sys is a system folder"),
+        ("/dev", "/dev is a system folder"),
+        ("/run", "/run is a system folder"),
+        ("{tmp}/a,b", "has a comma"),
+    ],
+)
+def test_a_dangerous_or_missing_workspace_folder_is_refused(
+    raw: str, says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "home").mkdir()
+    (tmp_path / "a,b").mkdir()
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "link-to-home").symlink_to(tmp_path / "home")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    raw, says = raw.format(tmp=tmp_path), says.format(tmp=tmp_path)
+
+    with pytest.raises(ConfigError) as caught:
+        load_config([], {"MCP_BRIDGE_WORKSPACE": raw})
+
+    message = str(caught.value)
+    assert message.startswith("MCP_BRIDGE_WORKSPACE=%r is invalid: " % raw) and says in message, message
+    assert "\n" not in message
+
+
+def test_a_workspace_that_holds_the_state_directory_is_refused(tmp_path: Path) -> None:
+    environ = {"MCP_BRIDGE_WORKSPACE": str(tmp_path), "MCP_BRIDGE_STATE_DIR": str(tmp_path / "MCPs")}
+    with pytest.raises(ConfigError, match=r"contains the bridge's state directory .*MCPs"):
+        load_config([], environ)
+    with pytest.raises(ConfigError, match="contains the bridge's state directory"):
+        load_config([], {**environ, "MCP_BRIDGE_STATE_DIR": str(tmp_path)})
+    inside = {**environ, "MCP_BRIDGE_WORKSPACE": str(tmp_path / "MCPs" / "work")}
+    (tmp_path / "MCPs" / "work").mkdir(parents=True)
+    assert load_config([], inside).workspace == bridge.Workspace(tmp_path / "MCPs" / "work")

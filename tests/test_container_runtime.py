@@ -90,6 +90,7 @@ def test_run_argv_is_exactly_the_hardened_command() -> None:
         "--tmpfs", "/tmp:rw,nosuid,nodev,noexec,size=131072k,mode=1777",
         "--tmpfs", "/workspace:rw,nosuid,nodev,noexec,size=131072k,mode=1777",
         "--shm-size", "65536k",
+        "--tmpfs", "/dev/mqueue:ro,nosuid,nodev,noexec,size=4k",
         "--volume", "/home/u/MCPs/ipc/0123456789abcdef.mcp-code-exec-4242.987654-0badcafe/ipc:/ipc:ro",
         "--env", "HOME=/workspace",
         "--env", "PYTHONDONTWRITEBYTECODE=1",
@@ -147,11 +148,12 @@ def test_run_argv_sets_explicit_ulimits() -> None:
 
 
 def test_run_argv_mounts_tmp_and_workspace_as_tmpfs_writable_by_anyone() -> None:
-    tmpfs = values_of(build_run_argv("docker", spec()), "--tmpfs")
+    tmpfs = dict(entry.split(":", 1) for entry in values_of(build_run_argv("docker", spec()), "--tmpfs"))
 
-    assert {entry.split(":", 1)[0] for entry in tmpfs} == {"/tmp", "/workspace"}
-    for entry in tmpfs:
-        mount_options = entry.split(":", 1)[1].split(",")
+    assert set(tmpfs) == {"/tmp", "/workspace", "/dev/mqueue"}
+    assert "ro" in tmpfs.pop("/dev/mqueue").split(",")  # hides the engines' writable mqueue mount
+    for options in tmpfs.values():
+        mount_options = options.split(",")
         assert "mode=1777" in mount_options
         assert "rw" in mount_options
         assert "nosuid" in mount_options

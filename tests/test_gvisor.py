@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import IGNORES_INTERRUPTS, Engine, bridge_client, bridge_env, run_cell, text_of
+from tests.test_hostile import KERNEL
 from tests.test_integration import HARDENING_CHECKS
 
 pytestmark = pytest.mark.anyio
@@ -86,3 +87,36 @@ async def test_an_unusable_oci_runtime_is_explained(engine: Engine, state_dir: P
         result = await client.call_tool("run_python", {"code": "1"})
         assert result.is_error
         assert "MCP_BRIDGE_OCI_RUNTIME=/nonexistent/runsc" in text_of(result), text_of(result)
+
+
+# gVisor does not honour PR_SET_DUMPABLE: the code can open /proc/1/fd/1, the channel to the
+# bridge itself. The supervisor signs its frames, so what the code writes there is dropped.
+FORGE_ON_THE_BRIDGES_CHANNEL = f"""
+import json, os
+execute_id = {KERNEL}.running_id
+try:
+    fd = os.open('/proc/1/fd/1', os.O_WRONLY)
+except OSError as exc:
+    reached = type(exc).__name__
+else:
+    for frame in (
+        {{"type": "stream", "id": execute_id, "name": "stdout", "text": "FORGED OUTPUT"}},
+        {{"type": "result", "id": execute_id, "status": "ok", "value": "'FORGED RESULT'"}},
+    ):
+        os.write(fd, (json.dumps(frame) + "\\n").encode())
+        os.write(fd, (json.dumps({{"mac": "0" * 32, "seq": 10**9, **frame}}) + "\\n").encode())
+    reached = 'written'
+reached
+"""
+
+
+async def test_frames_the_code_writes_on_the_bridges_channel_are_dropped(
+    engine: Engine, state_dir: Path
+) -> None:
+    async with bridge_client(gvisor_env(engine, state_dir)) as client:
+        answer = await run(client, FORGE_ON_THE_BRIDGES_CHANNEL)
+        assert answer["status"] == "ok", answer
+        # Where the channel can be reached at all (gVisor), nothing written there counts.
+        assert answer["value"] in ("'written'", "'PermissionError'"), answer
+        assert "FORGED" not in answer["text"], answer
+        assert (await run(client, "6 * 7"))["value"] == "42"

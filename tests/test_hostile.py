@@ -23,6 +23,7 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
+import mcp_server_code_execution_mode as bridge
 from tests.conftest import (
     REPO,
     Engine,
@@ -69,6 +70,31 @@ run = run_cell
 async def assert_still_serves(client: ClientSession) -> None:
     answer = await run(client, "6 * 7")
     assert not answer["is_error"] and answer["value"] == "42", answer
+
+
+async def run_while_pinging(
+    client: ClientSession, code: str, timeout: float = 60
+) -> tuple[dict[str, Any], list[float]]:
+    """One run_python call while the client pings the bridge every 0.1 s: the answer and
+    each ping's latency (a ping waits as long as the bridge's event loop is held)."""
+    latencies: list[float] = []
+    done = anyio.Event()
+
+    async def ping_until_done() -> None:
+        while not done.is_set():
+            started = time.monotonic()
+            await client.send_ping()
+            latencies.append(time.monotonic() - started)
+            with anyio.move_on_after(0.1):
+                await done.wait()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(ping_until_done)
+        try:
+            answer = await run(client, code, timeout=timeout)
+        finally:
+            done.set()
+    return answer, latencies
 
 
 def rss_kib(pid: int) -> int:
@@ -119,31 +145,49 @@ async def test_a_proxied_server_sending_lone_surrogates_or_bad_bytes_cannot_brea
     hostile = {"command": sys.executable, "args": [str(HOSTILE_SERVER)]}
     bad_docs = {"command": sys.executable, "args": [str(HOSTILE_SERVER), "--bad-docs"]}
     home = claude_desktop_home(tmp_path, {"hostile": hostile, "bad_docs": bad_docs})
+    # Long timeouts: a message the bridge could not read used to leave its request
+    # unanswered until the timeout; each call must now be answered at once.
     env = hostile_env(
-        engine, state_dir, home, MCP_BRIDGE_SERVER_START_TIMEOUT="3", MCP_BRIDGE_TOOL_TIMEOUT="3"
+        engine, state_dir, home, MCP_BRIDGE_SERVER_START_TIMEOUT="120", MCP_BRIDGE_TOOL_TIMEOUT="120"
     )
     async with client_with_log(env, tmp_path / "bridge.log") as client:
+        await assert_still_serves(client)  # the sandbox is up: what follows is the proxy's time
+        started = time.monotonic()
         answer = await run(
             client,
             """
             from mcp import runtime
-            outcomes = {"bytes": mcp_hostile.raw_bytes()}
-            for name, call in (("result", mcp_hostile.surrogate), ("docs", lambda: mcp_bad_docs.surrogate)):
+            doc = runtime.query_tool_docs("bad_docs", "surrogate", "full")
+            outcomes = {
+                "bytes": mcp_hostile.raw_bytes(),
+                "result": mcp_hostile.surrogate(),
+                "docs": mcp_bad_docs.surrogate(),
+                "doc": doc[0]["description"] if isinstance(doc, list) else doc["description"],
+                "invalid": [],
+            }
+            for name in ("no_result", "bad_version"):
                 try:
-                    outcomes[name] = call()
-                except (runtime.MCPError, AttributeError) as exc:
-                    outcomes[name] = "failed: " + str(exc)
+                    runtime.call_tool("hostile", name, {})
+                except runtime.MCPError as exc:
+                    outcomes["invalid"].append(str(exc))
             outcomes["search"] = [hit["tool"] for hit in runtime.search_tool_docs("surrogate", 5, "summary")]
             outcomes
             """,
         )
+        elapsed = time.monotonic() - started
         outcomes = eval(answer["value"])
-        # Bytes that are not UTF-8 arrive replaced; JSON with lone surrogates is refused by
-        # the SDK's client as invalid, so those calls fail within their timeouts.
+        # Bytes that are not UTF-8 arrive replaced; lone surrogates (valid JSON escapes
+        # the SDK's validator refuses) are written out as text, in results and in docs.
         assert outcomes["bytes"] == "bad \ufffd\ufffd bytes", outcomes
-        assert outcomes["result"].startswith("failed: "), outcomes
-        assert outcomes["docs"].startswith("failed: "), outcomes
-        assert outcomes["search"] == ["surrogate", "raw_bytes"][: len(outcomes["search"])], outcomes
+        assert outcomes["result"] == "bad \\udcff text", outcomes
+        assert outcomes["docs"] == "bad \\udcff text", outcomes
+        assert "lone surrogate \\udcff in it" in outcomes["doc"], outcomes
+        # An answer that is not valid MCP even then fails its call at once.
+        assert len(outcomes["invalid"]) == 2, outcomes
+        for message in outcomes["invalid"]:
+            assert "answered the call to" in message and "not valid MCP" in message, outcomes
+        assert "surrogate" in outcomes["search"], outcomes
+        assert elapsed < 10, elapsed
         await assert_still_serves(client)
 
 
@@ -302,7 +346,48 @@ async def test_a_huge_search_is_refused_and_searches_never_freeze_the_event_loop
         # The timeout held (plus the interrupt grace and slack for a loaded machine);
         # before the fix one search held the event loop for minutes.
         assert elapsed < timeout + 3 + 10, elapsed
-        assert max(latencies) < 2.0, latencies
+        # Measured: at most 0.08 s on a shared 2-core machine (load average 20-30).
+        assert max(latencies) < 1.0, latencies
+        await assert_still_serves(client)
+
+
+async def test_large_tool_arguments_are_capped_and_never_hold_the_event_loop(
+    engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    home = claude_desktop_home(tmp_path, {"stub": stub_entry()})
+    async with client_with_log(hostile_env(engine, state_dir, home), tmp_path / "bridge.log") as client:
+        await run(client, "mcp_stub.pair(a=1)")  # the server is started
+        answer, latencies = await run_while_pinging(
+            client,
+            f"""
+            from mcp import runtime
+            outcomes = []
+            for arguments in (
+                {{"text": "x" * 15_000_000}},  # a 15 MB request, under the 16 MiB cap
+                {{"items": [[]] * {bridge.MAX_ARGUMENT_VALUES - 10}}},  # costliest values, under the cap
+                {{"text": "y" * 20_000_000}},  # over the cap
+                {{"items": [0] * 6_000_000}},  # the issue's 12 MB of small values
+                {{"items": [[]] * {bridge.MAX_ARGUMENT_VALUES + 10}}},
+            ):
+                try:
+                    outcomes.append(str(runtime.call_tool("stub", "measure", arguments)))
+                except runtime.MCPError as exc:
+                    outcomes.append("refused: " + str(exc)[:300])
+            outcomes
+            """,
+            timeout=120,
+        )
+        assert answer["status"] == "ok", answer
+        outcomes = eval(answer["value"])
+        under = "text 0 items %d" % (bridge.MAX_ARGUMENT_VALUES - 10)
+        assert "text 15000000 items 0" in outcomes[0] and under in outcomes[1], outcomes
+        assert "over the 16777216-byte cap for a request to the host" in outcomes[2], outcomes
+        for over in outcomes[3:]:
+            assert "refused: Tool arguments hold more than 250000 values" in over, outcomes
+        # Before the fix the 12 MB call alone held the event loop for about 3 s (its
+        # arguments were walked on it); decoding, checking and measuring now run in
+        # worker threads, and what the SDK serializes on the loop is bounded by the caps.
+        assert len(latencies) >= 5 and max(latencies) < 1.0, latencies
         await assert_still_serves(client)
 
 
@@ -315,17 +400,23 @@ async def test_many_distinct_searches_do_not_grow_bridge_memory(
     home = claude_desktop_home(tmp_path, {"everything": {"command": real_server("everything")}})
     async with client_with_log(hostile_env(engine, state_dir, home), tmp_path / "bridge.log") as client:
         searches = """
-            import random, string
+            import random, string, threading
             from mcp import runtime
-            for _ in range(%d):
-                words = ["".join(random.choice(string.ascii_lowercase) for _ in range(9)) for _ in range(50)]
-                runtime.search_tool_docs(" ".join(words)[:500])
+            def search(count):
+                for _ in range(count):
+                    words = ["".join(random.choices(string.ascii_lowercase, k=9)) for _ in range(50)]
+                    runtime.search_tool_docs(" ".join(words)[:500])
+            threads = [threading.Thread(target=search, args=(%d,)) for _ in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
             """
-        await run(client, searches % 50)  # warm-up: servers started, allocator settled
-        bridge = bridge_pids(state_dir)[0]
-        before = rss_kib(bridge)
-        answer = await run(client, searches % 2000, timeout=120)
-        assert not answer["is_error"], answer
+        await run(client, searches % 25)  # warm-up: servers started, allocator settled
+        bridge_pid = bridge_pids(state_dir)[0]
+        before = rss_kib(bridge_pid)
+        answer = await run(client, searches % 1000, timeout=300)
+        assert answer["status"] == "ok", answer
         huge = await run(
             client,
             """
@@ -340,10 +431,13 @@ async def test_many_distinct_searches_do_not_grow_bridge_memory(
             """,
         )
         assert huge["value"] == "20", huge
-        grown_mib = (rss_kib(bridge) - before) / 1024
-        # A cache keyed by query text grew by over 300 MB in those 20 queries; bounded
-        # work grows by a few MB at most.
-        assert grown_mib < 30, grown_mib
+        grown_mib = (rss_kib(bridge_pid) - before) / 1024
+        # 4000 distinct 500-character queries. A cache keyed by query text holds 4-7 KB per
+        # query (the text and its stems or terms), so a 16384-entry one (64-110 MB when
+        # full) grows by 16-29 MB here: an lru_cache(16384) put back on query_terms grew
+        # the bridge by 29 MB in this test. Without one it grows by 0.3 MB. (The issue's
+        # cache grew by over 300 MB on the 20 huge queries, which are now refused.)
+        assert grown_mib < 8, grown_mib
 
 
 # --- 5. malformed result frames ----------------------------------------------------------
@@ -360,7 +454,7 @@ async def test_a_malformed_result_frame_is_rejected_and_the_session_survives(
             from mcp import runtime
             kernel = {KERNEL}
             {CHANNEL}.send({{"type": "result", "id": kernel.running_id, "status": "ok",
-                           "dropped": {{"stdout": "lots"}}, "value": 12345, "error": "str"}})
+                           "cut": {{"stdout": "lots"}}, "value": 12345, "error": "str"}})
             "real result"
             """,
         )
@@ -523,3 +617,273 @@ async def test_the_kernels_reason_for_stopping_reaches_the_model(
         assert "exited with code 0" in died["text"], died
         fresh = await run(client, "1 + 1")
         assert fresh["value"] == "2", fresh
+
+
+# --- the bridge's own checks, driven directly -------------------------------------------
+# The supervisor validates what the code sends before passing it on; the bridge checks
+# every frame again. These tests hand the bridge's session hostile frames themselves,
+# without a supervisor in front, and prove that second line holds on its own.
+
+
+class RecordingStdin:
+    """The container's stdin as the session sees it: records every frame sent."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.broken = False
+
+    async def send(self, data: bytes) -> None:
+        if self.broken:
+            raise anyio.BrokenResourceError
+        self.data += data
+
+    def frames(self) -> list[dict[str, Any]]:
+        return bridge.FrameDecoder(1 << 26).feed(bytes(self.data))
+
+
+class FakeProcess:
+    def __init__(self) -> None:
+        self.stdin = RecordingStdin()
+        self.returncode: int | None = None
+
+
+class FakeHost:
+    """Serves requests the way a test needs: some hold, one fails with a bug."""
+
+    running_execute: Any = None
+
+    async def handle(self, method: str, params: dict[str, Any]) -> Any:
+        if method == "boom":
+            raise RuntimeError("a bug in the bridge")
+        if method == "hold":
+            await anyio.sleep(3600)
+        if method == "huge":
+            return "x" * (2 << 20)  # an answer larger than a frame
+        if method == "unserializable":
+            return {"value": object()}
+        return {"served": method}
+
+
+CAP = 256 * 1024
+
+
+def direct_session(tmp_path: Path) -> tuple[bridge.SandboxSession, RecordingStdin]:
+    config = bridge.BridgeConfig(state_dir=tmp_path, max_frame_bytes=1 << 20, max_tool_result_bytes=CAP)
+    runtime = bridge.PodmanRuntime("/nonexistent/podman")
+    session = bridge.SandboxSession(runtime, config, tmp_path / "ipc", FakeHost())  # type: ignore[arg-type]
+    process = FakeProcess()
+    session.process = process  # type: ignore[assignment]
+    session.pending = bridge.PendingExecute("e1", 10_000)
+    return session, process.stdin
+
+
+async def answers(stdin: RecordingStdin, count: int) -> dict[Any, dict[str, Any]]:
+    """The responses sent so far, by id, once there are `count` of them."""
+    with anyio.fail_after(10):
+        while len(frames := stdin.frames()) < count:
+            await anyio.sleep(0.01)
+    return {frame["id"]: frame for frame in frames}
+
+
+async def test_the_bridge_rejects_hostile_frames_without_the_supervisor(tmp_path: Path) -> None:
+    session, stdin = direct_session(tmp_path)
+    async with anyio.create_task_group() as group:
+        session.task_group = group
+        hostile: list[dict[str, Any]] = [
+            # ids that are not short strings or integers: dropped, never echoed back
+            {"type": "request", "id": [0] * 1_000_000, "method": "capability_summary", "params": {}},
+            {"type": "request", "id": "x" * 100_000, "method": "capability_summary", "params": {}},
+            {"type": "request", "id": True, "method": "capability_summary", "params": {}},
+            {"type": "request", "id": 2**60, "method": "capability_summary", "params": {}},
+            {"type": "cancel", "id": {"nested": "object"}},
+            {"type": "stream", "id": 1.5, "name": "stdout", "text": 3},
+            {"type": "stream", "id": "e1", "name": "stdin", "text": "not a stream"},
+            {"type": "no such type"},
+            {"type": "execute", "id": "e2", "code": "sent the wrong way"},
+            {"type": "error", "message": ["not", "text"]},
+            # a valid id: answered with an error, so nothing in the sandbox waits forever
+            {"type": "request", "id": "bad-method", "method": ["not", "a", "name"], "params": 1},
+            {"type": "request", "id": "bad-params", "method": "list_tools", "params": "a string"},
+            # well-formed, but the host fails, or its answer cannot be sent
+            {"type": "request", "id": "bug", "method": "boom", "params": {}},
+            {"type": "request", "id": "too-big", "method": "huge", "params": {}},
+            {"type": "request", "id": "not-json", "method": "unserializable", "params": {}},
+            {"type": "request", "id": 7, "method": "capability_summary", "params": {}},
+        ]
+        for frame in hostile:
+            await session._dispatch(frame, 100)
+        sent = await answers(stdin, 6)
+        group.cancel_scope.cancel()
+    assert set(sent) == {"bad-method", "bad-params", "bug", "too-big", "not-json", 7}, list(sent)
+    assert (
+        "the request was malformed: request frame: field 'method'" in sent["bad-method"]["error"]["message"]
+    )
+    assert "field 'params' must be an object" in sent["bad-params"]["error"]["message"]
+    assert sent["bug"]["error"]["message"].startswith("internal bridge error (RuntimeError)")
+    for request_id in ("too-big", "not-json"):
+        message = sent[request_id]["error"]["message"]
+        assert message.startswith("the answer could not be sent into the sandbox"), message
+    assert sent[7] == {"type": "response", "id": 7, "result": {"served": "capability_summary"}}
+    assert session.malformed_frames == 12
+    assert session.in_flight == 0 and session.request_bytes == 0 and session.requests == {}
+    assert session.pending is not None and session.pending.result is None  # no frame ended the call
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        {"dropped": {"stdout": "lots"}},
+        {"value": 12345},
+        {"error": "str"},
+        {"status": "finished"},
+        {"notices": "one"},
+        {"images": [{"mime_type": "image/png", "data": 5}]},
+    ],
+)
+async def test_a_result_with_bad_field_types_fails_the_call_at_once(
+    tmp_path: Path, forged: dict[str, Any]
+) -> None:
+    session, _ = direct_session(tmp_path)
+    pending = session.pending
+    assert pending is not None
+    # A result for another execute is ignored; one for this execute with a bad field
+    # ends the call with a protocol error instead of letting it wait for a result.
+    await session._dispatch({"type": "result", "id": "other", "status": "ok", **forged})
+    assert pending.result is None
+    await session._dispatch({"type": "result", "id": "e1", "status": "ok", **forged})
+    assert pending.done.is_set() and pending.result is not None
+    error = pending.result["error"]
+    assert error["type"] == "ProtocolError" and "malformed result" in error["message"], error
+
+
+async def test_large_requests_are_refused_beyond_the_cap_alone_or_together(tmp_path: Path) -> None:
+    session, stdin = direct_session(tmp_path)
+    async with anyio.create_task_group() as group:
+        session.task_group = group
+        await session._dispatch(
+            {"type": "request", "id": "over", "method": "call_tool", "params": {}}, CAP + 1
+        )
+        await session._dispatch({"type": "request", "id": "held", "method": "hold", "params": {}}, CAP // 2)
+        await session._dispatch(
+            {"type": "request", "id": "more", "method": "hold", "params": {}}, CAP // 2 + 1
+        )
+        await session._dispatch({"type": "request", "id": "small", "method": "echo", "params": {}}, 100)
+        sent = await answers(stdin, 3)
+        assert session.request_bytes == CAP // 2  # "held" is still in flight
+        session.cancel_requests()
+        sent = await answers(stdin, 4)
+        group.cancel_scope.cancel()
+    assert (
+        "runtime.call_tool: the request is %d bytes, over the %d-byte cap" % (CAP + 1, CAP)
+        in (sent["over"]["error"]["message"])
+    )
+    assert "requests still in flight hold %d bytes" % (CAP // 2) in sent["more"]["error"]["message"]
+    assert "MCP_BRIDGE_MAX_TOOL_RESULT_BYTES" in sent["more"]["error"]["message"]
+    assert sent["small"]["result"] == {"served": "echo"}
+    assert sent["held"]["error"]["message"].startswith("cancelled")
+    assert session.request_bytes == 0 and session.in_flight == 0
+
+
+async def test_an_answer_to_a_sandbox_that_is_gone_never_raises(tmp_path: Path) -> None:
+    session, stdin = direct_session(tmp_path)
+    stdin.broken = True
+    await session._respond("r1", result={"ok": True})
+    await session._respond("r2", result="x" * (2 << 20))  # too big, then the fallback fails too
+    await session._respond([0] * 10, error="an id that is not an id")
+    assert stdin.data == b""
+
+
+def test_tool_arguments_over_the_value_cap_are_refused_without_walking_them() -> None:
+    arguments = {"items": [0] * 6_000_000}  # the issue's 12 MB request
+    started = time.monotonic()
+    with pytest.raises(bridge.ProxyError, match="more than 250000 values"):
+        bridge.check_tool_arguments(arguments)
+    assert time.monotonic() - started < 0.5  # refused by its length, not by visiting 6M values
+    bridge.check_tool_arguments({"items": [[]] * (bridge.MAX_ARGUMENT_VALUES - 10)})
+    with pytest.raises(bridge.ProxyError, match="more than 250000 values"):
+        bridge.check_tool_arguments({"keys": {str(n): n for n in range(bridge.MAX_ARGUMENT_VALUES // 2)}})
+
+
+def test_nothing_keyed_by_sandbox_text_is_cached() -> None:
+    """A cache keyed by query text grew the bridge by 300 MB (issue 6, item 4). The search
+    functions, which take the sandbox's text, keep no cache, and every cache in the bridge
+    and the kernel takes no arguments at all (so nothing the sandbox sends can key it)."""
+    import inspect
+
+    import mcp_sandbox_kernel
+
+    for function in (
+        bridge._tokens,
+        bridge._stem,
+        bridge.query_terms,
+        bridge.query_intent,
+        bridge.search_terms,
+        bridge._similarity,
+        bridge.rank_tools,
+        bridge.search_tools,
+    ):
+        assert not hasattr(function, "cache_info"), function
+    cached = []
+    for module in (bridge, mcp_sandbox_kernel):
+        members = list(vars(module).values())
+        members += [
+            member
+            for value in vars(module).values()
+            if isinstance(value, type) and value.__module__ == module.__name__
+            for member in vars(value).values()
+        ]
+        for member in members:
+            member = getattr(member, "__func__", member)  # staticmethod, classmethod
+            if hasattr(member, "cache_info") and hasattr(member, "__wrapped__"):
+                cached.append(member)
+                assert not inspect.signature(member.__wrapped__).parameters, member
+    assert cached, "no cached functions found: the scan is broken"
+
+
+class ScriptRuntime(bridge.PodmanRuntime):
+    """A "container" that is a local Python script: the session's real launch, reader
+    and exit handling, with a kernel that misbehaves on purpose."""
+
+    def __init__(self, script: Path) -> None:
+        super().__init__(sys.executable)
+        self.script = script
+
+    def run_argv(self, spec: bridge.LaunchSpec) -> list[str]:
+        return [sys.executable, str(self.script)]
+
+    def kill_argv(self, container: str) -> list[str]:
+        return ["true"]
+
+
+STOPPING_KERNEL = """
+import sys
+sys.path.insert(0, %r)
+from mcp_sandbox_kernel import PROTOCOL_VERSION, Channel
+
+channel = Channel(0, 1, 1 << 20)
+channel.key = bytes.fromhex(channel.receive()["key"])
+channel.send({"type": "hello", "protocol": PROTOCOL_VERSION, "python": "3.11"})
+channel.receive()  # the execute
+channel.send({"type": "error", "message": "kernel stopped: the channel broke (simulated)"})
+sys.exit(0)
+"""
+
+
+async def test_the_kernels_reason_for_stopping_reaches_the_model_from_the_reader(tmp_path: Path) -> None:
+    script = tmp_path / "kernel.py"
+    script.write_text(STOPPING_KERNEL % str(REPO))
+    config = bridge.BridgeConfig(state_dir=tmp_path, start_timeout=30)
+    host = FakeHost()
+    session = bridge.SandboxSession(ScriptRuntime(script), config, tmp_path / "ipc", host)  # type: ignore[arg-type]
+    async with anyio.create_task_group() as group:
+        await session.start(group)
+        outcome = await session.execute("1 + 1", timeout=30)
+        await session.stop()
+    # An id-less error frame, then exit code 0: the model reads the kernel's reason.
+    assert outcome.status == "crashed", outcome
+    assert session.death_reason == (
+        "stopped (exit code 0); the kernel reported: kernel stopped: the channel broke (simulated)"
+    )
+    text = text_of(bridge.render_outcome(outcome, config))
+    assert "the kernel reported: kernel stopped: the channel broke (simulated)" in text, text
+    assert "exited unexpectedly" not in text

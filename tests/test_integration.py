@@ -158,11 +158,18 @@ async def test_sandbox_is_hardened(engine: Engine, state_dir: Path) -> None:
 
 async def test_hostile_output_leaves_channel_intact(engine: Engine, state_dir: Path) -> None:
     async with bridge_client(bridge_env(engine, state_dir)) as client:
-        flood = await client.call_tool("run_python", {"code": "print('y' * 10_000_000)"})
+        flood = await client.call_tool("run_python", {"code": "print('<' + 'y' * 10_000_000 + '>')"})
         assert not flood.is_error, text_of(flood)[:500]
-        assert structured(flood)["truncated"]["stdout"] == 10_000_001 - 50_000
-        assert "more characters of stdout cut" in text_of(flood)
-        assert len(text_of(flood)) < 60_000
+        # At most the budget, its head and its tail, and where the whole of it is.
+        cut = structured(flood)["truncated"]["stdout"]
+        assert cut["characters"] == 10_000_003 - 20_000
+        head, marker, tail = text_of(flood).split("\n")
+        assert head == "<" + "y" * 9_999 and tail == "y" * 9_998 + ">"  # the final newline is cut off
+        assert "9,980,003 characters of stdout cut" in marker and cut["file"] in marker
+        whole = await client.call_tool(
+            "run_python", {"code": "text = open(%r).read()\nlen(text), text[:2], text[-3:]" % cut["file"]}
+        )
+        assert structured(whole)["value"] == "(10000003, '<y', 'y>\\n')"
         hostile = (
             "import os, subprocess\n"
             "os.write(1, b'{not a frame\\n')\n"
@@ -308,7 +315,7 @@ async def test_code_larger_than_the_frame_cap_gets_a_clear_error(engine: Engine,
 
 
 async def test_a_large_value_and_output_arrive_intact_below_the_caps(engine: Engine, state_dir: Path) -> None:
-    env = bridge_env(engine, state_dir, MCP_BRIDGE_MAX_OUTPUT="3000000")
+    env = bridge_env(engine, state_dir, MCP_BRIDGE_MAX_OUTPUT="3100000")
     async with bridge_client(env) as client:
         result = await client.call_tool("run_python", {"code": "print('z' * 2_000_000)\n'v' * 1_000_000"})
         assert not result.is_error

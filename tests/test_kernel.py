@@ -23,7 +23,7 @@ import mcp_sandbox_kernel
 from mcp_sandbox_kernel import (
     PROTOCOL_VERSION,
     FrameDecoder,
-    OutputLimiter,
+    OutputKeeper,
     _partial_suffix,
     encode_frame,
 )
@@ -50,6 +50,7 @@ class KernelProcess:
             "max_frame_bytes": MAX_FRAME,
             "max_output_chars": max_output_chars,
             "workdir": str(workdir),
+            "output_dir": str(workdir / "outputs"),
         }
         config_path.write_text(json.dumps(config))
         self.process = subprocess.Popen(
@@ -59,6 +60,7 @@ class KernelProcess:
             stderr=subprocess.PIPE,
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONDONTWRITEBYTECODE": "1"},
         )
+        self.key = os.urandom(32)  # the supervisor signs what it sends with it
         self.frames: queue.Queue[Frame | None] = queue.Queue()
         self.recent: collections.deque[Frame] = collections.deque(maxlen=RECENT_FRAMES)
         self.reader_error: BaseException | None = None
@@ -70,6 +72,7 @@ class KernelProcess:
         self._stderr_reader = threading.Thread(target=self._read_stderr, name="kernel-stderr", daemon=True)
         self._stdout_reader.start()
         self._stderr_reader.start()
+        self.send({"type": "key", "key": self.key.hex()})  # as the bridge does, before anything else
 
     # --- reader threads: each reads its pipe until end of file, and only close() ---------
     # --- closes the pipes, after joining them (a pipe closed under a blocked os.read() ---
@@ -78,7 +81,7 @@ class KernelProcess:
     def _read_frames(self) -> None:
         assert self.process.stdout is not None
         fd = self.process.stdout.fileno()
-        decoder = FrameDecoder(MAX_FRAME)
+        decoder = FrameDecoder(MAX_FRAME, key=self.key)
         try:
             while data := os.read(fd, 1 << 16):
                 for frame in decoder.feed(data):
@@ -338,12 +341,11 @@ def test_imports_and_functions_persist(kernel: KernelProcess) -> None:
     assert kernel.run("round(area(2), 3)")["value"] == "12.566"
 
 
-def test_long_value_repr_is_cut_with_a_marker(kernel: KernelProcess) -> None:
-    value = kernel.run("'y' * 5000")["value"]
+def test_a_long_value_comes_as_head_and_tail_with_the_count_between(kernel: KernelProcess) -> None:
+    result = kernel.run("'a' + 'y' * 5000 + 'z'")
 
-    assert value.startswith("'yyy")
-    assert "more characters of the value cut" in value
-    assert len(value) < 1200
+    assert result["value"] == "'a" + "y" * (MAX_OUTPUT // 2 - 2)
+    assert result["cut"]["value"] == {"count": 5004 - MAX_OUTPUT, "tail": "y" * (MAX_OUTPUT // 2 - 2) + "z'"}
 
 
 def test_broken_repr_does_not_break_the_result(kernel: KernelProcess) -> None:
@@ -388,7 +390,7 @@ def test_result_frame_has_the_documented_fields(kernel: KernelProcess) -> None:
         "status": "ok",
         "value": "7",
         "error": None,
-        "dropped": {"stdout": 0, "stderr": 0},
+        "json": 7,
     }
 
 
@@ -567,28 +569,66 @@ def test_binary_junk_on_stdout_does_not_break_the_channel(kernel: KernelProcess)
     assert kernel.run("'channel intact'")["value"] == "'channel intact'"
 
 
-def test_output_over_the_cap_is_cut_and_dropped_counts_the_cut_characters(kernel: KernelProcess) -> None:
-    frames, result = kernel.execute("print('x' * 5000)\nimport sys\nsys.stderr.write('e' * 1500)")
+def test_output_over_the_budget_keeps_head_and_tail_and_saves_the_whole(
+    kernel: KernelProcess, tmp_path: Path
+) -> None:
+    frames, result = kernel.execute("print('<' + 'x' * 5000 + '>')\nimport sys\nsys.stderr.write('e' * 1500)")
 
-    assert stream_text(frames, "stdout") == "x" * MAX_OUTPUT
-    assert stream_text(frames, "stderr") == "e" * MAX_OUTPUT
-    assert result["dropped"] == {"stdout": 5001 - MAX_OUTPUT, "stderr": 1500 - MAX_OUTPUT}
+    half = MAX_OUTPUT // 2
+    assert stream_text(frames, "stdout") == "<" + "x" * (half - 1)  # only the head is streamed
+    assert stream_text(frames, "stderr") == "e" * half
+    cut = result["cut"]
+    assert cut["stdout"]["tail"] == "x" * (half - 2) + ">\n"
+    assert cut["stdout"]["count"] == 5003 - MAX_OUTPUT
+    assert cut["stderr"]["count"] == 1500 - MAX_OUTPUT
+    saved = Path(cut["stdout"]["file"])
+    assert saved.parent == tmp_path / "outputs"
+    assert saved.read_text() == "<" + "x" * 5000 + ">\n"
+    assert Path(cut["stderr"]["file"]).read_text() == "e" * 1500
 
 
-def test_output_cap_applies_per_execute(kernel: KernelProcess) -> None:
+def test_output_that_fits_has_no_cut_and_no_file(kernel: KernelProcess, tmp_path: Path) -> None:
     kernel.execute("print('x' * 5000)")
 
     frames, result = kernel.execute("print('fresh')")
 
     assert stream_text(frames, "stdout") == "fresh\n"
-    assert result["dropped"] == {"stdout": 0, "stderr": 0}
+    assert "cut" not in result
+    assert [path.name for path in (tmp_path / "outputs").iterdir()] == ["1.stdout"]
 
 
-def test_many_small_writes_over_the_cap_are_counted_exactly(kernel: KernelProcess) -> None:
+def test_output_between_half_and_whole_budget_comes_whole_as_head_and_tail(kernel: KernelProcess) -> None:
+    frames, result = kernel.execute("print('x' * %d, end='')" % (MAX_OUTPUT - 10))
+
+    assert stream_text(frames, "stdout") + result["cut"]["stdout"]["tail"] == "x" * (MAX_OUTPUT - 10)
+    assert result["cut"]["stdout"]["count"] == 0
+    assert "file" not in result["cut"]["stdout"]
+
+
+def test_a_value_sharing_an_overfull_budget_makes_the_streams_saved(kernel: KernelProcess) -> None:
+    _, result = kernel.execute("print('x' * 400)\n'v' * 800")
+
+    assert result["cut"]["stdout"]["count"] == 0  # the bridge cuts it; the whole is saved
+    assert Path(result["cut"]["stdout"]["file"]).read_text() == "x" * 400 + "\n"
+
+
+def test_many_small_writes_over_the_budget_are_counted_exactly(kernel: KernelProcess) -> None:
     frames, result = kernel.execute("for i in range(300):\n    print('%05d' % i)")
 
-    assert len(stream_text(frames, "stdout")) == MAX_OUTPUT
-    assert result["dropped"]["stdout"] == 300 * 6 - MAX_OUTPUT
+    cut = result["cut"]["stdout"]
+    assert len(stream_text(frames, "stdout")) == len(cut["tail"]) == MAX_OUTPUT // 2
+    assert cut["count"] == 300 * 6 - MAX_OUTPUT
+    whole = "".join("%05d\n" % i for i in range(300))
+    assert stream_text(frames, "stdout") + cut["tail"] == whole[: MAX_OUTPUT // 2] + whole[-MAX_OUTPUT // 2 :]
+    assert Path(cut["file"]).read_text() == whole
+
+
+def test_only_the_latest_calls_keep_their_saved_output(kernel: KernelProcess, tmp_path: Path) -> None:
+    for _ in range(mcp_sandbox_kernel.SAVED_CALLS + 3):
+        kernel.execute("print('x' * 5000)")
+
+    saved = sorted(int(path.stem) for path in (tmp_path / "outputs").iterdir())
+    assert saved == list(range(4, mcp_sandbox_kernel.SAVED_CALLS + 4))
 
 
 # --- interrupts ---------------------------------------------------------------------------
@@ -748,7 +788,7 @@ def test_user_code_setting_sys_stdout_to_none_does_not_kill_the_kernel(kernel: K
     assert kernel.run("kept")["value"] == "'state'"
 
 
-# --- units: _partial_suffix and OutputLimiter ---------------------------------------------------
+# --- units: _partial_suffix and OutputKeeper ---------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -783,45 +823,54 @@ def test_partial_suffix_with_the_real_marker_shape() -> None:
     assert _partial_suffix(b"output", marker) == 0
 
 
-def test_output_limiter_keeps_up_to_the_cap_per_stream() -> None:
-    limiter = OutputLimiter(10)
-    limiter.reset("e1")
+def test_output_keeper_streams_half_the_budget_keeps_half_as_tail_and_counts_between(tmp_path: Path) -> None:
+    keeper = OutputKeeper(10, str(tmp_path))
+    keeper.reset()
 
-    assert limiter.admit("stdout", "abcdef") == "abcdef"
-    assert limiter.admit("stdout", "ghijkl") == "ghij"
-    assert limiter.admit("stdout", "more") == ""
-    assert limiter.admit("stderr", "0123456789XYZ") == "0123456789"
-    assert limiter.sent == {"stdout": 10, "stderr": 10}
-    assert limiter.dropped == {"stdout": 6, "stderr": 3}
-    assert limiter.execute_id == "e1"
+    assert keeper.admit("stdout", "abc") == "abc"
+    assert keeper.admit("stdout", "defghij") == "de"
+    assert keeper.admit("stdout", "klmno") == ""
+    assert keeper.admit("stderr", "日本語です") == "日本語です"  # characters, not bytes
+    cuts = keeper.finish(0)
 
-
-def test_output_limiter_reset_starts_a_new_budget() -> None:
-    limiter = OutputLimiter(3)
-    limiter.reset("a")
-    limiter.admit("stdout", "12345")
-
-    limiter.reset("b")
-
-    assert limiter.execute_id == "b"
-    assert limiter.dropped == {"stdout": 0, "stderr": 0}
-    assert limiter.admit("stdout", "xyz") == "xyz"
+    assert cuts == {
+        "stdout": {"count": 5, "tail": "klmno", "file": str(tmp_path / "1.stdout")},
+        "stderr": {"count": 0, "tail": "", "file": str(tmp_path / "1.stderr")},  # the whole is over budget
+    }
+    assert (tmp_path / "1.stdout").read_text() == "abcdefghijklmno"
+    assert (tmp_path / "1.stderr").read_text() == "日本語です"
 
 
-def test_output_limiter_counts_characters_not_bytes() -> None:
-    limiter = OutputLimiter(3)
+def test_output_keeper_reset_starts_a_new_budget(tmp_path: Path) -> None:
+    keeper = OutputKeeper(6, str(tmp_path))
+    keeper.reset()
+    keeper.admit("stdout", "1234567890")
 
-    assert limiter.admit("stdout", "日本語です") == "日本語"
-    assert limiter.dropped["stdout"] == 2
+    keeper.reset()
+
+    assert keeper.admit("stdout", "xyz") == "xyz"
+    assert keeper.finish(0) == {}
 
 
-def test_output_limiter_is_safe_under_concurrent_writers() -> None:
-    limiter = OutputLimiter(1000)
+def test_output_keeper_reports_a_file_it_could_not_write(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    keeper = OutputKeeper(4, str(blocked))
+    keeper.reset()
+
+    keeper.admit("stdout", "abcdefghij")
+
+    assert keeper.finish(0) == {"stdout": {"count": 6, "tail": "ij"}}  # no file: it failed
+
+
+def test_output_keeper_is_safe_under_concurrent_writers(tmp_path: Path) -> None:
+    keeper = OutputKeeper(1000, str(tmp_path))
+    keeper.reset()
     kept: list[str] = []
 
     def write() -> None:
         for _ in range(500):
-            kept.append(limiter.admit("stdout", "ab"))
+            kept.append(keeper.admit("stdout", "ab"))
 
     threads = [threading.Thread(target=write) for _ in range(4)]
     for thread in threads:
@@ -829,8 +878,10 @@ def test_output_limiter_is_safe_under_concurrent_writers() -> None:
     for thread in threads:
         thread.join()
 
-    assert sum(len(text) for text in kept) == 1000
-    assert limiter.sent["stdout"] + limiter.dropped["stdout"] == 4 * 500 * 2
+    cut = keeper.finish(0)["stdout"]
+    assert sum(len(text) for text in kept) == 500
+    assert len(cut["tail"]) == 500 and cut["count"] == 4 * 500 * 2 - 1000
+    assert len((tmp_path / "1.stdout").read_text()) == 4 * 500 * 2
 
 
 # --- deferred calls: which calls a cell awaits --------------------------------------------
@@ -945,3 +996,27 @@ def test_images_and_files_of_one_call_stay_within_one_frame(tmp_path: Path) -> N
         ]
     )
     collector.attach(tmp_path / "f")  # a new call starts from nothing
+
+
+# --- frame authentication --------------------------------------------------------------------
+
+
+def test_a_kernel_whose_first_line_is_not_the_key_runs_nothing(tmp_path: Path) -> None:
+    config = tmp_path / "session.json"
+    config.write_text(json.dumps({"protocol": PROTOCOL_VERSION, "workdir": str(tmp_path)}))
+    execute = encode_frame({"type": "execute", "id": "e1", "code": "open('ran', 'w')"}, MAX_FRAME)
+
+    done = subprocess.run(
+        [sys.executable, str(KERNEL_PATH), str(config)], input=execute, capture_output=True, timeout=WAIT
+    )
+
+    assert done.returncode == 2
+    (frame,) = FrameDecoder(MAX_FRAME).feed(done.stdout)
+    assert frame["type"] == "error" and "the first frame must be the key" in frame["message"]
+    assert not (tmp_path / "ran").exists()
+
+
+def test_every_frame_of_the_kernel_is_signed_and_numbered(kernel: KernelProcess) -> None:
+    # The harness decodes with the key: a frame without a valid MAC would never arrive.
+    assert kernel.run("print('signed')\n1")["value"] == "1"
+    assert kernel.run("2")["value"] == "2"

@@ -4,18 +4,22 @@ shared state directory, and the store read back by the test itself."""
 
 from __future__ import annotations
 
+import ast
+import json
 import os
 import signal
 import sqlite3
-import textwrap
+import time
 from pathlib import Path
 
 import anyio
 import pytest
+from mcp.client.session import ClientSession
 from mcp.shared.exceptions import MCPError
 
+import mcp_sandbox_kernel as sandbox_kernel
 import mcp_server_code_execution_mode as bridge
-from tests.conftest import Engine, bridge_client, bridge_env, bridge_pids, run_cell
+from tests.conftest import Engine, bridge_client, bridge_env, bridge_pids, run_cell, structured
 
 pytestmark = pytest.mark.anyio
 
@@ -36,20 +40,21 @@ async def test_a_memory_saved_by_one_bridge_is_there_for_the_next(engine: Engine
             """
             from mcp import runtime
             entries = list_memories()
-            (load_memory("project"), runtime.load_memory("missing", "fallback"), memory_exists("project"),
-             [(e["key"], e["metadata"], e["size"]) for e in entries])
+            [load_memory("project"), runtime.load_memory("missing", "fallback"), memory_exists("project"),
+             [[e["key"], e["metadata"], e["size"]] for e in entries]]
             """,
         )
         value, fallback, exists, entries = eval(answer["value"])
         assert value == {"name": "x", "n": 1}
         assert fallback == "fallback" and exists is True
-        assert entries == [("project", {"about": "demo"}, len('{"name":"x","n":1}'))]
+        # size: the value's and the metadata's JSON together, as both caps count them
+        assert entries == [["project", {"about": "demo"}, len('{"name":"x","n":1}{"about":"demo"}')]]
         info = await run_cell(client, 'get_memory_info("project")')
         assert "'created'" in info["value"] and "'updated'" in info["value"], info
         deleted = await run_cell(
-            client, 'delete_memory("project"), memory_exists("project"), list_memories()'
+            client, '[delete_memory("project"), memory_exists("project"), list_memories()]'
         )
-        assert deleted["value"] == "(True, False, [])", deleted
+        assert deleted["value"] == "[True, False, []]", deleted
 
 
 async def test_memory_helpers_are_awaitable_in_code_that_uses_await(engine: Engine, state_dir: Path) -> None:
@@ -60,40 +65,65 @@ async def test_memory_helpers_are_awaitable_in_code_that_uses_await(engine: Engi
             import asyncio
             await save_memory("a", [1, 2])
             await asyncio.gather(*(update_memory("n", lambda v: (v or 0) + 1) for _ in range(10)))
-            (await load_memory("a"), await load_memory("n"))
+            [await load_memory("a"), await load_memory("n")]
             """,
         )
-        assert answer["value"] == "([1, 2], 10)", answer
+        assert answer["value"] == "[[1, 2], 10]", answer
+
+
+# Released at one wall-clock moment (containers share the host's clock), like
+# benchmarks/bench_memory.py; fn counts its own invocations: one per attempt.
+CONTENDED_CELL = """
+import json, threading, time
+calls, errors, lock, go = [0], [], threading.Lock(), threading.Event()
+def increment(value):
+    with lock:
+        calls[0] += 1
+    return (value or 0) + 1
+def work():
+    go.wait()
+    for _ in range(50):
+        try:
+            update_memory("counter", increment)
+        except Exception as exc:
+            errors.append("%s: %s" % (type(exc).__name__, exc))
+threads = [threading.Thread(target=work) for _ in range(4)]
+for thread in threads:
+    thread.start()
+late = time.time() - START_AT
+time.sleep(max(0.0, START_AT - time.time()))
+began = time.time()
+go.set()
+for thread in threads:
+    thread.join()
+json.dumps({"calls": calls[0], "errors": errors[:3], "began": began, "ended": time.time(), "late": late})
+"""
 
 
 async def test_two_bridges_updating_one_counter_lose_no_update(engine: Engine, state_dir: Path) -> None:
     # 2 bridges x 4 threads x 50 updates: every read-modify-write must land exactly once.
-    cell = textwrap.dedent(
-        """
-        import threading
-        def work():
-            for _ in range(50):
-                update_memory("counter", lambda v: (v or 0) + 1)
-        threads = [threading.Thread(target=work) for _ in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        "done"
-        """
-    )
-    results: list[dict[str, object]] = []
+    async with (
+        bridge_client(bridge_env(engine, state_dir)) as first,
+        bridge_client(bridge_env(engine, state_dir)) as second,
+    ):
+        for client in (first, second):  # both sandboxes up before the clock starts
+            assert (await run_cell(client, "1"))["value"] == "1"
+        cell = CONTENDED_CELL.replace("START_AT", repr(time.time() + 2.0))
+        results: list[dict[str, float]] = []
 
-    async def one_bridge() -> None:
-        async with bridge_client(bridge_env(engine, state_dir)) as client:
-            results.append(await run_cell(client, cell, timeout=120))
+        async def one_bridge(client: ClientSession) -> None:
+            answer = await run_cell(client, cell, timeout=120)
+            assert not answer["is_error"], answer
+            results.append(json.loads(ast.literal_eval(answer["value"])))
 
-    async with anyio.create_task_group() as group:
-        group.start_soon(one_bridge)
-        group.start_soon(one_bridge)
-    assert [result["value"] for result in results] == ["'done'", "'done'"], results
-    async with bridge_client(bridge_env(engine, state_dir)) as client:
-        assert (await run_cell(client, 'load_memory("counter")'))["value"] == "400"
+        async with anyio.create_task_group() as group:
+            group.start_soon(one_bridge, first)
+            group.start_soon(one_bridge, second)
+        assert [result["errors"] for result in results] == [[], []], results
+        assert (await run_cell(first, 'load_memory("counter")'))["value"] == "400"
+    assert all(result["late"] < 0 for result in results), results  # both waited for the moment
+    assert max(r["began"] for r in results) < min(r["ended"] for r in results), results  # overlapped
+    assert sum(result["calls"] for result in results) > 400, results  # and conflicted: retries
 
 
 async def test_a_sigkilled_bridge_leaves_every_acknowledged_write(engine: Engine, state_dir: Path) -> None:
@@ -241,9 +271,9 @@ async def test_a_saved_tool_is_defined_after_reset_and_in_a_new_bridge(
             ("circle_area", "Area of a circle of the given radius.")
         ]
         assert any("Saved tools defined" in notice for notice in answer["notices"]), answer["notices"]
-        assert (await run_cell(client, "delete_tool('circle_area'), list_saved_tools()"))[
+        assert (await run_cell(client, "[delete_tool('circle_area'), list_saved_tools()]"))[
             "value"
-        ] == "(True, [])"
+        ] == "[True, []]"
 
 
 async def test_lambdas_closures_and_builtins_are_refused_with_a_reason(
@@ -289,3 +319,386 @@ async def test_a_hand_broken_saved_tool_is_reported_and_the_others_still_load(
         assert any(
             "Saved tool bad could not be loaded (SyntaxError" in notice for notice in answer["notices"]
         ), answer
+
+
+# --- review of issue 8: caps, every helper, forged frames, saved tools -----------------------
+
+
+def store_rows(state_dir: Path) -> list[tuple[str, str, str | None, int, int]]:
+    """Every memory row as the store file holds it (read-only, beside a running bridge)."""
+    database = sqlite3.connect("file:%s?mode=ro" % store_path(state_dir), uri=True)
+    try:
+        return database.execute(
+            "SELECT key, value, metadata, version, size FROM memories ORDER BY key"
+        ).fetchall()
+    finally:
+        database.close()
+
+
+def tool_files(state_dir: Path) -> dict[str, str]:
+    folder = state_dir / bridge.MEMORY_DIRNAME
+    return {path.name: path.read_text() for path in sorted(folder.glob("*.py"))} if folder.is_dir() else {}
+
+
+ATTEMPT = """
+def attempt(call):
+    try:
+        call()
+        return "accepted"
+    except Exception as exc:
+        return "%s: %s" % (type(exc).__name__, exc)
+"""
+
+
+async def test_metadata_counts_against_both_memory_caps(engine: Engine, state_dir: Path) -> None:
+    env = bridge_env(
+        engine, state_dir, MCP_BRIDGE_MAX_MEMORY_BYTES="300", MCP_BRIDGE_MAX_MEMORY_TOTAL_BYTES="1000"
+    )
+    async with bridge_client(env) as client:
+        await run_cell(client, ATTEMPT)
+        answer = await run_cell(
+            client,
+            """
+            huge = attempt(lambda: save_memory("m", 1, metadata={"pad": "y" * 5_000_000}))
+            over = attempt(lambda: save_memory("m", 1, metadata={"pad": "y" * 400}))
+            save_memory("u", "a", metadata={"pad": "z" * 200})
+            kept_metadata = attempt(lambda: update_memory("u", lambda v: v * 100))
+            (huge, over, kept_metadata, load_memory("u"), delete_memory("u"), list_memories())
+            """,
+        )
+        huge, over, kept_metadata, u_value, deleted, entries = eval(answer["value"])
+        for outcome in (huge, over, kept_metadata):
+            assert outcome.startswith("MCPError: The value (") and "and its metadata (" in outcome, outcome
+            assert "MCP_BRIDGE_MAX_MEMORY_BYTES" in outcome, outcome
+        assert (u_value, deleted, entries) == ("a", True, [])
+
+        # Fill the store until the total cap refuses. Each entry is ~117 bytes of value and
+        # ~17 of metadata: counting only values, 8 would fit in 1000 bytes; counting both, 7.
+        answer = await run_cell(
+            client,
+            """
+            saved, refusal = {}, None
+            for n in range(100):
+                value = {"n": n, "pad": "x" * 100}
+                refusal = attempt(lambda: save_memory("k%d" % n, value, metadata={"about": "entry %d" % n}))
+                if refusal != "accepted":
+                    break
+                saved["k%d" % n] = value
+            bigger = attempt(lambda: save_memory("k0", {"n": 0, "pad": "x" * 250}))
+            (refusal, bigger, {key: load_memory(key) for key in saved} == saved, sorted(saved),
+             [entry["key"] for entry in list_memories()])
+            """,
+        )
+        refusal, bigger, equal, keys, listed = eval(answer["value"])
+        assert len(keys) == 7 and equal and listed == keys, answer
+        for outcome in (refusal, bigger):
+            assert outcome.startswith("MCPError: Storing ") and "(value and metadata)" in outcome, outcome
+            assert "MCP_BRIDGE_MAX_MEMORY_TOTAL_BYTES" in outcome, outcome
+        rows = store_rows(state_dir)
+        assert [row[0] for row in rows] == keys  # no row for the refused key
+        assert [row[3] for row in rows] == [1] * 7  # k0 was not rewritten
+        assert all(row[4] == len(row[1].encode()) + len(row[2].encode()) for row in rows)
+        assert sum(row[4] for row in rows) <= 1000
+
+
+async def test_saved_tools_are_bounded_in_number(engine: Engine, state_dir: Path) -> None:
+    folder = state_dir / bridge.MEMORY_DIRNAME
+    folder.mkdir()
+    for n in range(bridge.SavedTools.MAX_TOOLS):  # written by hand, as a user may
+        (folder / ("t%d.py" % n)).write_text("def t%d():\n    return %d\n" % (n, n))
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        await run_cell(client, ATTEMPT)
+        answer = await run_cell(
+            client,
+            """
+            def one_more():
+                return 0
+            def t5():
+                return "new"
+            (attempt(lambda: save_tool(one_more)), attempt(lambda: save_tool(t5)), t999())
+            """,
+        )
+        refused, replaced, last = eval(answer["value"])
+        assert refused.startswith("MCPError: There are already 1000 saved tools"), refused
+        assert "delete_tool()" in refused and (replaced, last) == ("accepted", 999)
+    files = tool_files(state_dir)
+    assert len(files) == 1000 and "one_more.py" not in files and '"new"' in files["t5.py"]
+
+
+async def test_saved_tools_are_bounded_in_bytes(state_dir: Path) -> None:
+    tools = bridge.SavedTools(state_dir / bridge.MEMORY_DIRNAME)
+    body = "def t{n}():\n    return {n}\n# " + "x" * (bridge.SavedTools.MAX_SOURCE_BYTES - 60) + "\n"
+    count = bridge.SavedTools.MAX_TOTAL_BYTES // bridge.SavedTools.MAX_SOURCE_BYTES
+    for n in range(count):
+        tools.save("t%d" % n, body.format(n=n))
+    used = sum(len(source.encode()) for source in tool_files(state_dir).values())
+    assert used <= bridge.SavedTools.MAX_TOTAL_BYTES
+    room = bridge.SavedTools.MAX_TOTAL_BYTES - used
+    with pytest.raises(bridge.MemoryStoreError, match="over 10485760 bytes together"):
+        tools.save("one_more", "def one_more():\n    return '%s'\n" % ("x" * room))
+    assert tools.save("t0", body.format(n=0).replace("return 0", "return 10"))["name"] == "t0"
+    assert len(tool_files(state_dir)) == count and "return 10" in tool_files(state_dir)["t0.py"]
+
+
+HELPER_STEPS = """
+steps = [
+    ("save_memory", ("k", [1])),
+    ("load_memory", ("k",)),
+    ("update_memory", ("n", lambda v: (v or 0) + 1)),
+    ("list_memories", ()),
+    ("memory_exists", ("k",)),
+    ("get_memory_info", ("k",)),
+    ("save_tool", (helper_tool,)),
+    ("list_saved_tools", ()),
+    ("delete_tool", ("helper_tool",)),
+    ("delete_memory", ("k",)),
+]
+def brief(value):  # what a result says, without its timestamps and versions
+    if isinstance(value, dict):
+        return value.get("key", value.get("name"))
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        return [brief(item) for item in value]
+    return value
+"""
+
+
+async def test_every_memory_helper_is_a_global_and_on_runtime_plain_and_awaited(
+    engine: Engine, state_dir: Path
+) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        await run_cell(client, 'def helper_tool():\n    """For the test."""\n    return 7\n' + HELPER_STEPS)
+        answer = await run_cell(
+            client,
+            """
+            from mcp import runtime as imported
+            report = {}
+            for name, args in steps:
+                as_global, on_runtime = globals()[name], getattr(runtime, name)
+                same = as_global == on_runtime and on_runtime is getattr(imported, name)
+                results = [as_global(*args), on_runtime(*args)]
+                results += [await as_global(*args), await on_runtime(*args)]
+                report[name] = (same, [brief(result) for result in results])
+            report
+            """,
+        )
+        report = eval(answer["value"])
+    assert sorted(report) == sorted(sandbox_kernel.MEMORY_HELPERS) and len(report) == 10
+    assert {name: same for name, (same, _) in report.items()} == dict.fromkeys(report, True)
+    assert {name: results for name, (_, results) in report.items()} == {
+        "save_memory": ["k"] * 4,
+        "load_memory": [[1]] * 4,
+        "update_memory": [1, 2, 3, 4],
+        "list_memories": [["k", "n"]] * 4,
+        "memory_exists": [True] * 4,
+        "get_memory_info": ["k"] * 4,
+        "save_tool": ["helper_tool"] * 4,
+        "list_saved_tools": [["helper_tool"]] * 4,
+        "delete_tool": [True, False, False, False],
+        "delete_memory": [True, False, False, False],
+    }
+
+
+# (method, params) a hostile cell sends straight into the request channel.
+FORGED_STORE_REQUESTS = {
+    "load key=5": ("memory_load", {"key": 5}),
+    "delete key=5": ("memory_delete", {"key": 5}),
+    "info key=5": ("memory_info", {"key": 5}),
+    "save key=5": ("memory_save", {"key": 5, "value": 1}),
+    "put_if negative version": ("memory_put_if", {"key": "kept", "value": 2, "version": -1}),
+    "put_if version as text": ("memory_put_if", {"key": "kept", "value": 2, "version": "1"}),
+    "save unknown field": ("memory_save", {"key": "x", "value": 1, "other": 1}),
+    "tool_save name=1": ("tool_save", {"name": 1, "source": "def f():\n    return 1\n"}),
+    "tool_save source=[]": ("tool_save", {"name": "f", "source": []}),
+    "tool_save name ../evil": ("tool_save", {"name": "../evil", "source": "def f():\n    return 1\n"}),
+    "tool_save bad source": ("tool_save", {"name": "f", "source": "def f(:\n"}),
+    "tool_delete name=None": ("tool_delete", {"name": None}),
+    "tool_delete name ../kept_tool": ("tool_delete", {"name": "../user_tools/kept_tool"}),
+}
+
+
+async def test_forged_store_requests_are_refused_and_change_nothing(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        await run_cell(client, 'save_memory("kept", 1, metadata={"a": 1})\ndef kept_tool():\n    return 1')
+        await run_cell(client, "save_tool(kept_tool)")
+        rows, files = store_rows(state_dir), tool_files(state_dir)
+        answer = await run_cell(
+            client,
+            """
+            import asyncio
+            requests = runtime.call_tool.__self__._requests  # the raw channel, as hostile code may use it
+            outcomes = {}
+            for name, (method, params) in FORGED.items():
+                try:
+                    requests.call(method, params)
+                    outcomes[name] = "accepted"
+                except Exception as exc:
+                    outcomes[name] = "%s: %s" % (type(exc).__name__, exc)
+            # Params that are not an object: the supervisor drops the frame (it is not a
+            # request at all) and reports it in the next call's notices; it never answers.
+            async def as_list(method):
+                try:
+                    await asyncio.wait_for(requests.call_async(method, ["kept", 2]), 2)
+                    outcomes[method + " list"] = "answered"
+                except Exception as exc:
+                    outcomes[method + " list"] = type(exc).__name__
+            await asyncio.gather(*map(as_list, ("memory_save", "memory_delete", "tool_save", "tool_delete")))
+            outcomes
+            """.replace("FORGED", repr(FORGED_STORE_REQUESTS)),
+            timeout=60,
+        )
+        outcomes = eval(answer["value"])
+        bad_arguments = [name for name in FORGED_STORE_REQUESTS if "=" in name or "version" in name]
+        bad_arguments.append("save unknown field")
+        for name in bad_arguments:
+            assert outcomes[name].startswith("MCPError: Bad arguments for runtime."), (name, outcomes[name])
+        assert "Python identifier" in outcomes["tool_save name ../evil"], outcomes
+        assert "Python identifier" in outcomes["tool_delete name ../kept_tool"], outcomes
+        assert "does not compile" in outcomes["tool_save bad source"], outcomes
+        for method in ("memory_save", "memory_delete", "tool_save", "tool_delete"):
+            assert outcomes[method + " list"] == "TimeoutError", outcomes
+        assert store_rows(state_dir) == rows and tool_files(state_dir) == files
+        after = await run_cell(client, '[save_memory("next", 2)["key"], load_memory("kept"), kept_tool()]')
+        assert after["value"] == "['next', 1, 1]", after
+        assert any("rejected" in notice for notice in answer["notices"] + after["notices"]), (answer, after)
+
+
+async def test_save_tool_does_not_warn_about_other_saved_tools(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        await run_cell(client, "def double(x):\n    return 2 * x")
+        await run_cell(client, "save_tool(double)")
+        answer = await run_cell(
+            client,
+            """
+            def quadruple(x):
+                return double(double(x))
+            def shifted(x):
+                return double(x) + OFFSET
+            (save_tool(quadruple)["warnings"], save_tool(shifted)["warnings"])
+            """,
+        )
+        quadruple, shifted = eval(answer["value"])
+        assert quadruple == [], quadruple
+        assert len(shifted) == 1 and shifted[0].startswith("OFFSET is not defined"), shifted
+        fresh = await client.call_tool("run_python", {"code": "quadruple(3)", "reset": True})
+        assert not fresh.is_error and structured(fresh)["value"] == "12", fresh
+
+
+async def test_a_decorated_function_is_refused_with_a_reason(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        await run_cell(client, ATTEMPT)
+        answer = await run_cell(
+            client,
+            """
+            import functools
+            def same(func):
+                return func
+            def logged(func):
+                @functools.wraps(func)
+                def wrapper(*args):
+                    return func(*args)
+                return wrapper
+            @same
+            def plain_decorated(x):
+                return x
+            @logged
+            def wrapped(x):
+                return x
+            @functools.lru_cache
+            def cached(x):
+                return x
+            ([attempt(lambda: save_tool(f)) for f in (plain_decorated, wrapped, cached)], list_saved_tools())
+            """,
+        )
+        reasons, tools = eval(answer["value"])
+        for reason, name in zip(reasons, ("plain_decorated", "wrapped", "cached"), strict=True):
+            assert reason == (
+                "TypeError: save_tool cannot save decorated functions (%s): save the plain function" % name
+            ), reasons
+        assert tools == [] and tool_files(state_dir) == {}
+
+
+async def test_saving_a_tool_again_replaces_its_file_and_function(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        await run_cell(client, 'def greet():\n    """First."""\n    return "v1"')
+        assert not (await run_cell(client, "save_tool(greet)"))["is_error"]
+        await run_cell(client, 'def greet():\n    """Second."""\n    return "v2"')
+        assert not (await run_cell(client, "save_tool(greet)"))["is_error"]
+        fresh = await client.call_tool(
+            "run_python", {"code": "[greet(), [t['doc'] for t in list_saved_tools()]]", "reset": True}
+        )
+        assert not fresh.is_error, fresh
+        assert structured(fresh)["value"] == "['v2', ['Second.']]", fresh.structured_content
+    assert list(tool_files(state_dir)) == ["greet.py"]
+    assert '"v2"' in tool_files(state_dir)["greet.py"] and "v1" not in tool_files(state_dir)["greet.py"]
+
+
+async def test_saved_tools_are_back_after_a_crash_without_reset(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        await run_cell(client, "def good():\n    return 'good'")
+        await run_cell(client, "save_tool(good)")
+        (state_dir / bridge.MEMORY_DIRNAME / "needs_missing.py").write_text(
+            "import nonexistent_module_xyz\n\n\ndef needs_missing():\n    return 1\n"
+        )
+        crashed = await run_cell(client, "import os\nos._exit(1)")
+        assert crashed["status"] == "crashed", crashed
+        after = await run_cell(client, "[good(), 'needs_missing' in globals()]")
+        assert after["value"] == "['good', False]", after
+        assert any(
+            "Saved tool needs_missing could not be loaded (ModuleNotFoundError" in notice
+            for notice in after["notices"]
+        ), after["notices"]
+        assert any("Saved tools defined in this fresh session: good." in n for n in after["notices"]), after
+
+
+async def test_update_memory_gives_up_clearly_when_every_attempt_is_overtaken(
+    engine: Engine, state_dir: Path
+) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        await run_cell(client, ATTEMPT)
+        answer = await run_cell(
+            client,
+            """
+            import time
+            calls = [0]
+            def meddle(value):  # writes the key itself: the version always moves on
+                calls[0] += 1
+                save_memory("hot", {"n": calls[0]})
+                return {"n": -1}
+            save_memory("hot", {"n": 0})
+            started = time.perf_counter()
+            outcome = attempt(lambda: update_memory("hot", meddle))
+            (outcome, calls[0], load_memory("hot"), time.perf_counter() - started)
+            """,
+        )
+        outcome, calls, value, seconds = eval(answer["value"])
+    attempts = sandbox_kernel.UPDATE_MEMORY_ATTEMPTS
+    assert outcome == (
+        "MCPError: update_memory('hot'): other writers changed the value on each of %d attempts; try again"
+        % attempts
+    )
+    assert calls == attempts and value == {"n": attempts} and seconds < 10, (calls, value, seconds)
+    assert [json.loads(row[1]) for row in store_rows(state_dir)] == [{"n": attempts}]
+
+
+async def test_tools_list_stays_under_200_tokens_with_saved_tools_and_memories(
+    engine: Engine, state_dir: Path
+) -> None:
+    from anthropic_tokenizer import count_tokens
+
+    folder = state_dir / bridge.MEMORY_DIRNAME
+    tools = bridge.SavedTools(folder)
+    for n in range(20):
+        tools.save(
+            "saved_tool_%d" % n, 'def saved_tool_%d():\n    """Tool number %d."""\n    return 1\n' % (n, n)
+        )
+    store = bridge.MemoryStore(folder, 1024 * 1024, 100 * 1024 * 1024)
+    for n in range(20):
+        store.save("memory-%d" % n, n, metadata={"about": "memory %d" % n})
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        listing = await client.list_tools()
+    text = json.dumps(
+        listing.model_dump(by_alias=True, exclude_none=True, mode="json"), separators=(",", ":")
+    )
+    assert [tool.name for tool in listing.tools] == ["run_python"]
+    assert "saved_tool_" not in text and "memory-" not in text
+    assert count_tokens(text) < 200, count_tokens(text)

@@ -72,7 +72,9 @@ async def test_the_cli_shows_exports_and_deletes_what_the_sandbox_saved(
         (
             "project",
             {"about": "demo"},
-            len(json.dumps(SAVED_PROJECT, ensure_ascii=False, separators=(",", ":")).encode()),
+            # size: the value's and the metadata's JSON, as the caps count them
+            len(json.dumps(SAVED_PROJECT, ensure_ascii=False, separators=(",", ":")).encode())
+            + len('{"about":"demo"}'),
         ),
     ]
     assert all(m["updated"] and m["version"] == 1 for m in memories)

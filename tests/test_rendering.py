@@ -14,6 +14,7 @@ import mcp_server_code_execution_mode as bridge
 from mcp_server_code_execution_mode import (
     BridgeConfig,
     ExecutionOutcome,
+    OutputCut,
     render_compact,
     render_outcome,
     render_toon,
@@ -93,39 +94,71 @@ def test_error_without_traceback_shows_type_and_message() -> None:
     assert render_compact(outcome, CONFIG) == "SandboxError: frame too big"
 
 
-def test_cut_marker_states_how_many_characters_were_cut_and_names_the_setting() -> None:
-    outcome = ExecutionOutcome(status="ok", stdout="x" * 1000, truncated={"stdout": 4001, "stderr": 0})
+def test_a_cut_stream_keeps_head_and_tail_and_the_marker_names_the_saved_file() -> None:
+    outcome = ExecutionOutcome(
+        status="ok",
+        stdout="h" * 500,
+        cuts={"stdout": OutputCut(count=4001, tail="t" * 500, file="/tmp/outputs/3.stdout")},
+    )
 
     text = render_compact(outcome, CONFIG)
 
-    assert text.startswith("x" * 1000 + "\n[...")
-    marker = text[1000:]
-    assert "4001 more characters of stdout cut" in marker
-    assert "capped at 1000 characters" in marker
-    assert "MCP_BRIDGE_MAX_OUTPUT" in marker
+    head, marker, tail = text.split("\n")
+    assert head == "h" * 500 and tail == "t" * 500
+    assert marker == (
+        "[... 4,001 characters of stdout cut (a result shows 1,000 characters, MCP_BRIDGE_MAX_OUTPUT); "
+        "all of it is in /tmp/outputs/3.stdout ...]"
+    )
 
 
-def test_cut_marker_for_stderr_is_inside_the_stderr_section() -> None:
-    outcome = ExecutionOutcome(status="ok", stderr="e" * 10, truncated={"stdout": 0, "stderr": 7})
+def test_one_budget_is_shared_and_what_a_small_part_leaves_goes_to_the_others() -> None:
+    outcome = ExecutionOutcome(status="ok", stdout="o" * 3000, stderr="e" * 100, value="v" * 3000)
+
+    fitted = bridge.fit_output(outcome, 1000)
+
+    assert fitted.text["stderr"] == "e" * 100  # within its share: whole
+    for name, letter in (("stdout", "o"), ("value", "v")):  # 450 each, head and tail
+        head, marker, tail = fitted.text[name].split("\n")
+        assert (head, tail) == (letter * 225, letter * 225)
+        assert "2,550 characters of %s cut" % bridge.PART_LABELS[name] in marker
+        assert fitted.cut[name] == {"characters": 2550}
+    assert "stderr" not in fitted.cut
+
+
+def test_a_cut_in_the_middle_is_counted_with_what_the_budget_cuts_from_head_and_tail() -> None:
+    outcome = ExecutionOutcome(
+        status="ok", stderr="a" * 500, cuts={"stderr": OutputCut(count=7, tail="z" * 500)}
+    )
+
+    text = render_compact(outcome, bridge.BridgeConfig(max_output_chars=600))
+
+    assert text.startswith("[stderr]\n" + "a" * 300 + "\n[... 407 characters of stderr cut")
+    assert text.endswith("...]\n" + "z" * 300)
+
+
+def test_a_short_head_leaves_its_room_to_the_tail() -> None:
+    assert bridge.keep_ends("ab", 10, "x" * 100, 50) == ("ab", 10 + 52, "x" * 48)
+    assert bridge.keep_ends("abcdef", 0, "", 4) == ("ab", 2, "ef")
+    assert bridge.keep_ends("abc", 0, "def", 6) == ("abcdef", 0, "")
+
+
+def test_the_traceback_shares_the_budget_and_keeps_its_end() -> None:
+    traceback = "Traceback (most recent call last):\n" + "  frame\n" * 500 + "ValueError: the cause"
+    outcome = ExecutionOutcome(
+        status="error", stdout="x" * 5000, error={"type": "ValueError", "message": "", "traceback": traceback}
+    )
 
     text = render_compact(outcome, CONFIG)
 
-    assert text.startswith("[stderr]\n" + "e" * 10)
-    assert "7 more characters of stderr cut" in text
-    assert "stdout cut" not in text
+    assert text.endswith("ValueError: the cause")
+    assert "characters of the traceback cut" in text and "characters of stdout cut" in text
+    assert len(text) < 1000 + 2 * 200  # the budget plus two markers
 
 
 def test_cut_marker_appears_even_when_all_kept_output_is_empty() -> None:
-    outcome = ExecutionOutcome(status="ok", truncated={"stdout": 12, "stderr": 0})
+    outcome = ExecutionOutcome(status="ok", cuts={"stdout": OutputCut(count=12)})
 
-    assert "12 more characters of stdout cut" in render_compact(outcome, CONFIG)
-
-
-def test_cut_marker_uses_the_configured_cap() -> None:
-    marker = bridge.cut_marker("stdout", 5, BridgeConfig(max_output_chars=777))
-
-    assert "5 more characters of stdout cut" in marker
-    assert "777" in marker
+    assert "12 characters of stdout cut" in render_compact(outcome, CONFIG)
 
 
 def test_no_marker_without_truncation() -> None:
@@ -185,27 +218,26 @@ def test_empty_outcome_says_no_output() -> None:
 # --- structured_result and render_toon -----------------------------------------------------
 
 
-def test_structured_result_carries_every_field() -> None:
+def test_structured_result_carries_every_field_a_call_has() -> None:
     outcome = ExecutionOutcome(
         status="error",
         stdout="o",
         stderr="e",
         value=None,
         error={"type": "E", "message": "m", "traceback": "t"},
-        truncated={"stdout": 1, "stderr": 2},
+        cuts={"stdout": OutputCut(count=1), "stderr": OutputCut(count=2)},
         state_kept=False,
         detail="d",
         notices=["n"],
         duration=1.23456,
     )
 
-    assert structured_result(outcome) == {
+    assert structured_result(outcome, bridge.fit_output(outcome, 1000)) == {
         "status": "error",
-        "stdout": "o",
-        "stderr": "e",
-        "value": None,
+        "stdout": "o\n" + bridge.mcp_sandbox_kernel.cut_marker(1, "stdout", 1000) + "\n",
+        "stderr": "e\n" + bridge.mcp_sandbox_kernel.cut_marker(2, "stderr", 1000) + "\n",
         "error": {"type": "E", "message": "m", "traceback": "t"},
-        "truncated": {"stdout": 1, "stderr": 2},
+        "truncated": {"stdout": {"characters": 1}, "stderr": {"characters": 2}},
         "state_kept": False,
         "detail": "d",
         "notices": ["n"],
@@ -213,25 +245,52 @@ def test_structured_result_carries_every_field() -> None:
     }
 
 
-def test_toon_round_trips_to_the_non_empty_structured_fields() -> None:
+def test_a_trivial_call_is_three_fields_and_its_value_is_json() -> None:
+    outcome = ExecutionOutcome(status="ok", value="2", value_json=2, duration=0.0042)
+
+    assert structured_result(outcome, bridge.fit_output(outcome, 1000)) == {
+        "status": "ok",
+        "value": 2,
+        "duration_seconds": 0.004,
+    }
+
+
+def test_a_value_that_is_not_json_comes_as_its_repr() -> None:
+    outcome = ExecutionOutcome(status="ok", value="{1, 2}")
+
+    structured = structured_result(outcome, bridge.fit_output(outcome, 1000))
+
+    assert structured["value_repr"] == "{1, 2}" and "value" not in structured
+
+
+def test_a_json_value_the_budget_cuts_comes_as_its_cut_repr() -> None:
+    rows = list(range(400))
+    outcome = ExecutionOutcome(status="ok", stdout="x" * 900, value=repr(rows), value_json=rows)
+
+    structured = structured_result(outcome, bridge.fit_output(outcome, 1000))
+
+    assert "value" not in structured
+    assert "characters of the value cut" in structured["value_repr"]
+
+
+def test_toon_round_trips_to_the_structured_fields() -> None:
     outcome = ExecutionOutcome(
         status="timeout",
         stdout="a: b\nline two\n",
         value="{'k': 1}",
+        value_json={"k": 1},
         state_kept=False,
         detail="Timed out after 3s.",
-        truncated={"stdout": 5, "stderr": 0},
         notices=["Reset: fresh"],
         duration=2.5,
     )
 
-    decoded: dict[str, Any] = toon_format.decode(render_toon(outcome))
+    decoded: dict[str, Any] = toon_format.decode(render_toon(outcome, bridge.fit_output(outcome, 1000)))
 
     assert decoded == {
         "status": "timeout",
         "stdout": "a: b\nline two\n",
-        "value": "{'k': 1}",
-        "truncated": {"stdout": 5, "stderr": 0},
+        "value": {"k": 1},
         "state_kept": False,
         "detail": "Timed out after 3s.",
         "notices": ["Reset: fresh"],
@@ -240,11 +299,30 @@ def test_toon_round_trips_to_the_non_empty_structured_fields() -> None:
 
 
 def test_toon_omits_empty_fields() -> None:
-    text = render_toon(ExecutionOutcome(status="ok", stdout="hi"))
+    outcome = ExecutionOutcome(status="ok", stdout="hi")
+    text = render_toon(outcome, bridge.fit_output(outcome, 1000))
 
     decoded: dict[str, Any] = toon_format.decode(text)
-    assert set(decoded) == {"status", "stdout", "truncated", "state_kept", "duration_seconds"}
+    assert set(decoded) == {"status", "stdout", "duration_seconds"}
     assert text.startswith("status: ok")
+
+
+TABLE = [
+    {"id": i, "name": "user%02d" % i, "email": "user%02d@example.com" % i, "active": i % 3 != 0, "score": i * 7}
+    for i in range(20)
+]
+
+
+def test_a_table_costs_fewer_tokens_in_toon_than_in_compact() -> None:
+    from anthropic_tokenizer import count_tokens
+
+    outcome = ExecutionOutcome(status="ok", value=repr(TABLE), value_json=TABLE, duration=0.01)
+    fitted = bridge.fit_output(outcome, bridge.BridgeConfig().max_output_chars)
+
+    toon, compact = render_toon(outcome, fitted), render_compact(outcome, bridge.BridgeConfig())
+
+    assert "value[20]{id,name,email,active,score}:" in toon  # a table: the keys once
+    assert count_tokens(toon) < 0.8 * count_tokens(compact), (count_tokens(toon), count_tokens(compact))
 
 
 # --- render_outcome ----------------------------------------------------------------------------
@@ -256,7 +334,7 @@ def test_render_outcome_in_compact_mode_uses_compact_text_and_structured_content
     result = render_outcome(outcome, CONFIG)
 
     assert text_of(result) == "hi\n1"
-    assert result.structured_content == structured_result(outcome)
+    assert result.structured_content == structured_result(outcome, bridge.fit_output(outcome, 1000))
     assert result.is_error is False
 
 
@@ -265,8 +343,8 @@ def test_render_outcome_in_toon_mode_uses_toon_text() -> None:
 
     result = render_outcome(outcome, BridgeConfig(output_mode="toon"))
 
-    assert text_of(result) == render_toon(outcome)
-    assert result.structured_content == structured_result(outcome)
+    assert text_of(result) == render_toon(outcome, bridge.fit_output(outcome, 1000))
+    assert result.structured_content == structured_result(outcome, bridge.fit_output(outcome, 1000))
 
 
 @pytest.mark.parametrize(
@@ -435,7 +513,7 @@ def test_the_bridges_notices_and_status_are_blocks_of_their_own() -> None:
         detail="Timed out after 2s.",
     )
 
-    blocks = bridge.render_blocks(outcome, CONFIG)
+    blocks = bridge.render_blocks(outcome, bridge.fit_output(outcome, 1000))
 
     assert blocks == [
         "[session] Reset: started a fresh session with an empty namespace.",

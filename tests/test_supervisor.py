@@ -37,7 +37,10 @@ def test_a_result_may_carry_the_supervisors_notices_and_new_statuses() -> None:
         "status": "killed",
         "value": None,
         "error": {"type": "Killed", "message": "stopped", "traceback": ""},
-        "dropped": {"stdout": 3},
+        "cut": {
+            "stdout": {"count": 3, "tail": "end", "file": "/tmp/outputs/1.stdout"},
+            "value": {"count": 0, "tail": ""},
+        },
         "notices": ["a notice"],
     }
 
@@ -51,8 +54,12 @@ def test_a_result_may_carry_the_supervisors_notices_and_new_statuses() -> None:
         ("status", "bogus"),
         ("value", 12345),
         ("error", "str"),
-        ("dropped", {"stdout": "lots"}),
-        ("dropped", {"elsewhere": 1}),
+        ("cut", {"stdout": "lots"}),
+        ("cut", {"elsewhere": {"count": 1, "tail": ""}}),
+        ("cut", {"stdout": {"count": -1, "tail": ""}}),
+        ("cut", {"stdout": {"count": 1, "tail": 5}}),
+        ("cut", {"stdout": {"count": 1, "tail": "", "file": "x" * 5000}}),
+        ("cut", {"value": {"count": 1}}),
         ("notices", "not a list"),
         ("notices", [1, 2]),
         ("notices", ["x"] * 101),

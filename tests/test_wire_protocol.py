@@ -183,3 +183,58 @@ def test_protocol_error_message_shows_the_start_of_the_bad_line() -> None:
 
     assert "{oops" in str(caught.value)
     assert len(str(caught.value)) < 300
+
+
+# --- frame authentication -------------------------------------------------------------------
+
+KEY = bytes(range(32))
+
+
+def signed(frame: dict[str, Any], seq: int, key: bytes = KEY) -> bytes:
+    return encode_frame({"seq": seq, **frame}, MAX, key)
+
+
+def test_signed_frames_decode_without_their_mac_and_number() -> None:
+    decoder = FrameDecoder(MAX, key=KEY)
+
+    frames = decoder.feed(signed({"type": "stream", "text": "a"}, 1) + signed({"type": "result"}, 2))
+
+    assert frames == [{"type": "stream", "text": "a"}, {"type": "result"}]
+    assert decoder.unauthentic == 0
+
+
+def test_lines_the_supervisor_did_not_sign_are_dropped_and_counted() -> None:
+    decoder = FrameDecoder(MAX, key=KEY)
+    good = signed({"type": "result", "value": "real"}, 1)
+    tampered = good.replace(b"real", b"fake")
+    forged = [
+        encode_frame({"type": "result", "value": "unsigned"}, MAX),
+        signed({"type": "result", "value": "other key"}, 1, key=bytes(32)),
+        tampered,
+        b'{"mac":"' + b"0" * 32 + b'","type":"result"}\n',
+        b"not even json\n",
+    ]
+
+    assert decoder.feed(b"".join(forged)) == []
+    assert decoder.unauthentic == len(forged)
+    assert decoder.feed(good) == [{"type": "result", "value": "real"}]  # the channel goes on
+
+
+def test_a_replayed_or_reordered_frame_is_dropped() -> None:
+    decoder = FrameDecoder(MAX, key=KEY)
+    call = signed({"type": "request", "id": 1, "method": "call_tool"}, 5)
+
+    assert len(decoder.feed(call)) == 1
+    assert decoder.feed(call) == []  # the same tool call twice: no
+    assert decoder.feed(signed({"type": "stream"}, 4)) == []
+    assert decoder.unauthentic == 2
+    assert decoder.feed(signed({"type": "stream"}, 9)) == [{"type": "stream"}]  # gaps are fine
+
+
+def test_a_signed_frame_still_respects_the_size_cap() -> None:
+    frame = {"seq": 1, "type": "stream", "text": "x" * 100}
+    size = len(encode_frame(frame, MAX, KEY))
+
+    assert len(encode_frame(frame, size, KEY)) == size
+    with pytest.raises(ProtocolError, match="exceeds"):
+        encode_frame(frame, size - 1, KEY)

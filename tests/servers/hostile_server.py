@@ -3,8 +3,9 @@ JSON carries lone surrogates (\\udcff escapes) in a result and, with --bad-docs,
 tool list, and raw bytes that are not UTF-8.
 
 No SDK on purpose: the SDK's own serializer refuses lone surrogates, a server in another
-language may well send them, and the bridge must survive it. (The SDK's client refuses
-such messages as invalid JSON, so the request they answer never completes.)"""
+language may well send them, and the bridge must survive it (the SDK's validator refuses
+such messages as invalid JSON). Two tools answer with responses that are not valid
+JSON-RPC at all: no result, or the wrong protocol version."""
 
 from __future__ import annotations
 
@@ -16,9 +17,15 @@ import sys
 DESCRIPTION = "Returns text with a lone surrogate \\udcff in it." if "--bad-docs" in sys.argv else "Bad text."
 TOOLS = (
     '[{"name": "surrogate", "description": "%s", "inputSchema": {"type": "object"}},'
-    ' {"name": "raw_bytes", "description": "Invalid UTF-8.", "inputSchema": {"type": "object"}}]'
+    ' {"name": "raw_bytes", "description": "Invalid UTF-8.", "inputSchema": {"type": "object"}},'
+    ' {"name": "no_result", "description": "Answers without a result.", "inputSchema": {"type": "object"}},'
+    ' {"name": "bad_version", "description": "Answers as JSON-RPC 1.0.", "inputSchema": {"type": "object"}}]'
     % DESCRIPTION
 )
+INVALID = {
+    "no_result": '{"jsonrpc": "2.0", "id": %s}\n',
+    "bad_version": '{"jsonrpc": "1.0", "id": %s, "result": {"content": []}}\n',
+}
 RESULTS = {
     "surrogate": '{"content": [{"type": "text", "text": "bad \\udcff text"}], "isError": false}',
     "raw_bytes": '{"content": [{"type": "text", "text": "bad \udcff\udcfe bytes"}], "isError": false}',
@@ -51,6 +58,9 @@ def main() -> None:
             )
         elif method == "tools/list":
             reply(request_id, '{"tools": %s}' % TOOLS)
+        elif method == "tools/call" and message["params"]["name"] in INVALID:
+            sys.stdout.write(INVALID[message["params"]["name"]] % json.dumps(request_id))
+            sys.stdout.flush()
         elif method == "tools/call":
             reply(request_id, RESULTS[message["params"]["name"]])
         else:

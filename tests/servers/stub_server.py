@@ -80,6 +80,12 @@ def big(size: int) -> str:
     return "x" * size
 
 
+@server.tool()
+def measure(text: str = "", items: list[object] | None = None) -> str:
+    """The sizes of what arrived (large arguments, answered with a small result)."""
+    return "text %d items %d" % (len(text), len(items or []))
+
+
 @server.tool(structured_output=False)
 def blob(size: int) -> str:
     """One text block of `size` characters and no structured copy: a known size on the wire."""
