@@ -2483,7 +2483,7 @@ def live_descendants(root: int) -> list[int]:
     return [pid for pid in found if table[pid][1] != "Z"]
 
 
-def kill_descendants(keep: frozenset[int] = frozenset()) -> int:
+def kill_descendants(keep: frozenset[int] = frozenset(), settle: bool = False) -> int:
     """SIGKILL every process below this one except ``keep``. Returns how many were killed.
 
     As PID 1 of the container (the supervisor), every other process of its pid namespace
@@ -2493,9 +2493,10 @@ def kill_descendants(keep: frozenset[int] = frozenset()) -> int:
     CPU back; then each is killed by pid and ``keep`` is continued. Anywhere else (the
     kernel run on the host, in tests) kill(-1) would reach every process of the machine's
     user, so there the tree below this process is walked, again and again until none is
-    left (a fork bomb keeps making more)."""
+    left (a fork bomb keeps making more). ``settle``: also wait (up to 2 s) until the dead
+    are reaped, for a fresh executor about to start."""
     if os.getpid() == 1:
-        return _kill_namespace(keep)
+        return _kill_namespace(keep, settle)
     killed = 0
     for _ in range(200):
         victims = [pid for pid in live_descendants(os.getpid()) if pid not in keep]
@@ -2510,18 +2511,29 @@ def kill_descendants(keep: frozenset[int] = frozenset()) -> int:
     return killed
 
 
-def _kill_namespace(keep: frozenset[int]) -> int:
-    """kill_descendants as PID 1: stop all, kill all but ``keep``, continue ``keep``."""
-    try:
-        os.kill(-1, signal.SIGSTOP)
-    except OSError:  # ESRCH: no other process at all
-        return 0
+def _kill_namespace(keep: frozenset[int], settle: bool) -> int:
+    """kill_descendants as PID 1: stop all, kill all but ``keep``, continue all; again until
+    none is left (under gVisor a stop takes effect late, and a process may fork meanwhile)."""
     killed = 0
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != 1 and int(entry) not in keep:
+    give_up = time.monotonic() + 2.0
+    while True:
+        try:
+            os.kill(-1, signal.SIGSTOP)
+        except OSError:  # ESRCH: no other process at all
+            break
+        table = _process_table()
+        alive = [pid for pid, (_, state) in table.items() if state not in "ZX" and pid not in keep | {1}]
+        if not alive or time.monotonic() > give_up:
+            break
+        for pid in alive:
             try:
-                os.kill(int(entry), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
                 killed += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pid in table:  # the killed too: gVisor ends a stopped process only once continued
+            try:
+                os.kill(pid, signal.SIGCONT)
             except (ProcessLookupError, PermissionError):
                 pass
     for pid in keep:
@@ -2529,6 +2541,12 @@ def _kill_namespace(keep: frozenset[int]) -> int:
             os.kill(pid, signal.SIGCONT)
         except (ProcessLookupError, PermissionError):
             pass
+    # Until the reaper thread has collected them, the dead still count against the pids and
+    # process limits; a fresh executor (and its threads) must not fail for want of a slot.
+    while settle and time.monotonic() < give_up:
+        if not any(entry.isdigit() and entry != "1" for entry in os.listdir("/proc")):
+            break
+        time.sleep(0.005)
     return killed
 
 
@@ -2654,7 +2672,7 @@ class Supervisor:
         """Kill the executor and everything the code started, then start a fresh one."""
         self.ready.clear()
         old.retired = True
-        kill_descendants()
+        kill_descendants(settle=True)
         old.retire(join_pumps=1.0)
         try:
             fresh = self.start_executor()
@@ -2722,8 +2740,11 @@ class Supervisor:
                 break
             try:
                 validate_frame(frame, EXECUTOR_FRAME_TYPES)
-            except ProtocolError:
+            except ProtocolError as exc:
                 self.ignore_frame()
+                if frame.get("type") == "request" and is_frame_id(frame.get("id")):
+                    # A caller waits for this answer: refused at once, not at its timeout.
+                    self.answer_executor(handle, frame["id"], "refused: %s" % exc)
                 continue
             self.on_executor_frame(handle, frame)
 

@@ -636,6 +636,24 @@ def writable_sizes(memory: str) -> dict[str, int]:
     return {path: max(1 << 20, total // share) // 1024 * 1024 for path, share in WRITABLE_SHARES}
 
 
+# Under gVisor (runsc) the host's pids limit counts the Sentry's own threads and ptrace
+# stubs, which a fork bomb multiplies (about 70 per sandbox process): reaching it aborts
+# the Sentry ("failed to create new OS thread", exit code 2) and the whole sandbox with it.
+# There the code's processes and threads are capped by RLIMIT_NPROC, which gVisor enforces
+# per sandbox; each also costs the Sentry memory, so the cap follows the memory limit (32
+# with 512m), and the host limit only bounds the Sentry.
+GVISOR_BYTES_PER_PROCESS = 16 << 20
+GVISOR_HOST_PIDS_PER_PROCESS = 128
+
+
+def process_limits(spec: LaunchSpec, gvisor: bool) -> tuple[int, int]:
+    """(--pids-limit, RLIMIT_NPROC) of one sandbox."""
+    if not gvisor:
+        return spec.pids, ULIMIT_NPROC
+    nproc = max(16, min(spec.pids, parse_size(spec.memory) // GVISOR_BYTES_PER_PROCESS))
+    return nproc * GVISOR_HOST_PIDS_PER_PROCESS, nproc
+
+
 COMMAND_TIMEOUT = 20.0
 
 INSTALL_HINT = (
@@ -805,8 +823,13 @@ class ContainerRuntime:
     def run_argv(self, spec: LaunchSpec) -> list[str]:
         global_flags, run_flags = self.oci_runtime_flags()
         flags = (*self.engine_flags, *self.workspace_flags(spec), *run_flags)
-        argv = build_run_argv(self.executable, spec, flags, self.bind_options)
+        argv = build_run_argv(self.executable, spec, flags, self.bind_options, gvisor=self.gvisor)
         return [argv[0], *global_flags, *argv[1:]]
+
+    @property
+    def gvisor(self) -> bool:
+        """Whether the sandbox runs under gVisor (MCP_BRIDGE_OCI_RUNTIME=runsc or its path)."""
+        return self.oci_runtime is not None and Path(self.oci_runtime).name == "runsc"
 
     def workspace_flags(self, spec: LaunchSpec) -> list[str]:
         """Run flags a workspace folder needs on this engine, beside its mount."""
@@ -902,7 +925,7 @@ class PodmanRuntime(ContainerRuntime):
         if not self.oci_runtime:
             return [], []
         flags = ["--runtime", self.oci_runtime]
-        if Path(self.oci_runtime).name == "runsc":
+        if self.gvisor:
             # gVisor refuses to start in the host's network namespace without this, even
             # with --network none (which gives the container no network anyway).
             flags += ["--runtime-flag", "network=none"]
@@ -1010,12 +1033,18 @@ async def detect_runtime(
 
 
 def build_run_argv(
-    executable: str, spec: LaunchSpec, engine_flags: Sequence[str] = (), bind_options: Sequence[str] = ()
+    executable: str,
+    spec: LaunchSpec,
+    engine_flags: Sequence[str] = (),
+    bind_options: Sequence[str] = (),
+    gvisor: bool = False,
 ) -> list[str]:
     """The hardened `run` command for one sandbox. Pure, so tests assert on it exactly.
     ``engine_flags`` are the runtime's own additions (placed after --read-only);
-    ``bind_options`` its options for the workspace folder's bind mount."""
+    ``bind_options`` its options for the workspace folder's bind mount; ``gvisor``: the
+    OCI runtime is runsc (see process_limits)."""
     sizes = writable_sizes(spec.memory)
+    pids, nproc = process_limits(spec, gvisor)
     tmpfs = "rw,nosuid,nodev,noexec,size=%dk,mode=1777"
     workdir = ["--tmpfs", WORKDIR + ":" + tmpfs % (sizes[WORKDIR] // 1024)]
     if spec.workspace is not None:  # the user's folder: the only writable host mount
@@ -1037,10 +1066,10 @@ def build_run_argv(
         "--user", spec.user,
         "--memory", spec.memory,
         "--memory-swap", spec.memory,  # equal to memory: no swap on top of the limit
-        "--pids-limit", str(spec.pids),
+        "--pids-limit", str(pids),
         "--cpus", "%g" % spec.cpus,
         "--ulimit", "nofile=%d:%d" % (ULIMIT_NOFILE, ULIMIT_NOFILE),
-        "--ulimit", "nproc=%d:%d" % (ULIMIT_NPROC, ULIMIT_NPROC),
+        "--ulimit", "nproc=%d:%d" % (nproc, nproc),
         "--tmpfs", "/tmp:" + tmpfs % (sizes["/tmp"] // 1024),
         *workdir,
         "--shm-size", "%dk" % (sizes["/dev/shm"] // 1024),  # noexec, nosuid, nodev on both engines
@@ -4522,11 +4551,11 @@ class RunningCode:
     after respond_after seconds and a later call can wait for the rest. Its own timeout
     still ends it; cancelling its scope stops the code (the client gave up)."""
 
-    def __init__(self, session: SandboxSession, code: str, timeout: float) -> None:
+    def __init__(self, session: SandboxSession, code: str, timeout: float, arrived: float) -> None:
         self.session = session
         self.code = code
         self.timeout = timeout
-        self.started = time.monotonic()
+        self.started = arrived  # when its call arrived: "still running after" counts from there
         self.pending = PendingExecute(secrets.token_hex(8), session.config.max_output_chars)
         self.scope = anyio.CancelScope()
         self.finished = anyio.Event()
@@ -4578,7 +4607,7 @@ class RunningCode:
         elapsed = time.monotonic() - self.started
         output = self.new_output()
         detail = (
-            "Still running after %ds (its timeout of %gs still applies). Call run_python again to wait "
+            "Still running after %.0fs (its timeout of %gs still applies). Call run_python again to wait "
             "for the rest of its output and its result (any code; it runs once this code has ended), "
             "or with reset: true to stop it." % (elapsed, self.timeout)
         )
@@ -4587,6 +4616,12 @@ class RunningCode:
         return ExecutionOutcome(
             status="running", stdout=output["stdout"], stderr=output["stderr"], detail=detail
         )
+
+
+BUSY = (
+    "Your code was not run: other run_python calls are still using the sandbox (calls run one at a "
+    "time). Call run_python again to wait for your turn."
+)
 
 
 class SessionManager:
@@ -4621,6 +4656,7 @@ class SessionManager:
         # every time) until the image appears locally or START_RETRY_SECONDS pass.
         self.start_failure: tuple[str, float] | None = None
         self.running: RunningCode | None = None  # code an earlier call left running
+        self.unreported: ExecutionOutcome | None = None  # its end, until a call returns it
 
     async def _ensure_runtime(self) -> ContainerRuntime:
         if self.runtime is None:
@@ -4732,43 +4768,65 @@ class SessionManager:
     async def run(
         self, code: str, timeout: float, reset: bool, progress: CallProgress | None = None
     ) -> ExecutionOutcome:
-        async with self._lock:
-            if self.closing.is_set():
-                raise ShuttingDownError(SHUTTING_DOWN)
-            earlier: ExecutionOutcome | None = None
-            notices: list[str] = []
-            if self.running is not None and reset:  # a reset stops the earlier code too
-                self.running.scope.cancel()
-                await self.running.finished.wait()
-                self.running = None
-            elif self.running is not None:
-                if not await self.running.wait(self.config.respond_after, progress):
-                    return self.running.still_running(waited_for_earlier=True)
-                earlier = await self._finish(self.running, [])
-                if earlier is None:
-                    notices.append(
-                        "The code of an earlier call was stopped: the call waiting for it was cancelled."
-                    )
-            if reset and self.session is not None:
-                await self.session.stop()
-                self.session = None
-                notices.append("Reset: started a fresh session with an empty namespace.")
-            elif reset:
-                self.lost_reason = None
-            session = await self._ensure_session(notices)
-            running = RunningCode(session, code, timeout)
-            self.running = running
-            self.task_group.start_soon(running.run)
-            if await running.wait(self.config.respond_after, progress):
-                finished = await self._finish(running, notices)
-                assert finished is not None  # only a cancelled wait stops it, and that raised
-                outcome = finished
-            else:
-                outcome = running.still_running(waited_for_earlier=False)
-                outcome.notices[:0] = notices
-            outcome.earlier = earlier
-            self.last_used = time.monotonic()
-            return outcome
+        # The client's clock runs from the call's arrival, also while it waits its turn.
+        arrived = time.monotonic()
+        acquired = False
+        with anyio.move_on_after(self.config.respond_after or math.inf):
+            await self._lock.acquire()
+            acquired = True
+        if not acquired:
+            return ExecutionOutcome(status="running", detail=BUSY)
+        try:
+            return await self._run_locked(code, timeout, reset, progress, arrived)
+        finally:
+            self._lock.release()
+
+    def _left(self, arrived: float) -> float:
+        """Seconds until a call that arrived at ``arrived`` must answer (0: no limit)."""
+        if not self.config.respond_after:
+            return 0
+        return max(0.01, arrived + self.config.respond_after - time.monotonic())
+
+    async def _run_locked(
+        self, code: str, timeout: float, reset: bool, progress: CallProgress | None, arrived: float
+    ) -> ExecutionOutcome:
+        if self.closing.is_set():
+            raise ShuttingDownError(SHUTTING_DOWN)
+        notices: list[str] = []
+        if self.running is not None and reset:  # a reset stops the earlier code too
+            self.running.scope.cancel()
+            await self.running.finished.wait()
+            self.running = None
+        elif self.running is not None:
+            if not await self.running.wait(self._left(arrived), progress):
+                return self.running.still_running(waited_for_earlier=True)
+            # Kept on the manager until a call returns it: a failure of this call's own
+            # code (a sandbox that cannot start) must not lose it.
+            self.unreported = await self._finish(self.running, [])
+            if self.unreported is None:
+                notices.append(
+                    "The code of an earlier call was stopped: the call waiting for it was cancelled."
+                )
+        if reset and self.session is not None:
+            await self.session.stop()
+            self.session = None
+            notices.append("Reset: started a fresh session with an empty namespace.")
+        elif reset:
+            self.lost_reason = None
+        session = await self._ensure_session(notices)
+        running = RunningCode(session, code, timeout, arrived)
+        self.running = running
+        self.task_group.start_soon(running.run)
+        if await running.wait(self._left(arrived), progress):
+            finished = await self._finish(running, notices)
+            assert finished is not None  # only a cancelled wait stops it, and that raised
+            outcome = finished
+        else:
+            outcome = running.still_running(waited_for_earlier=False)
+            outcome.notices[:0] = notices
+        outcome.earlier, self.unreported = self.unreported, None
+        self.last_used = time.monotonic()
+        return outcome
 
     async def _finish(self, running: RunningCode, notices: list[str]) -> ExecutionOutcome | None:
         """The outcome of code that has ended (what a "still running" answer already
@@ -4925,17 +4983,31 @@ def structured_result(outcome: ExecutionOutcome, fitted: FittedOutput) -> dict[s
     return data
 
 
+# The tags the bridge's own lines start with. A line of the code's output that starts the
+# same way is shown with a backslash in front ("\[session] ..."), so nothing the code
+# prints reads as the bridge's word; structuredContent keeps the output as it was.
+BRIDGE_TAGS = "session|stderr|earlier call, now finished|ok|error|timeout|crashed|running"  # and the statuses
+_BRIDGE_TAG_LINE = re.compile(r"^(?=\[(?:%s)\])" % BRIDGE_TAGS, re.MULTILINE)
+
+
+def escape_bridge_tags(text: str) -> str:
+    """``text`` (the code's output) cleaned first, so that no control character it drops
+    can join or start a line after the escape was decided."""
+    return _BRIDGE_TAG_LINE.sub(r"\\", clean_text(text))
+
+
 def render_blocks(outcome: ExecutionOutcome, fitted: FittedOutput) -> list[str]:
     """The result text as content blocks: the bridge's notices, the code's own output
     (stdout, stderr, traceback, value), and the bridge's status line. Kept apart so
     nothing the code prints can pass for a message from the bridge."""
+    shown = {name: escape_bridge_tags(text) for name, text in fitted.text.items()}
     output = [
         {"stdout": text.rstrip("\n"), "stderr": "[stderr]\n" + text.rstrip("\n")}.get(name, text)
-        for name, text in fitted.text.items()
+        for name, text in shown.items()
         if text and name != "value"
     ]
     if outcome.value is not None:
-        output.append(fitted.text["value"])
+        output.append(shown["value"])
     blocks = [
         "\n".join("[session] " + notice for notice in outcome.notices),
         "\n".join(output),
@@ -5319,8 +5391,12 @@ def build_server(
             try:
                 yield BridgeState(config, sessions)
             finally:
-                await sessions.aclose()
-                await pool.aclose()
+                # Side by side (each shields itself): the sandbox and the proxied servers
+                # take up to 2 s each to stop, and the bridge exits within 2 s in all.
+                with anyio.CancelScope(shield=True):
+                    async with anyio.create_task_group() as closing:
+                        closing.start_soon(sessions.aclose)
+                        closing.start_soon(pool.aclose)
                 group.cancel_scope.cancel()
 
     async def list_tools(ctx: ServerRequestContext[BridgeState], params: Any) -> types.ListToolsResult:

@@ -179,9 +179,14 @@ def structured(result: types.CallToolResult) -> dict[str, Any]:
     (None when the value is not plain JSON). The raw form is tested in test_rendering and
     test_structured_values."""
     assert isinstance(result.structured_content, dict), result
-    raw = result.structured_content
-    shown = shown_value(raw, text_of(result))
-    return {**STRUCTURED_DEFAULTS, **raw, "value": shown, "json": raw.get("value")}
+    return structured_view(result.structured_content, text_of(result))
+
+
+def structured_view(raw: dict[str, Any], text: str) -> dict[str, Any]:
+    view = {**STRUCTURED_DEFAULTS, **raw, "value": shown_value(raw, text), "json": raw.get("value")}
+    if "earlier" in raw:
+        view["earlier"] = structured_view(raw["earlier"], text)
+    return view
 
 
 def shown_value(raw: dict[str, Any], text: str) -> str | None:

@@ -1,7 +1,8 @@
 """Containment as guarantees, proved on real containers through a real MCP client: the
 code cannot reach the bridge's channel, forged frames stop at the supervisor, a timeout
 ends everything the code started, background work cannot act or speak after its call,
-and only the documented paths are writable."""
+and only the documented paths are writable. The check_* bodies run again under gVisor
+(tests/test_gvisor.py)."""
 
 from __future__ import annotations
 
@@ -110,7 +111,13 @@ async def test_no_descriptor_of_the_code_reaches_the_bridge(engine: Engine, stat
 async def test_forged_frames_cannot_make_a_second_result_or_carry_bad_fields(
     engine: Engine, state_dir: Path
 ) -> None:
-    async with bridge_client(bridge_env(engine, state_dir)) as client:
+    await check_forged_frames_cannot_make_a_second_result_or_carry_bad_fields(bridge_env(engine, state_dir))
+
+
+async def check_forged_frames_cannot_make_a_second_result_or_carry_bad_fields(
+    env: dict[str, str],
+) -> None:
+    async with bridge_client(env) as client:
         forged = await run(
             client,
             f"""
@@ -141,7 +148,13 @@ async def test_forged_frames_cannot_make_a_second_result_or_carry_bad_fields(
 
 
 async def test_a_fork_bomb_times_out_and_leaves_no_process_behind(engine: Engine, state_dir: Path) -> None:
-    async with bridge_client(bridge_env(engine, state_dir)) as client:
+    await check_a_fork_bomb_times_out_and_leaves_no_process_behind(bridge_env(engine, state_dir))
+
+
+async def check_a_fork_bomb_times_out_and_leaves_no_process_behind(
+    env: dict[str, str],
+) -> None:
+    async with bridge_client(env) as client:
         await run(client, "kept = 'yes'")
         started = time.monotonic()
         bomb = await run(
@@ -181,7 +194,13 @@ async def test_a_fork_bomb_times_out_and_leaves_no_process_behind(engine: Engine
 
 
 async def test_children_killed_at_a_timeout_do_not_linger_as_zombies(engine: Engine, state_dir: Path) -> None:
-    async with bridge_client(bridge_env(engine, state_dir)) as client:
+    await check_children_killed_at_a_timeout_do_not_linger_as_zombies(bridge_env(engine, state_dir))
+
+
+async def check_children_killed_at_a_timeout_do_not_linger_as_zombies(
+    env: dict[str, str],
+) -> None:
+    async with bridge_client(env) as client:
         await run(client, PROCESSES)
         started = await run(
             client,
@@ -194,7 +213,11 @@ async def test_children_killed_at_a_timeout_do_not_linger_as_zombies(engine: Eng
 
 
 async def test_background_shells_leave_no_zombies(engine: Engine, state_dir: Path) -> None:
-    async with bridge_client(bridge_env(engine, state_dir)) as client:
+    await check_background_shells_leave_no_zombies(bridge_env(engine, state_dir))
+
+
+async def check_background_shells_leave_no_zombies(env: dict[str, str]) -> None:
+    async with bridge_client(env) as client:
         answer = await run(
             client,
             PROCESSES
@@ -303,7 +326,9 @@ async def test_a_thread_of_an_earlier_call_cannot_call_a_tool_during_a_later_one
             """,
         )
         refused, mine, pooled = eval(answer["value"])
-        assert len(refused) == 1 and "refused: the run_python call that started this thread" in refused[0], answer
+        assert len(refused) == 1 and "refused: the run_python call that started this thread" in refused[0], (
+            answer
+        )
         assert (mine, pooled) == ([4], 5), answer
         assert not marker.exists()
 
@@ -401,6 +426,42 @@ async def test_filling_tmp_is_enospc_and_the_session_survives(engine: Engine, st
         assert after["value"] == "'state'", after
 
 
+# --- limits -------------------------------------------------------------------------------------
+
+
+async def test_the_limits_hold_inside_the_sandbox(engine: Engine, state_dir: Path) -> None:
+    env = bridge_env(
+        engine, state_dir, MCP_BRIDGE_MEMORY="256m", MCP_BRIDGE_PIDS="100", MCP_BRIDGE_CPUS="1.5"
+    )
+    async with bridge_client(env) as client:
+        answer = await run(
+            client,
+            """
+            import resource
+            def cgroup(*names):  # cgroup v1 (one folder per controller) or v2 (one folder)
+                for name in names:
+                    for folder in ("/sys/fs/cgroup/", "/sys/fs/cgroup/" + name.split(".")[0] + "/"):
+                        try:
+                            return open(folder + name).read().split()
+                        except OSError:
+                            pass
+            cpu = cgroup("cpu.max") or cgroup("cpu.cfs_quota_us") + cgroup("cpu.cfs_period_us")
+            {"nofile": resource.getrlimit(resource.RLIMIT_NOFILE),
+             "nproc": resource.getrlimit(resource.RLIMIT_NPROC),
+             "pids": cgroup("pids.max"),
+             "memory": cgroup("memory.max", "memory.limit_in_bytes"),
+             "cpus": int(cpu[0]) / int(cpu[1])}
+            """,
+        )
+        assert answer["json"] == {
+            "nofile": [1024, 1024],
+            "nproc": [512, 512],
+            "pids": ["100"],
+            "memory": [str(256 << 20)],
+            "cpus": 1.5,
+        }, answer
+
+
 # --- seccomp ------------------------------------------------------------------------------------
 
 
@@ -422,10 +483,24 @@ async def test_vsock_packet_sockets_keyrings_and_namespaces_are_refused_with_epe
                 except OSError as exc:
                     outcomes[name] = errno.errorcode[exc.errno]
             libc = ctypes.CDLL(None, use_errno=True)
-            keyctl = {"x86_64": 250, "aarch64": 219}[__import__("platform").machine()]
-            for name, call in (("keyctl", lambda: libc.syscall(keyctl, 0, 0, 0, 0, 0)),
-                               ("unshare(CLONE_NEWUSER)", lambda: libc.unshare(0x10000000))):
-                outcomes[name] = "allowed" if call() == 0 else errno.errorcode[ctypes.get_errno()]
+            def outcome(returned):
+                return "allowed" if returned >= 0 else errno.errorcode[ctypes.get_errno()]
+            arch = ("x86_64", "aarch64").index(__import__("platform").machine())
+            # (x86_64 number, aarch64 number, arguments the kernel itself would answer with
+            # another errno or success, so an EPERM can only be the profile's: no keyring
+            # id 0, no type string, an unknown bpf command, a user-mode-only userfaultfd,
+            # invalid perf_event_open flags)
+            calls = {
+                "keyctl": (250, 219, (0, 0, 0)),
+                "add_key": (248, 217, (None, None, None, 0, 0)),
+                "request_key": (249, 218, (None, None, None, 0)),
+                "bpf": (321, 280, (9999, None, 0)),
+                "userfaultfd": (323, 282, (1,)),
+                "perf_event_open": (298, 241, (None, 0, -1, -1, -1)),
+            }
+            for name, (*numbers, args) in calls.items():
+                outcomes[name] = outcome(libc.syscall(numbers[arch], *args))
+            outcomes["unshare(CLONE_NEWUSER)"] = outcome(libc.unshare(0x10000000))
             outcomes
             """,
         )
@@ -436,6 +511,11 @@ async def test_vsock_packet_sockets_keyrings_and_namespaces_are_refused_with_epe
             "AF_UNIX": "allowed",
             "AF_INET": "allowed",
             "keyctl": "EPERM",
+            "add_key": "EPERM",
+            "request_key": "EPERM",
+            "bpf": "EPERM",
+            "userfaultfd": "EPERM",
+            "perf_event_open": "EPERM",
             "unshare(CLONE_NEWUSER)": "EPERM",
         }, outcomes
 

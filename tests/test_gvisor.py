@@ -1,6 +1,7 @@
 """The core acceptance again under gVisor (MCP_BRIDGE_OCI_RUNTIME=runsc), on every runtime
 of MCP_TEST_RUNTIMES: state, timeouts (interrupt and hard kill), out of memory, the
-hardening probes, exactly the documented writable paths. scripts/setup.sh installs runsc
+hardening probes, exactly the documented writable paths, and the containment checks (a
+fork bomb, zombies, forged frames). scripts/setup.sh installs runsc
 and registers it with dockerd; a runtime that cannot run it FAILS these tests."""
 
 from __future__ import annotations
@@ -10,6 +11,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import IGNORES_INTERRUPTS, Engine, bridge_client, bridge_env, run_cell, text_of
+from tests.test_containment import (
+    DOCUMENTED_WRITABLE,
+    WRITABLE_PATHS,
+    check_a_fork_bomb_times_out_and_leaves_no_process_behind,
+    check_background_shells_leave_no_zombies,
+    check_children_killed_at_a_timeout_do_not_linger_as_zombies,
+    check_forged_frames_cannot_make_a_second_result_or_carry_bad_fields,
+)
 from tests.test_hostile import KERNEL
 from tests.test_integration import HARDENING_CHECKS
 
@@ -63,22 +72,35 @@ async def test_hardening_and_writable_paths_hold_under_gvisor(engine: Engine, st
     async with bridge_client(gvisor_env(engine, state_dir)) as client:
         hardened = await run(client, HARDENING_CHECKS)
         assert hardened["value"] == "'hardened'", hardened
-        writable = await run(
-            client,
-            """
-            import os
-            writable = []
-            for path in ("/", "/etc", "/usr", "/var/tmp", "/run", "/ipc", "/tmp", "/workspace", "/dev/shm"):
-                try:
-                    with open(os.path.join(path, "probe"), "w"):
-                        pass
-                    writable.append(path)
-                except OSError:
-                    pass
-            writable
-            """,
-        )
-        assert writable["value"] == "['/tmp', '/workspace', '/dev/shm']", writable
+        writable = await run(client, WRITABLE_PATHS + "writable")
+        assert eval(writable["value"]) == DOCUMENTED_WRITABLE, writable
+
+
+# --- containment: the same bodies as tests/test_containment.py ------------------------------
+
+
+async def test_a_fork_bomb_under_gvisor_times_out_and_leaves_no_process_behind(
+    engine: Engine, state_dir: Path
+) -> None:
+    # Under gVisor the host's pids limit counts the Sentry's threads, not the code's
+    # processes; reaching it used to end the whole sandbox ("exited with code 2").
+    await check_a_fork_bomb_times_out_and_leaves_no_process_behind(gvisor_env(engine, state_dir))
+
+
+async def test_children_killed_at_a_timeout_under_gvisor_do_not_linger_as_zombies(
+    engine: Engine, state_dir: Path
+) -> None:
+    await check_children_killed_at_a_timeout_do_not_linger_as_zombies(gvisor_env(engine, state_dir))
+
+
+async def test_background_shells_under_gvisor_leave_no_zombies(engine: Engine, state_dir: Path) -> None:
+    await check_background_shells_leave_no_zombies(gvisor_env(engine, state_dir))
+
+
+async def test_forged_frames_under_gvisor_cannot_make_a_second_result_or_carry_bad_fields(
+    engine: Engine, state_dir: Path
+) -> None:
+    await check_forged_frames_cannot_make_a_second_result_or_carry_bad_fields(gvisor_env(engine, state_dir))
 
 
 async def test_an_unusable_oci_runtime_is_explained(engine: Engine, state_dir: Path) -> None:

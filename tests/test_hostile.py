@@ -2,16 +2,20 @@
 bridge. Each test drives the installed bridge through the MCP SDK's real stdio client,
 on real containers, does something hostile, and asserts the property that must hold:
 the call is answered, the next call works, the event loop keeps answering pings, memory
-stays bounded, shutdown is prompt and leaves nothing behind.
+stays bounded, shutdown is prompt and leaves nothing behind. (The shutdown tests drive the
+bridge by hand over stdin, to time an exit on EOF; the last section hands the bridge's
+own checks hostile frames directly, without a supervisor in front.)
 
 Sandbox code reaches its raw frame channel (to the supervisor, which validates what it
 forwards) as ``runtime.call_tool.__self__._requests.channel``."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
+import textwrap
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,11 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 import mcp_server_code_execution_mode as bridge
+from mcp_sandbox_kernel import FrameDecoder
 from tests.conftest import (
     REPO,
     Engine,
@@ -545,18 +552,118 @@ async def test_bad_sandbox_request_arguments_are_clear_errors_without_log_floods
 # --- 8. shutdown ------------------------------------------------------------------------------
 
 
-async def test_stdin_eof_exits_promptly_with_many_servers_configured_never_started(
-    engine: Engine, state_dir: Path, tmp_path: Path
+class RawClient:
+    """The installed bridge driven by hand, one JSON-RPC message per line. Unlike the
+    SDK's client it can close stdin with a call in flight and still read the answers,
+    and it times the exit itself (the SDK's client sends SIGTERM 2 s after closing stdin,
+    which would hide a slow exit on EOF)."""
+
+    def __init__(self, process: anyio.abc.Process) -> None:
+        assert process.stdin is not None and process.stdout is not None
+        self.process = process
+        self.stdin = process.stdin
+        self.stdout = BufferedByteReceiveStream(process.stdout)
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await self.stdin.send(json.dumps({"jsonrpc": "2.0", **message}).encode() + b"\n")
+
+    async def answer(self, request_id: int) -> dict[str, Any]:
+        with anyio.fail_after(120):
+            while True:
+                message = json.loads(await self.stdout.receive_until(b"\n", 1 << 26))
+                if message.get("id") == request_id:
+                    return dict(message)
+
+    async def call(self, request_id: int, code: str) -> None:
+        arguments = {"code": textwrap.dedent(code), "timeout": 90}
+        await self.send(
+            {
+                "id": request_id,
+                "method": "tools/call",
+                "params": {"name": "run_python", "arguments": arguments},
+            }
+        )
+
+    async def close_stdin(self) -> float:
+        """Close stdin; the seconds until the bridge has exited."""
+        closed = time.monotonic()
+        await self.stdin.aclose()
+        with anyio.fail_after(30):
+            while self.process.returncode is None:
+                await anyio.sleep(0.01)
+        return time.monotonic() - closed
+
+
+@asynccontextmanager
+async def raw_client(env: dict[str, str], log: Path) -> AsyncIterator[RawClient]:
+    with log.open("w") as errlog:
+        async with await anyio.open_process([console_script()], env=env, stderr=errlog) as process:
+            client = RawClient(process)
+            initialize = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw"}}
+            await client.send({"id": 0, "method": "initialize", "params": initialize})
+            await client.answer(0)
+            await client.send({"method": "notifications/initialized"})
+            try:
+                yield client
+            finally:
+                if process.returncode is None:
+                    process.kill()
+
+
+@pytest.mark.parametrize("started", [False, True], ids=["none-started", "one-started"])
+async def test_stdin_eof_exits_promptly_with_many_servers_configured(
+    engine: Engine, state_dir: Path, tmp_path: Path, started: bool
 ) -> None:
     home = claude_desktop_home(tmp_path, {"stub%d" % n: stub_entry() for n in range(20)})
-    async with client_with_log(hostile_env(engine, state_dir, home), tmp_path / "bridge.log") as client:
-        await assert_still_serves(client)
-        owner = bridge_pids(state_dir)[0]
-        closing = time.monotonic()
-    exit_seconds = time.monotonic() - closing
-    # Each never-started server used to add a 10 s wait.
-    assert exit_seconds < 5, exit_seconds
+    async with raw_client(hostile_env(engine, state_dir, home), tmp_path / "bridge.log") as client:
+        await client.call(1, "mcp_stub0.pair(a=1)" if started else "6 * 7")
+        answer = await client.answer(1)
+        assert not answer["result"]["isError"], answer
+        owner = client.process.pid
+        servers = [pid for pid in _pids_with("stub_server.py") if _parent_of(pid) == owner]
+        assert len(servers) == int(started), servers
+        exit_seconds = await client.close_stdin()
+    # Each never-started server used to add a 10 s wait; a started one is stopped
+    # (stdin closed, then SIGTERM, SIGKILL) within the same 2 s.
+    assert exit_seconds < 2, exit_seconds
+    assert not [pid for pid in servers if Path("/proc/%d" % pid).exists()], servers
     assert engine.containers(running_only=False, owner_pid=owner) == []
+
+
+async def test_stdin_eof_mid_call_answers_the_call_and_exits_promptly_leaving_no_container(
+    engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    async with raw_client(hostile_env(engine, state_dir), tmp_path / "bridge.log") as client:
+        await client.call(1, "6 * 7")
+        await client.answer(1)  # the sandbox is up
+        owner = client.process.pid
+        await client.call(2, "import time\ntime.sleep(60)")
+        await anyio.sleep(1.0)  # the call is running in the sandbox
+        exit_seconds = await client.close_stdin()
+        answer = await client.answer(2)
+    # The client learns the call is over (the MCP SDK answers "Connection closed").
+    assert "error" in answer or answer["result"]["isError"], answer
+    assert exit_seconds < 2, exit_seconds
+    assert engine.containers(running_only=False, owner_pid=owner) == []
+
+
+def _pids_with(marker: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if marker.encode() in (proc / "cmdline").read_bytes():
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        return int(Path("/proc/%d/stat" % pid).read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 async def test_sigterm_mid_call_answers_the_call_and_exits_promptly_leaving_no_container(
@@ -592,7 +699,7 @@ async def test_sigterm_mid_call_answers_the_call_and_exits_promptly_leaving_no_c
             await anyio.sleep(0.05)
         exit_seconds = time.monotonic() - signalled
         assert owner not in bridge_pids(state_dir)
-        assert exit_seconds < 4, exit_seconds
+        assert exit_seconds < 2, exit_seconds
     assert engine.containers(running_only=False, owner_pid=owner) == []
 
 
@@ -638,7 +745,7 @@ class RecordingStdin:
         self.data += data
 
     def frames(self) -> list[dict[str, Any]]:
-        return bridge.FrameDecoder(1 << 26).feed(bytes(self.data))
+        return FrameDecoder(1 << 26).feed(bytes(self.data))
 
 
 class FakeProcess:
@@ -651,6 +758,9 @@ class FakeHost:
     """Serves requests the way a test needs: some hold, one fails with a bug."""
 
     running_execute: Any = None
+
+    def server_list(self) -> list[dict[str, str]]:
+        return []
 
     async def handle(self, method: str, params: dict[str, Any]) -> Any:
         if method == "boom":
@@ -732,7 +842,7 @@ async def test_the_bridge_rejects_hostile_frames_without_the_supervisor(tmp_path
 @pytest.mark.parametrize(
     "forged",
     [
-        {"dropped": {"stdout": "lots"}},
+        {"cut": {"stdout": "lots"}},
         {"value": 12345},
         {"error": "str"},
         {"status": "finished"},
@@ -833,10 +943,10 @@ def test_nothing_keyed_by_sandbox_text_is_cached() -> None:
             for member in vars(value).values()
         ]
         for member in members:
-            member = getattr(member, "__func__", member)  # staticmethod, classmethod
-            if hasattr(member, "cache_info") and hasattr(member, "__wrapped__"):
-                cached.append(member)
-                assert not inspect.signature(member.__wrapped__).parameters, member
+            function = getattr(member, "__func__", member)  # staticmethod, classmethod
+            if hasattr(function, "cache_info") and hasattr(function, "__wrapped__"):
+                cached.append(function)
+                assert not inspect.signature(function.__wrapped__).parameters, function
     assert cached, "no cached functions found: the scan is broken"
 
 

@@ -5,15 +5,22 @@ server), plus unit tests of the capped stdio reader's line splitting."""
 
 from __future__ import annotations
 
+import json
+import socket
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
 import pytest
+from mcp.shared.message import SessionMessage
 
 import mcp_server_code_execution_mode as bridge
 from tests.conftest import Engine, bridge_client, bridge_pids, claude_desktop_home, proxy_env, stub_entry
-from tests.test_proxy import _children_running, run_ok
+from tests.test_proxy import _children_running, _free_port, run_ok
 
 pytestmark = pytest.mark.anyio
 
@@ -175,6 +182,68 @@ async def test_an_oversized_result_is_refused_while_reading(
         assert not result.get("notices"), result
 
 
+@contextmanager
+def _http_stub() -> Iterator[str]:
+    """The stub server serving streamable HTTP on a free local port: its URL."""
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, stub_entry()["args"][0], "--http", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
+        yield "http://127.0.0.1:%d/mcp" % port
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+async def test_an_oversized_streamable_http_result_costs_bounded_time_and_memory(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    """Streamable HTTP is the SDK's transport: the bridge caps an SSE event at
+    MCP_BRIDGE_MAX_FRAME_BYTES while it is read (the connection is then dropped and
+    restarted); a result under that is read whole and refused after arrival."""
+    with _http_stub() as url:
+        home = claude_desktop_home(tmp_path, {"remote": {"type": "http", "url": url}})
+        async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+            await run_ok(client, "mcp_remote.pair(a=1)")
+            bridge_pid = bridge_pids(state_dir)[0]
+            measured = []
+            for size in (50_000_000, 30_000_000):  # over the 32 MiB event cap, then under it
+                peak_before, started = _peak_rss_mib(bridge_pid), time.monotonic()
+                result = await run_ok(
+                    client,
+                    """
+                    from mcp import runtime
+                    try:
+                        mcp_remote.blob(size=%d)
+                    except runtime.MCPError as exc:
+                        refused = str(exc)
+                    (refused, mcp_remote.pair(a=2))
+                    """
+                    % size,
+                )
+                refused, after = eval(result["value"])
+                assert after == {"sum": 4, "product": 4}, result
+                measured.append(
+                    (time.monotonic() - started, _peak_rss_mib(bridge_pid) - peak_before, refused)
+                )
+        (over_seconds, over_mib, over_refused), (under_seconds, under_mib, under_refused) = measured
+        # Measured on a loaded 2-core machine: 1.8 s and 44 MiB of peak growth for the
+        # 50 MB result, 1.1 s and 184 MiB for the 30 MB one (held whole, then refused).
+        assert "MCP server 'remote' went away during the call to blob" in over_refused, measured
+        assert over_seconds < 15 and over_mib < 128, measured
+        assert "over the 16777216-byte cap (MCP_BRIDGE_MAX_TOOL_RESULT_BYTES)" in under_refused, measured
+        assert under_seconds < 15 and under_mib < 400, measured
+
+
 def _peak_rss_mib(pid: int) -> int:
     for line in Path("/proc/%d/status" % pid).read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -224,3 +293,43 @@ def test_a_discarded_line_is_answered_only_when_it_is_a_response_with_an_id(
     (oversized,) = _split(line % (b"y" * 10_000) + b"\n", cap=1000, step=3000)
     assert isinstance(oversized, bridge.OversizedLine)
     assert bridge.oversized_response_id(oversized) == expected
+
+
+# --- lines the SDK's validator refuses ----------------------------------------------------
+
+
+def test_a_response_with_lone_surrogates_is_repaired_not_dropped() -> None:
+    line = (
+        b'{"jsonrpc": "2.0", "id": 3, "result": {"tools": [{"name": "s", "description": "bad \\udcff doc",'
+        b' "inputSchema": {"type": "object"}}]}}'
+    )
+    item = bridge._server_item(line, 1000)
+    assert isinstance(item, SessionMessage), item
+    assert item.message.model_dump(by_alias=True)["result"]["tools"][0]["description"] == "bad \\udcff doc"
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        (b'{"jsonrpc": "2.0", "id": 4}', "JSONRPCResponse.result: Field required"),
+        (b'{"jsonrpc": "1.0", "id": "r4", "result": {}}', "JSONRPCResponse.jsonrpc: Input should be '2.0'"),
+    ],
+)
+def test_an_invalid_response_answers_its_request_at_once(line: bytes, problem: str) -> None:
+    item = bridge._server_item(line, 1000)
+    assert isinstance(item, SessionMessage), item
+    error = item.message.model_dump(by_alias=True)
+    assert error["id"] == json.loads(line)["id"] and error["error"]["data"] == {bridge.INVALID: problem}
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"not json at all",
+        b'{"jsonrpc": "2.0", "method": "notifications/message", "params": 5}',  # answers nothing
+        b'{"jsonrpc": "2.0", "id": [4], "result": {}}',  # no id to answer
+        b'{"jsonrpc": "2.0", "id": true, "result": {}}',
+    ],
+)
+def test_other_unreadable_lines_are_reported_to_the_session(line: bytes) -> None:
+    assert isinstance(bridge._server_item(line, 1000), ValueError)

@@ -104,10 +104,10 @@ def start_sandbox(engine: Engine) -> Iterator[Start]:
     try:
         yield start
     finally:
-        if started:
-            subprocess.run(
-                [engine.name, "rm", "--force", *started], capture_output=True, timeout=60, check=False
-            )
+        # One name per call: Podman 4's `rm --force A B` removes nothing if either is already
+        # gone (swept by the test), and exits 0.
+        for name in started:
+            subprocess.run([engine.name, "rm", "--force", name], capture_output=True, timeout=60, check=False)
 
 
 def is_running(engine: Engine, name: str) -> bool:

@@ -220,8 +220,9 @@ def test_sigkilled_bridge_leaves_no_running_container(engine: Engine, state_dir:
     finally:
         bridge.kill()
         bridge.wait()
-        leftovers = engine.containers(running_only=False, owner_pid=bridge.pid)
-        subprocess.run([engine.name, "rm", "-f", *leftovers], capture_output=True, check=False)
+        # One name per call: Podman 4's `rm -f A B` removes nothing if either is gone (exit 0).
+        for leftover in engine.containers(running_only=False, owner_pid=bridge.pid):
+            subprocess.run([engine.name, "rm", "-f", leftover], capture_output=True, check=False)
 
 
 def test_sigterm_removes_the_container(engine: Engine, state_dir: Path) -> None:

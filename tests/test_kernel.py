@@ -1007,7 +1007,11 @@ def test_a_kernel_whose_first_line_is_not_the_key_runs_nothing(tmp_path: Path) -
     execute = encode_frame({"type": "execute", "id": "e1", "code": "open('ran', 'w')"}, MAX_FRAME)
 
     done = subprocess.run(
-        [sys.executable, str(KERNEL_PATH), str(config)], input=execute, capture_output=True, timeout=WAIT
+        [sys.executable, str(KERNEL_PATH), str(config)],
+        input=execute,
+        capture_output=True,
+        timeout=WAIT,
+        check=False,
     )
 
     assert done.returncode == 2

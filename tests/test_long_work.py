@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import anyio
 import pytest
 
+import mcp_server_code_execution_mode as bridge
 from tests.conftest import NPM_BIN, Engine, bridge_client, bridge_env, console_script, run_cell
 
 pytestmark = pytest.mark.anyio
@@ -24,6 +28,7 @@ async def test_a_long_call_answers_still_running_and_the_next_call_gets_the_rest
     engine: Engine, state_dir: Path
 ) -> None:
     async with bridge_client(bridge_env(engine, state_dir, MCP_BRIDGE_RESPOND_AFTER="2")) as client:
+        await run_cell(client, "pass")  # the sandbox is up: the timings below are the code's
         first = await run_cell(client, TICKS, timeout=30)
         assert first["status"] == "running" and not first["is_error"], first
         assert first["detail"].startswith("Still running after 2s (its timeout of 30s still applies)"), first
@@ -40,6 +45,7 @@ async def test_a_call_made_while_earlier_code_still_runs_does_not_run_its_own(
     engine: Engine, state_dir: Path
 ) -> None:
     async with bridge_client(bridge_env(engine, state_dir, MCP_BRIDGE_RESPOND_AFTER="2")) as client:
+        await run_cell(client, "pass")  # the sandbox is up: the timings below are the code's
         first = await run_cell(client, "import time\ntime.sleep(5)\n'slept'", timeout=30)
         assert first["status"] == "running", first
         second = await run_cell(client, "skipped = True")
@@ -48,10 +54,35 @@ async def test_a_call_made_while_earlier_code_still_runs_does_not_run_its_own(
         assert third["earlier"]["value"] == "'slept'" and third["value"] == "False", third
 
 
+async def test_a_call_that_waits_its_turn_still_answers_within_respond_after(
+    engine: Engine, state_dir: Path
+) -> None:
+    # The client's clock runs from when it sent the call. Two calls at once: the second
+    # waits for the first's turn, and must still answer by respond_after (4 s), not 8 s.
+    async with bridge_client(bridge_env(engine, state_dir, MCP_BRIDGE_RESPOND_AFTER="4")) as client:
+        await run_cell(client, "pass")  # the sandbox is up
+        answers: dict[str, tuple[float, dict[str, Any]]] = {}
+
+        async def call(name: str, code: str) -> None:
+            started = time.monotonic()
+            answer = await run_cell(client, code, timeout=60)
+            answers[name] = (time.monotonic() - started, answer)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(call, "first", "import time\ntime.sleep(15)")
+            await anyio.sleep(0.2)
+            group.start_soon(call, "second", "queued = True")
+        seconds, second = answers["second"]
+        assert second["status"] == "running" and second["detail"].startswith("Your code was not run"), second
+        assert seconds < 6.5, seconds  # 4 s from its arrival (8 s before this was fixed)
+        assert answers["first"][1]["status"] == "running"
+
+
 async def test_the_timeout_still_ends_code_that_runs_on_in_the_background(
     engine: Engine, state_dir: Path
 ) -> None:
     async with bridge_client(bridge_env(engine, state_dir, MCP_BRIDGE_RESPOND_AFTER="2")) as client:
+        await run_cell(client, "pass")  # the sandbox is up: the timings below are the code's
         first = await run_cell(client, "import time\nkept = 1\ntime.sleep(60)", timeout=3)
         assert first["status"] == "running", first
         second = await run_cell(client, "kept")
@@ -97,3 +128,35 @@ def test_the_typescript_client_gets_still_running_before_its_60_second_timeout(
     result = json.loads(answer.stdout)
     assert result["isError"] is False and result["structuredContent"]["status"] == "running", result
     assert result["structuredContent"]["stdout"].startswith("tick 0\ntick 1\n"), result
+
+
+async def test_the_end_of_earlier_code_is_kept_when_the_call_collecting_it_fails() -> None:
+    # Unit test of the manager with a fake sandbox: the call that collects the earlier
+    # code's end fails to start its own sandbox; the next call still gets that end.
+    class FakeSession:
+        alive = True
+        config = bridge.BridgeConfig()
+
+        async def execute(self, code: str, timeout: float, pending: Any) -> bridge.ExecutionOutcome:
+            await anyio.sleep(1.3 if code == "slow" else 0)
+            return bridge.ExecutionOutcome(status="ok", value=repr(code))
+
+    starts: list[Any] = [FakeSession(), bridge.SandboxStartError("no sandbox this time"), FakeSession()]
+
+    async def ensure_session(notices: list[str]) -> Any:
+        start = starts.pop(0)
+        if isinstance(start, Exception):
+            raise start
+        return start
+
+    host: Any = SimpleNamespace(pool=SimpleNamespace(drain_notices=list))
+    async with anyio.create_task_group() as group:
+        manager = bridge.SessionManager(bridge.BridgeConfig(respond_after=1.0), group, host)
+        manager._ensure_session = ensure_session  # type: ignore[method-assign]
+        assert (await manager.run("slow", 10, reset=False)).status == "running"
+        with pytest.raises(bridge.SandboxStartError):
+            await manager.run("collects the end, then fails", 10, reset=False)
+        third = await manager.run("third", 10, reset=False)
+        assert third.value == "'third'"
+        assert third.earlier is not None and third.earlier.value == "'slow'"
+        group.cancel_scope.cancel()

@@ -11,6 +11,7 @@ import signal
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -109,7 +110,7 @@ async def test_two_bridges_updating_one_counter_lose_no_update(engine: Engine, s
         for client in (first, second):  # both sandboxes up before the clock starts
             assert (await run_cell(client, "1"))["value"] == "1"
         cell = CONTENDED_CELL.replace("START_AT", repr(time.time() + 2.0))
-        results: list[dict[str, float]] = []
+        results: list[dict[str, Any]] = []
 
         async def one_bridge(client: ClientSession) -> None:
             answer = await run_cell(client, cell, timeout=120)
@@ -397,7 +398,7 @@ async def test_metadata_counts_against_both_memory_caps(engine: Engine, state_di
         rows = store_rows(state_dir)
         assert [row[0] for row in rows] == keys  # no row for the refused key
         assert [row[3] for row in rows] == [1] * 7  # k0 was not rewritten
-        assert all(row[4] == len(row[1].encode()) + len(row[2].encode()) for row in rows)
+        assert all(row[4] == len(row[1].encode()) + len((row[2] or "").encode()) for row in rows)
         assert sum(row[4] for row in rows) <= 1000
 
 
@@ -533,14 +534,14 @@ async def test_forged_store_requests_are_refused_and_change_nothing(engine: Engi
                     outcomes[name] = "accepted"
                 except Exception as exc:
                     outcomes[name] = "%s: %s" % (type(exc).__name__, exc)
-            # Params that are not an object: the supervisor drops the frame (it is not a
-            # request at all) and reports it in the next call's notices; it never answers.
+            # Params that are not an object: the supervisor refuses the frame at once (and
+            # reports it in the call's notices); the caller never waits for its timeout.
             async def as_list(method):
                 try:
                     await asyncio.wait_for(requests.call_async(method, ["kept", 2]), 2)
                     outcomes[method + " list"] = "answered"
                 except Exception as exc:
-                    outcomes[method + " list"] = type(exc).__name__
+                    outcomes[method + " list"] = "%s: %s" % (type(exc).__name__, exc)
             await asyncio.gather(*map(as_list, ("memory_save", "memory_delete", "tool_save", "tool_delete")))
             outcomes
             """.replace("FORGED", repr(FORGED_STORE_REQUESTS)),
@@ -555,7 +556,9 @@ async def test_forged_store_requests_are_refused_and_change_nothing(engine: Engi
         assert "Python identifier" in outcomes["tool_delete name ../kept_tool"], outcomes
         assert "does not compile" in outcomes["tool_save bad source"], outcomes
         for method in ("memory_save", "memory_delete", "tool_save", "tool_delete"):
-            assert outcomes[method + " list"] == "TimeoutError", outcomes
+            assert outcomes[method + " list"].startswith(
+                "MCPError: refused: request frame: field 'params'"
+            ), outcomes
         assert store_rows(state_dir) == rows and tool_files(state_dir) == files
         after = await run_cell(client, '[save_memory("next", 2)["key"], load_memory("kept"), kept_tool()]')
         assert after["value"] == "['next', 1, 1]", after

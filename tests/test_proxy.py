@@ -183,7 +183,7 @@ async def test_tool_failures_are_exceptions_the_code_can_catch(
             """,
         )
         caught, unknown, typo, positional = eval(result["value"])
-        assert "boom" in caught[0] and caught[1:] == ("stub", "fail", True)
+        assert "boom" in caught[0] and tuple(caught[1:]) == ("stub", "fail", True)  # JSON: a list
         assert "Unknown MCP server 'nowhere'" in unknown and "stub" in unknown
         assert "did you mean slow" in typo
         assert "keyword arguments only" in positional
@@ -396,16 +396,27 @@ async def test_policy_hides_and_refuses_denied_servers_and_tools(
                 runtime.call_tool("time", "get_current_time", {"timezone": "UTC"})
             except runtime.MCPError as exc:
                 hidden = str(exc)
-            (runtime.list_servers(), "mcp_time" in globals(), names, hits, refused, hidden)
+            try:
+                runtime.call_tool("stub", "fair", {"message": "x"})  # no such tool; close to pair too
+            except runtime.MCPError as exc:
+                missing = str(exc)
+            try:
+                runtime.call_tool("nowhere", "get_current_time", {"timezone": "UTC"})
+            except runtime.MCPError as exc:
+                unknown = str(exc)
+            (runtime.list_servers(), "mcp_time" in globals(), names, hits, refused, hidden, missing, unknown)
             """,
         )
-        servers, has_time, names, hits, refused, hidden = eval(result["value"])
+        servers, has_time, names, hits, refused, hidden, missing, unknown = eval(result["value"])
         assert servers == ["stub"] and not has_time
         assert "fail" not in names and "big" not in names and "pair" in names
         assert "fail" not in hits
         # Denied and missing tools get the same answer: the policy's names stay hidden.
         assert "has no tool 'fail'" in refused and "fail" not in refused.split("Its tools:")[1]
         assert "Unknown MCP server 'time'" in hidden
+        # Word for word, once the names are swapped: nothing tells denied from missing.
+        assert refused.replace("'fail'", "'fair'") == missing, (refused, missing)
+        assert hidden.replace("'time'", "'nowhere'") == unknown, (hidden, unknown)
 
 
 async def test_a_timeout_cancels_the_runs_outstanding_tool_calls(
