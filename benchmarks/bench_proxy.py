@@ -27,7 +27,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import sys
 import tempfile
@@ -72,7 +71,7 @@ DEFAULT_CELL_TIMEOUT_S = 120.0  # run_python's default MCP_BRIDGE_MAX_TIMEOUT
 SCHEMA_KEYS = ("name", "description", "inputSchema", "outputSchema")
 
 # Code run in the sandbox. Each cell's final expression is json.dumps(...) of its
-# measurements: run_python returns repr() of that string in structuredContent["value"].
+# measurements: run_python returns that string as structuredContent["value"] (JSON data).
 WARMUP_CELL = """
 import json
 _bench_first = mcp_{alias}.{tool}(message="warm")
@@ -187,11 +186,10 @@ async def run_cell(session: ClientSession, template: str, cell_timeout: float, *
     if not isinstance(value, str):
         raise CellError("no structuredContent value in the result: %s" % text_of(result)[:500])
     try:
-        decoded = ast.literal_eval(value)  # repr() of the json.dumps string
-        return json.loads(decoded)
+        return json.loads(value)  # the json.dumps string, as JSON data in structuredContent
     except (ValueError, SyntaxError, TypeError) as exc:
         raise CellError(
-            "the cell's value is not repr() of a JSON string (%s; truncated: %s): %s..."
+            "the cell's value is not a JSON string (%s; truncated: %s): %s..."
             % (exc, structured.get("truncated") if isinstance(structured, dict) else None, value[:300])
         ) from None
 

@@ -63,17 +63,17 @@ from bench_proxy import EVERYTHING, missing_programs  # the same server, the sam
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from mcp_server_code_execution_mode import OWNER_PID_LABEL
+from mcp_server_code_execution_mode import OWNER_PID_LABEL, BridgeConfig
 
 REPO = Path(__file__).resolve().parent.parent
 TIME_SERVER = Path(sys.executable).parent / "mcp-server-time"
 CONSOLE_NAME = b"mcp-server-code-execution-mode"
 DEFAULT_MINUTES = 10.0
 
-# The bridge's limits for this run (the hostile kinds are sized against them).
-MAX_FRAME_BYTES = 4 * 1024 * 1024
-MAX_TOOL_RESULT_BYTES = 1024 * 1024
-MAX_OUTPUT_CHARS = 50_000
+# The bridge's limits for this run, its defaults (the hostile kinds are sized against them).
+MAX_FRAME_BYTES = BridgeConfig().max_frame_bytes
+MAX_TOOL_RESULT_BYTES = BridgeConfig().max_tool_result_bytes
+MAX_OUTPUT_CHARS = BridgeConfig().max_output_chars
 
 HOSTILE_TIMEOUT_S = 10.0  # run_python timeout of a hostile call
 LOOP_TIMEOUT_S = 5.0  # ... of code meant to time out
@@ -105,7 +105,7 @@ CHANNEL = "runtime.call_tool.__self__._requests.channel"  # how hostile code rea
 
 # --- sandbox code -----------------------------------------------------------------------
 # Cells whose last expression is json.dumps(...) report what they did; run_python returns
-# repr() of that string as structuredContent["value"]. $name fields are filled in by
+# repr() of that string as the value (shown_value). $name fields are filled in by
 # string.Template; names start with _stress so they do not clash with anything.
 
 SEARCH_CELL = """
@@ -389,6 +389,15 @@ class CallOutcome:
     text: str = ""
     cancelled_on_purpose: bool = False
     bridge_gone: bool = False
+
+
+def shown_value(structured: dict[str, Any]) -> str | None:
+    """The final value as the REPL shows it: its repr (structuredContent carries plain JSON
+    values as JSON data, anything else as value_repr)."""
+    if "value" in structured:
+        return repr(structured["value"])
+    repr_text = structured.get("value_repr")
+    return repr_text if isinstance(repr_text, str) else None
 
 
 def json_value(outcome: CallOutcome) -> Any:
@@ -675,10 +684,8 @@ async def concurrent_client_calls(session: ClientSession) -> CallOutcome:
 
     async def one_call(i: int) -> None:
         result = await session.call_tool(TOOL_NAME, {"code": "%d * 2" % i, "timeout": HOSTILE_TIMEOUT_S})
-        value = (
-            result.structured_content.get("value") if isinstance(result.structured_content, dict) else None
-        )
-        outcomes.append("ok" if value == str(i * 2) else "wrong: %s" % text_of(result)[:100])
+        structured = result.structured_content if isinstance(result.structured_content, dict) else {}
+        outcomes.append("ok" if structured.get("value") == i * 2 else "wrong: %s" % text_of(result)[:100])
 
     async def one_list() -> None:
         tools = await session.list_tools()
@@ -741,13 +748,8 @@ async def call(session: ClientSession, variant: Variant) -> CallOutcome:
     if structured is None:
         status = "bridge error" if result.is_error else "no structuredContent"
         return CallOutcome(True, elapsed, status, text=text_of(result))
-    value = structured.get("value")
     return CallOutcome(
-        True,
-        elapsed,
-        str(structured.get("status")),
-        value=value if isinstance(value, str) else None,
-        text=text_of(result),
+        True, elapsed, str(structured.get("status")), value=shown_value(structured), text=text_of(result)
     )
 
 

@@ -16,6 +16,7 @@ import mcp_server_code_execution_mode as bridge
 from mcp_server_code_execution_mode import DockerRuntime, PodmanRuntime, Workspace
 from tests.conftest import Engine, bridge_client, bridge_env, run_cell, text_of
 from tests.test_container_runtime import spec
+from tests.test_guide import guide_examples
 
 pytestmark = pytest.mark.anyio
 
@@ -182,3 +183,17 @@ async def test_a_read_only_workspace_is_read_but_never_written(
         tmp = await run_cell(client, "open('/tmp/new.txt', 'w').write('ok')")
         assert tmp["status"] == "ok", tmp["text"]
     assert sorted(path.name for path in folder.iterdir()) == ["in.csv"]
+
+
+@needs_root
+async def test_guides_attach_example_leaves_the_file_in_the_users_folder(
+    engine: Engine, state_dir: Path, folder: Path
+) -> None:
+    # GUIDE.md: "Files written to /workspace reach the user without attach when they have
+    # set up a workspace folder": its attach example, verbatim, with one.
+    (example,) = [e for e in guide_examples() if 'runtime.attach("/workspace/report.csv")' in e.code]
+    os.chown(folder, USER_UID, USER_UID)
+    async with bridge_client(bridge_env(engine, state_dir, MCP_BRIDGE_WORKSPACE=str(folder))) as client:
+        answer = await run_cell(client, example.code)
+    assert answer["files"] == 1 and not answer["is_error"], answer
+    assert (folder / "report.csv").read_text() == "city,temp\nOslo,3\nLima,19\n"
