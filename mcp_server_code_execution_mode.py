@@ -4693,6 +4693,9 @@ class SessionManager:
                 )
                 self.lost_reason = None
             notices.extend(runtime.warnings)
+            warning = workspace_warning(self.config)
+            if warning:
+                notices.append(warning)
         return self.session
 
     async def _check_earlier_start_failure(self, runtime: ContainerRuntime) -> None:
@@ -6748,19 +6751,38 @@ def build_image_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
 def log_workspace(config: BridgeConfig) -> None:
     """Says once, at start-up, which host folder the sandbox writes in, and as whom."""
     assert config.workspace is not None
-    path = config.workspace.path
     try:
-        info = path.stat()
-    except OSError:
+        user = sandbox_user(config)
+    except SandboxStartError:
         return  # gone since it was checked: the sandbox's start says so
-    user, access = sandbox_user(config), "read-only" if config.workspace.read_only else "read-write"
-    logger.info("workspace: %s at %s (%s), sandbox user %s", path, WORKDIR, access, user)
-    if info.st_uid == 0 or info.st_gid == 0:
-        logger.warning(
-            "MCP_BRIDGE_WORKSPACE %s belongs to root (user or group), so the sandbox runs as %s, never as "
-            "root: that user must be able to %s it; or give the folder to your own user (chown)",
-            path, user, "read" if config.workspace.read_only else "read and write",
-        )  # fmt: skip
+    access = "read-only" if config.workspace.read_only else "read-write"
+    logger.info("workspace: %s at %s (%s), sandbox user %s", config.workspace.path, WORKDIR, access, user)
+    warning = workspace_warning(config)
+    if warning:
+        logger.warning(warning)
+
+
+def workspace_warning(config: BridgeConfig) -> str | None:
+    """What the user (log) and the model (the first result of each session) should know
+    about a workspace folder of root's: the sandbox, never root, may not be able to use it."""
+    if config.workspace is None:
+        return None
+    try:
+        info = config.workspace.path.stat()
+    except OSError:
+        return None  # the sandbox's start says so
+    if info.st_uid != 0 and info.st_gid != 0:
+        return None
+    return (
+        "The workspace folder MCP_BRIDGE_WORKSPACE=%s belongs to root (user or group), so the sandbox "
+        "runs as %s, never as root: that user must be able to %s it, or the user should give the folder "
+        "to their own account (chown)."
+        % (
+            config.workspace.path,
+            config.container_user,
+            "read" if config.workspace.read_only else "read and write",
+        )
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

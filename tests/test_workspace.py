@@ -93,10 +93,11 @@ def test_a_folder_of_root_keeps_the_configured_user_and_warns(
         bridge.log_workspace(config)
     warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
     assert warnings == [
-        "MCP_BRIDGE_WORKSPACE %s belongs to root (user or group), so the sandbox runs as 65534:65534, "
-        "never as root: that user must be able to read and write it; or give the folder to your own "
-        "user (chown)" % folder
+        "The workspace folder MCP_BRIDGE_WORKSPACE=%s belongs to root (user or group), so the sandbox "
+        "runs as 65534:65534, never as root: that user must be able to read and write it, or the user "
+        "should give the folder to their own account (chown)." % folder
     ]
+    assert bridge.workspace_warning(config) == warnings[0]  # also the first notice of each session
 
 
 def test_a_workspace_folder_that_vanished_stops_the_start_with_a_clear_error(folder: Path) -> None:
@@ -177,6 +178,8 @@ async def test_a_read_only_workspace_is_read_but_never_written(
         assert read["status"] == "ok", read["text"]
         expected_uid = 65534 if os.geteuid() == 0 else os.geteuid()
         assert "a,b\n1,2\n %d" % expected_uid in read["text"]
+        if os.geteuid() == 0:  # a folder of root's: the model is told, in the first result
+            assert any("belongs to root" in notice for notice in read["notices"]), read
         write = await run_cell(client, "open('/workspace/new.txt', 'w')")
         assert write["is_error"]
         assert "OSError: [Errno 30] Read-only file system: '/workspace/new.txt'" in write["text"]
