@@ -326,8 +326,8 @@ for _ in range(500):
     _stress_nested = [_stress_nested]
 _stress_out = {}
 for _stress_label, _stress_call in (
-    ("over_frame", lambda: mcp_everything.echo(message="x" * (5 * 2 ** 20))),
-    ("over_result", lambda: mcp_everything.echo(message="x" * (2 * 2 ** 20))),
+    ("over_frame", lambda: mcp_everything.echo(message="x" * $over_frame)),
+    ("over_result", lambda: mcp_everything.echo(message="x" * $over_result)),
     ("wrong_type", lambda: mcp_everything.echo(message={"not": "a string"})),
     ("nested", lambda: mcp_everything.echo(message=_stress_nested)),
     ("many_args", lambda: runtime.call_tool("everything", "echo", {"k%d" % i: i for i in range(100_000)})),
@@ -653,7 +653,19 @@ def build_kinds(with_time: bool) -> list[Kind]:
         Kind(
             "oversized arguments",
             "tool calls",
-            [Variant("5 calls", cell(OVERSIZED_CELL), items=5, expect=expect_refusals)],
+            [
+                Variant(
+                    "5 calls",
+                    # Sized against this run's caps: one over the frame cap, one over the result cap.
+                    cell(
+                        OVERSIZED_CELL,
+                        over_frame=MAX_FRAME_BYTES + 2**20,
+                        over_result=MAX_TOOL_RESULT_BYTES + 2**20,
+                    ),
+                    items=5,
+                    expect=expect_refusals,
+                )
+            ],
         ),
         Kind("client mistakes", "calls", client_variants()),
         Kind(
