@@ -5302,7 +5302,7 @@ TOOL_DESCRIPTION = (
 CAPABILITIES_MANUAL = """\
 # run_python sandbox manual
 
-run_python(code, timeout=None, reset=False) runs `code` in ONE long-lived Python process
+run_python(code, timeout=None, reset=False, session="default") runs `code` in ONE long-lived Python process
 inside a container. State (variables, imports, functions) persists between calls until
 `reset: true`, an idle shutdown, a timeout that had to kill the sandbox, or a crash; the
 result says so whenever earlier state is gone.
@@ -5313,6 +5313,8 @@ result says so whenever earlier state is gone.
 - A timeout raises KeyboardInterrupt in the code and keeps the session; code that
   ignores it is killed and the session restarts empty.
 - Writable: /workspace (working directory) and /tmp, in memory; reset empties them. No network.
+- `session`: each name (1-32 of a-z 0-9 _ -) is a separate sandbox with its own state;
+  calls to different sessions run at the same time. `runtime.session` is its name.
 
 ## Your MCP servers, as Python
 Each configured server is an object `mcp_<alias>` (also `from mcp.servers import <alias>`);
