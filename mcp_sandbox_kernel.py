@@ -80,6 +80,7 @@ class ProtocolError(Exception):
 # checks what comes out of the sandbox (hostile code may write frames of its own), the
 # kernel what comes from the bridge. Unknown fields are ignored; unknown types refused.
 
+DEFAULT_SESSION = "default"  # run_python's session when a call names none
 MAX_REQUESTS_IN_FLIGHT = 256  # per session; more are refused on arrival, never queued
 TOO_MANY_REQUESTS = (
     "Too many MCP requests in flight (more than %d); await some before starting more."
@@ -2163,10 +2164,12 @@ def install_sandbox_api(
     requests: HostRequests,
     servers: list[dict[str, str]],
     images: ImageCollector | None = None,
+    session: str = DEFAULT_SESSION,
 ) -> None:
     """Make ``from mcp import runtime``, ``from mcp.servers import <alias>`` and the
     ``mcp_<alias>`` globals work, whatever ``mcp`` package the image may carry; and
-    ``display()`` / ``runtime.show_image()`` hand images to ``images``."""
+    ``display()`` / ``runtime.show_image()`` hand images to ``images``. ``runtime.session``
+    is the name of the bridge's session this sandbox is (run_python's ``session``)."""
     runtime = SandboxRuntime(requests, servers, images or ImageCollector(10, 2**21))
     package = types.ModuleType("mcp", "Sandbox API: runtime and servers")
     package.__path__ = []  # a package, so ``mcp.servers`` imports
@@ -2175,6 +2178,7 @@ def install_sandbox_api(
     for name in dir(runtime):
         if not name.startswith("_"):
             setattr(runtime_module, name, getattr(runtime, name))
+    runtime_module.session = session  # type: ignore[attr-defined]
     package.runtime = runtime_module  # type: ignore[attr-defined]
     package.servers = servers_module  # type: ignore[attr-defined]
     for server in servers:
@@ -2217,7 +2221,8 @@ class ExecutorProcess:
             int(config.get("max_frame_bytes", 2**25)) // 2,
         )
         servers = list(config.get("servers", []))
-        install_sandbox_api(self.executor.namespace, self.requests, servers, self.images)
+        session = str(config.get("session", DEFAULT_SESSION))
+        install_sandbox_api(self.executor.namespace, self.requests, servers, self.images, session)
         self.handlers: dict[str, Callable[[Frame], None]] = {
             "execute": self.executes.put,
             "response": self.requests.resolve,

@@ -73,7 +73,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError as McpProtocolError
 from mcp.shared.message import SessionMessage
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 import mcp_sandbox_kernel
 from mcp_sandbox_kernel import (
@@ -129,6 +129,7 @@ class BridgeConfig:
     container_user: str = "65534:65534"
     idle_timeout: float = 3600.0
     prewarm: bool = True
+    max_sessions: int = 8
     max_output_chars: int = mcp_sandbox_kernel.DEFAULT_MAX_OUTPUT
     max_frame_bytes: int = 32 * 1024 * 1024
     start_timeout: float = 120.0
@@ -324,6 +325,12 @@ OPTIONS: tuple[Option, ...] = (
         "stop the sandbox after this many idle seconds; 0 = never",
     ),
     Option("prewarm", "MCP_BRIDGE_PREWARM", _boolean, "start the sandbox when the server starts"),
+    Option(
+        "max_sessions",
+        "MCP_BRIDGE_MAX_SESSIONS",
+        _positive_int,
+        "sandboxes (run_python session names) alive at once; over stdio the one client has them all",
+    ),
     Option(
         "max_output_chars",
         "MCP_BRIDGE_MAX_OUTPUT",
@@ -593,6 +600,7 @@ SHUTTING_DOWN = (
 KERNEL_SOURCE = Path(mcp_sandbox_kernel.__file__)
 KERNEL_FILENAME = "mcp_sandbox_kernel.py"
 SESSION_CONFIG_FILENAME = "session.json"
+DEFAULT_SESSION = mcp_sandbox_kernel.DEFAULT_SESSION  # the session of a call that names none
 SECCOMP_FILENAME = "seccomp.json"
 IPC_MOUNT = "/ipc"
 WORKDIR = "/workspace"
@@ -3506,9 +3514,6 @@ class HostAPI:
             "tool_sources": (MemoryListParams, self.tool_sources),
             "progress": (ProgressParams, self.progress),
         }
-        # The execute now running in the current sandbox (set by SandboxSession): its
-        # progress listener, if a waiting client asked, hears runtime.progress().
-        self.running_execute: Callable[[], PendingExecute | None] = lambda: None
         self.tool_pattern_problems: list[str] = []  # found as servers list their tools
         self.saved_tools = SavedTools(config.state_dir / MEMORY_DIRNAME)
         self.memory = MemoryStore(
@@ -3532,7 +3537,9 @@ class HostAPI:
             {"alias": alias, "name": client.spec.name} for alias, client in sorted(self.pool.clients.items())
         ]
 
-    async def handle(self, method: str, params: dict[str, Any]) -> Any:
+    async def handle(self, method: str, params: dict[str, Any], execute: PendingExecute | None = None) -> Any:
+        """Serve one request of a sandbox whose running execute (if any) is ``execute``:
+        one HostAPI serves every session, so the asking session says which one is its."""
         entry = self.methods.get(method)
         if entry is None:
             raise ProxyError(
@@ -3543,6 +3550,8 @@ class HostAPI:
             arguments = model.model_validate(params)
         except ValidationError as exc:
             raise ProxyError(describe_params_error(method, exc)) from None
+        if handler == self.progress:  # the one request about the asking session's own call
+            return await self.progress(execute, **dict(arguments))
         return await handler(**dict(arguments))
 
     async def discovered_servers(self, detailed: bool = False) -> Any:
@@ -3727,10 +3736,17 @@ class HostAPI:
     async def tool_sources(self) -> Any:
         return await self._in_store(self.saved_tools.sources)
 
-    async def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
-        pending = self.running_execute()
-        if pending is not None and pending.progress is not None:
-            await pending.progress.from_code(done, total, message)
+    async def progress(
+        self,
+        execute: PendingExecute | None,
+        done: float,
+        total: float | None = None,
+        message: str | None = None,
+    ) -> None:
+        """runtime.progress(): heard by the progress listener of the call waiting for
+        ``execute`` (the asking session's running code), if that call's client asked."""
+        if execute is not None and execute.progress is not None:
+            await execute.progress.from_code(done, total, message)
 
     async def capability_summary(self) -> str:
         lines = ["MCP servers available in this sandbox (none is started until used):"]
@@ -3805,6 +3821,7 @@ class ExecutionOutcome:
     attachments: list[types.EmbeddedResource] = field(default_factory=list)  # runtime.attach()
     # The end of the code an earlier call left running, when this call waited for it.
     earlier: ExecutionOutcome | None = None
+    session: str = DEFAULT_SESSION  # run_python's session that ran it
 
 
 # How a call reports progress to its client (MCP notifications/progress): value, total, message.
@@ -3988,10 +4005,12 @@ class SandboxSession:
         host: HostAPI,
         owner: OwnerIdentity | None = None,
         problems: ProblemLog | None = None,
+        session: str = DEFAULT_SESSION,
     ) -> None:
         self.runtime = runtime
         self.config = config
         self.host = host
+        self.session = session  # run_python's name for it (runtime.session inside)
         self.task_group: anyio.abc.TaskGroup | None = None
         self.requests: dict[str | int, anyio.CancelScope] = {}
         self.in_flight = 0
@@ -4004,7 +4023,6 @@ class SandboxSession:
         self.hello_received = anyio.Event()
         self.exited = anyio.Event()
         self.pending: PendingExecute | None = None
-        host.running_execute = lambda: self.pending
         self.killed_by_bridge = False
         self.death_reason: str | None = None
         self.stderr_tail: list[str] = []
@@ -4034,6 +4052,7 @@ class SandboxSession:
         shutil.copyfile(KERNEL_SOURCE, self.ipc_dir / KERNEL_FILENAME)
         session_config = {
             "protocol": PROTOCOL_VERSION,
+            "session": self.session,
             "max_frame_bytes": self.config.max_frame_bytes,
             "max_output_chars": self.config.max_output_chars,
             "max_images": self.config.max_images,
@@ -4289,7 +4308,7 @@ class SandboxSession:
         try:
             with scope:
                 try:
-                    result = await self.host.handle(frame["method"], frame["params"])
+                    result = await self.host.handle(frame["method"], frame["params"], self.pending)
                 except BridgeError as exc:
                     error = str(exc)
                 except Exception as exc:  # a bug here must fail one request, not the bridge
@@ -4624,29 +4643,62 @@ BUSY = (
 )
 
 
+class SharedRuntime:
+    """The container runtime every session uses: found (and this host's leftover
+    sandboxes swept) once, on first use, and released once at the end."""
+
+    def __init__(
+        self, config: BridgeConfig, locate_runtime: Callable[[RuntimeName | None], Any] = detect_runtime
+    ) -> None:
+        self.config = config
+        self.locate_runtime = locate_runtime
+        self.runtime: ContainerRuntime | None = None
+        self._lock = anyio.Lock()  # two sessions starting at once find it once
+
+    async def get(self) -> ContainerRuntime:
+        async with self._lock:
+            if self.runtime is None:
+                runtime = await self.locate_runtime(self.config.runtime)
+                await runtime.use_oci_runtime(self.config.oci_runtime)
+                ipc_root = self.config.state_dir / "ipc"
+                try:
+                    await sweep_orphans(runtime, ipc_root, await anyio.to_thread.run_sync(bridge_owner))
+                except (TimeoutError, OSError) as exc:  # leftovers stay for the next start to sweep
+                    logger.warning("could not sweep leftover sandboxes: %s", exc)
+                self.runtime = runtime
+            return self.runtime
+
+    async def release(self) -> None:
+        if self.runtime is not None:
+            await self.runtime.release()
+
+
 class SessionManager:
-    """Owns the one sandbox session of this bridge: pre-warms it, serializes executes,
-    replaces it after a crash, a kill, a reset or idle shutdown, and tells the model
-    whenever earlier state is gone."""
+    """Owns one named sandbox session (run_python's ``session``): pre-warms it,
+    serializes its executes, replaces it after a crash, a kill, a reset or idle shutdown,
+    and tells the model whenever earlier state is gone. ``Sessions`` holds one per name."""
 
     def __init__(
         self,
         config: BridgeConfig,
         task_group: anyio.abc.TaskGroup,
         host: HostAPI,
-        locate_runtime: Callable[[RuntimeName | None], Any] = detect_runtime,
+        runtime: SharedRuntime | None = None,
+        name: str = DEFAULT_SESSION,
+        problems: ProblemLog | None = None,
     ) -> None:
         self.config = config
         self.task_group = task_group
         self.host = host
-        self.locate_runtime = locate_runtime
+        self.name = name
+        self.shared_runtime = runtime or SharedRuntime(config)
         self.ipc_root = config.state_dir / "ipc"
-        self.runtime: ContainerRuntime | None = None
         self.session: SandboxSession | None = None
         self.lost_reason: str | None = None
         self.last_used = time.monotonic()
         self._lock = anyio.Lock()
-        self.problems = ProblemLog()
+        # Shared by the bridge's sessions: a sandbox restarted again and again logs once.
+        self.problems = problems or ProblemLog()
         self.closing = anyio.Event()  # set when the bridge begins to shut down
         self.active_calls = 0
         self._no_calls = anyio.Event()  # set while active_calls is 0
@@ -4658,26 +4710,17 @@ class SessionManager:
         self.running: RunningCode | None = None  # code an earlier call left running
         self.unreported: ExecutionOutcome | None = None  # its end, until a call returns it
 
-    async def _ensure_runtime(self) -> ContainerRuntime:
-        if self.runtime is None:
-            runtime = await self.locate_runtime(self.config.runtime)
-            await runtime.use_oci_runtime(self.config.oci_runtime)
-            try:
-                await sweep_orphans(runtime, self.ipc_root, await anyio.to_thread.run_sync(bridge_owner))
-            except (TimeoutError, OSError) as exc:  # leftovers stay for the next start to sweep
-                logger.warning("could not sweep leftover sandboxes: %s", exc)
-            self.runtime = runtime
-        return self.runtime
-
     async def _ensure_session(self, notices: list[str]) -> SandboxSession:
         if self.session is not None and not self.session.alive:
             self.lost_reason = self.lost_reason or "the previous sandbox %s." % self.session.death_reason
             await self.session.stop()
             self.session = None
         if self.session is None:
-            runtime = await self._ensure_runtime()
+            runtime = await self.shared_runtime.get()
             await self._check_earlier_start_failure(runtime)
-            session = SandboxSession(runtime, self.config, self.ipc_root, self.host, problems=self.problems)
+            session = SandboxSession(
+                runtime, self.config, self.ipc_root, self.host, problems=self.problems, session=self.name
+            )
             try:
                 await session.start(self.task_group)
             except SandboxStartError as exc:
@@ -4757,6 +4800,9 @@ class SessionManager:
             raise ShuttingDownError(SHUTTING_DOWN)
         if isinstance(holder[0], Exception):
             raise holder[0]
+        for outcome in (holder[0], holder[0].earlier):
+            if outcome is not None:
+                outcome.session = self.name
         return holder[0]
 
     async def begin_shutdown(self, grace: float) -> None:
@@ -4865,20 +4911,149 @@ class SessionManager:
                 async with self._lock:
                     idle = time.monotonic() - self.last_used >= self.config.idle_timeout
                     if self.session is not None and idle:  # a call may have slipped in meanwhile
-                        logger.info("stopping idle sandbox %s", self.session.name)
+                        logger.info("stopping idle sandbox %s (session %s)", self.session.name, self.name)
                         await self.session.stop()
                         self.session = None
                         self.lost_reason = "the previous sandbox was shut down after %gs without a call." % (
                             self.config.idle_timeout
                         )
 
+    @property
+    def dormant(self) -> bool:
+        """No sandbox, no call, no code left running and nothing unreported: forgetting
+        this manager loses nothing but its name (and why its last sandbox ended)."""
+        return (
+            self.session is None
+            and self.running is None
+            and self.unreported is None
+            and not self.active_calls
+            and not self._lock.locked()
+        )
+
     async def aclose(self) -> None:
+        """Remove this session's sandbox (the shared runtime is the registry's to release)."""
         with anyio.CancelScope(shield=True):
             if self.session is not None:
                 await self.session.stop()
                 self.session = None
-            if self.runtime is not None:
-                await self.runtime.release()
+
+
+class TooManySessionsError(BridgeError):
+    """A call named a new session while MCP_BRIDGE_MAX_SESSIONS sessions hold sandboxes."""
+
+
+# run_python's session names: short, and safe in logs, labels and file names as they are.
+# Lower case only, so one sandbox has one spelling ("A" is refused, not taken for "a").
+SESSION_NAME_PATTERN = re.compile(r"[a-z0-9_-]{1,32}")
+SESSION_NAME_RULE = "1-32 characters of a-z, 0-9, _ and -"
+
+
+def valid_session_name(name: str) -> str:
+    """``name`` if it is a valid session name; else ValueError saying the rule."""
+    if not SESSION_NAME_PATTERN.fullmatch(name):
+        raise ValueError("a session name is %s, not %s" % (SESSION_NAME_RULE, ascii(name[:40])))
+    return name
+
+
+MAX_REMEMBERED_ENDS = 64  # forgotten sessions whose "why your state is gone" is kept
+
+
+class Sessions:
+    """run_python's sessions by name (``session``; "default" when a call names none):
+    one SessionManager each, created on first use and capped at MCP_BRIDGE_MAX_SESSIONS.
+    Each has its own sandbox, state, limits (the configured ones) and idle timer; calls
+    to different sessions run side by side, calls to one session one at a time (its
+    manager's lock). Over stdio the bridge has one client, so the cap is per client and
+    in total at once. A session stopped for idleness keeps its name (its next call
+    starts fresh and says why) until room is needed for a new name: then it is forgotten,
+    and only why its last sandbox ended is remembered (for a bounded number of names)."""
+
+    def __init__(
+        self,
+        config: BridgeConfig,
+        task_group: anyio.abc.TaskGroup,
+        host: HostAPI,
+        locate_runtime: Callable[[RuntimeName | None], Any] = detect_runtime,
+    ) -> None:
+        self.config = config
+        self.task_group = task_group
+        self.host = host
+        self.runtime = SharedRuntime(config, locate_runtime)
+        self.problems = ProblemLog()
+        self.managers: dict[str, SessionManager] = {}
+        self.watchers: dict[str, anyio.CancelScope] = {}
+        self.ended: dict[str, str] = {}  # forgotten name -> why its last sandbox ended
+        self.closing = False
+
+    def manager(self, name: str) -> SessionManager:
+        """The manager of session ``name``, created when new and there is room."""
+        # Defense in depth: the input model checks names too; they reach logs and the kernel.
+        try:
+            valid_session_name(name)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        if self.closing:
+            raise ShuttingDownError(SHUTTING_DOWN)
+        found = self.managers.get(name)
+        if found is not None:
+            return found
+        if len(self.managers) >= self.config.max_sessions:
+            self._forget_dormant()
+        if len(self.managers) >= self.config.max_sessions:
+            raise TooManySessionsError(
+                "Session %r was not started: %d sessions (%s) already hold sandboxes, the most this "
+                "bridge allows (MCP_BRIDGE_MAX_SESSIONS). Use one of them, or free one: a session is "
+                "released when it has been idle for MCP_BRIDGE_IDLE_TIMEOUT seconds."
+                % (name, len(self.managers), ", ".join(sorted(self.managers)))
+            )
+        manager = SessionManager(self.config, self.task_group, self.host, self.runtime, name, self.problems)
+        manager.lost_reason = self.ended.pop(name, None)
+        self.managers[name] = manager
+        self.watchers[name] = scope = anyio.CancelScope()
+        self.task_group.start_soon(self._watch, manager, scope)
+        return manager
+
+    def _forget_dormant(self) -> None:
+        for name, manager in list(self.managers.items()):
+            if manager.dormant:
+                del self.managers[name]
+                self.watchers.pop(name).cancel()
+                if manager.lost_reason:
+                    self.ended[name] = manager.lost_reason
+                    while len(self.ended) > MAX_REMEMBERED_ENDS:
+                        del self.ended[next(iter(self.ended))]  # the oldest
+
+    @staticmethod
+    async def _watch(manager: SessionManager, scope: anyio.CancelScope) -> None:
+        with scope:
+            await manager.watch_idle()
+
+    async def answer(
+        self, name: str, code: str, timeout: float, reset: bool, progress: CallProgress | None = None
+    ) -> ExecutionOutcome:
+        """One tool call, run by session ``name``'s manager (see SessionManager.answer)."""
+        return await self.manager(name).answer(code, timeout, reset, progress)
+
+    async def prewarm(self) -> None:
+        """Start the default session's sandbox; named ones start on first use."""
+        await self.manager(DEFAULT_SESSION).prewarm()
+
+    async def begin_shutdown(self, grace: float) -> None:
+        """Answer the calls in flight of every session, within ``grace`` seconds in all."""
+        self.closing = True
+        with anyio.move_on_after(grace):
+            async with anyio.create_task_group() as group:
+                for manager in list(self.managers.values()):
+                    group.start_soon(manager.begin_shutdown, grace)
+
+    async def aclose(self) -> None:
+        """Remove every session's sandbox, side by side, then release the runtime."""
+        self.closing = True
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as group:
+                for manager in list(self.managers.values()):
+                    group.start_soon(manager.aclose)
+            await self.runtime.release()
 
 
 # =============================================================================
@@ -4982,6 +5157,8 @@ def structured_result(outcome: ExecutionOutcome, fitted: FittedOutput) -> dict[s
         data["detail"] = outcome.detail
     if outcome.notices:
         data["notices"] = outcome.notices
+    if outcome.session != DEFAULT_SESSION:  # a trivial result stays small
+        data["session"] = outcome.session
     data["duration_seconds"] = round(outcome.duration, 3)
     return data
 
@@ -5117,16 +5294,15 @@ def render_error(exc: BridgeError) -> types.CallToolResult:
 TOOL_NAME = "run_python"
 CAPABILITIES_URI = "resource://code-execution/capabilities"
 TOOL_DESCRIPTION = (
-    "Run Python in a persistent, network-less sandbox: state persists across calls until reset; "
-    "top-level await works; the last expression is shown. Your MCP servers' tools are Python "
-    "functions: runtime.search_tool_docs('task'), then mcp_<server>.<tool>(arg=...). "
-    "Files: /workspace. Manual: " + CAPABILITIES_URI
+    "Run Python in a persistent, network-less sandbox (top-level await; last expression shown). "
+    "MCP servers' tools are Python functions: runtime.search_tool_docs('task'), then "
+    "mcp_<server>.<tool>(arg=...). Manual: " + CAPABILITIES_URI
 )
 
 CAPABILITIES_MANUAL = """\
 # run_python sandbox manual
 
-run_python(code, timeout=None, reset=False) runs `code` in ONE long-lived Python process
+run_python(code, timeout=None, reset=False, session="default") runs `code` in ONE long-lived Python process
 inside a container. State (variables, imports, functions) persists between calls until
 `reset: true`, an idle shutdown, a timeout that had to kill the sandbox, or a crash; the
 result says so whenever earlier state is gone.
@@ -5137,6 +5313,8 @@ result says so whenever earlier state is gone.
 - A timeout raises KeyboardInterrupt in the code and keeps the session; code that
   ignores it is killed and the session restarts empty.
 - Writable: /workspace (working directory) and /tmp, in memory; reset empties them. No network.
+- `session`: each name (1-32 of a-z 0-9 _ -) is a separate sandbox with its own state;
+  calls to different sessions run at the same time. `runtime.session` is its name.
 
 ## Your MCP servers, as Python
 Each configured server is an object `mcp_<alias>` (also `from mcp.servers import <alias>`);
@@ -5199,11 +5377,19 @@ def run_python_input_model(config: BridgeConfig) -> type[BaseModel]:
 
     class RunPythonInput(BaseModel):
         model_config = ConfigDict(extra="forbid")
-        code: str = Field(description="Python source to run.")
+        code: str  # Python source (no description: the name says it, and tools/list stays small)
         timeout: float = Field(
             default=config.timeout, gt=0, le=config.max_timeout, description="Seconds before interrupting."
         )
         reset: bool = Field(default=False, description="Start from an empty namespace first.")
+        # The name's rule is checked here, not stated in the schema: a pattern there costs
+        # every tools/list answer a dozen tokens; the error names the rule instead.
+        session: str = Field(default=DEFAULT_SESSION, description="Sandbox name; each has its own state")
+
+        @field_validator("session")
+        @classmethod
+        def _session_name(cls, name: str) -> str:
+            return valid_session_name(name)
 
     return RunPythonInput
 
@@ -5234,7 +5420,8 @@ def describe_validation_error(exc: ValidationError) -> str:
     )
     return (
         'Invalid run_python arguments (%s). Call run_python with {"code": "..."} and optionally '
-        '"timeout" (seconds) and "reset" (true/false).' % problems
+        '"timeout" (seconds), "reset" (true/false) and "session" (a name of %s).'
+        % (problems, SESSION_NAME_RULE)
     )
 
 
@@ -5363,17 +5550,17 @@ def page_start(cursor: str | None) -> int:
 @dataclass
 class BridgeState:
     config: BridgeConfig
-    sessions: SessionManager
+    sessions: Sessions
 
 
 def build_server(
     config: BridgeConfig,
     discovery: DiscoveryResult,
     locate_runtime: Callable[[RuntimeName | None], Any] = detect_runtime,
-    on_start: Callable[[SessionManager], None] | None = None,
+    on_start: Callable[[Sessions], None] | None = None,
 ) -> Server[BridgeState]:
-    """The MCP server. ``on_start`` receives the session manager once the lifespan has
-    created it (serve() needs it to answer calls in flight on a stop signal)."""
+    """The MCP server. ``on_start`` receives the sessions once the lifespan has created
+    them (serve() needs them to answer calls in flight on a stop signal)."""
     input_model = run_python_input_model(config)
     tool = run_python_tool(config)
     store = MemoryStore(
@@ -5385,12 +5572,11 @@ def build_server(
     async def lifespan(_: Server[BridgeState]) -> AsyncIterator[BridgeState]:
         async with anyio.create_task_group() as group:
             pool = ClientPool(discovery, config, group)
-            sessions = SessionManager(config, group, HostAPI(pool, config), locate_runtime)
+            sessions = Sessions(config, group, HostAPI(pool, config), locate_runtime)
             if on_start is not None:
                 on_start(sessions)
             if config.prewarm:
                 group.start_soon(sessions.prewarm)
-            group.start_soon(sessions.watch_idle)
             try:
                 yield BridgeState(config, sessions)
             finally:
@@ -5428,6 +5614,7 @@ def build_server(
             progress = CallProgress(report)
         try:
             outcome = await ctx.lifespan_context.sessions.answer(
+                request.session,  # type: ignore[attr-defined]
                 request.code,  # type: ignore[attr-defined]
                 request.timeout,  # type: ignore[attr-defined]
                 request.reset,  # type: ignore[attr-defined]
@@ -5525,7 +5712,7 @@ def build_server(
 async def serve(config: BridgeConfig, discovery: DiscoveryResult) -> None:
     """Serve MCP on stdio until stdin closes or SIGTERM/SIGINT arrives; the lifespan
     removes the sandbox either way."""
-    managers: list[SessionManager] = []
+    managers: list[Sessions] = []
     server = build_server(config, discovery, on_start=managers.append)
     async with anyio.create_task_group() as group, stdio_server() as (read_stream, write_stream):
         with anyio.CancelScope() as run_scope:

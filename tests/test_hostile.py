@@ -757,12 +757,10 @@ class FakeProcess:
 class FakeHost:
     """Serves requests the way a test needs: some hold, one fails with a bug."""
 
-    running_execute: Any = None
-
     def server_list(self) -> list[dict[str, str]]:
         return []
 
-    async def handle(self, method: str, params: dict[str, Any]) -> Any:
+    async def handle(self, method: str, params: dict[str, Any], execute: Any = None) -> Any:
         if method == "boom":
             raise RuntimeError("a bug in the bridge")
         if method == "hold":

@@ -382,16 +382,21 @@ def test_tool_is_named_run_python_and_points_to_the_manual() -> None:
     assert tool.annotations is None
 
 
-def test_tool_input_schema_has_code_timeout_and_reset() -> None:
+def test_tool_input_schema_has_code_timeout_reset_and_session() -> None:
     schema = bridge.run_python_tool(CONFIG).input_schema
 
     assert schema["type"] == "object"
-    assert set(schema["properties"]) == {"code", "timeout", "reset"}
+    assert set(schema["properties"]) == {"code", "timeout", "reset", "session"}
     assert schema["required"] == ["code"]
     assert schema["additionalProperties"] is False
     assert schema["properties"]["code"]["type"] == "string"
     assert schema["properties"]["reset"]["type"] == "boolean"
     assert schema["properties"]["reset"]["default"] is False
+    assert schema["properties"]["session"] == {
+        "default": "default",
+        "description": "Sandbox name; each has its own state",
+        "type": "string",
+    }
 
 
 def test_tool_timeout_default_and_maximum_come_from_the_config() -> None:
@@ -415,7 +420,7 @@ def test_input_model_applies_defaults_from_the_config() -> None:
 
     request = model.model_validate({"code": "print(1)"})
 
-    assert request.model_dump() == {"code": "print(1)", "timeout": 7.0, "reset": False}
+    assert request.model_dump() == {"code": "print(1)", "timeout": 7.0, "reset": False, "session": "default"}
 
 
 def test_input_model_rejects_timeout_over_the_configured_maximum() -> None:
