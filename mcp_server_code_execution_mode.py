@@ -35,6 +35,7 @@ import keyword
 import logging
 import math
 import os
+import random
 import re
 import secrets
 import shutil
@@ -3086,6 +3087,9 @@ def memory_json(value: Any, what: str) -> str:
     return text
 
 
+MEMORY_BUSY_SECONDS = 30.0  # how long a store operation waits for other bridges' writes
+
+
 class MemoryStore:
     """The memory table. Every method is blocking (call it in a worker thread) and opens
     its own connection, so it is safe from any thread and any process."""
@@ -3097,16 +3101,8 @@ class MemoryStore:
 
     @contextmanager
     def _transaction(self, write: bool) -> Iterator[sqlite3.Connection]:
+        connection = self._begin(write)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            # timeout: wait for another bridge's write instead of failing at once.
-            connection = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        except (OSError, sqlite3.Error) as exc:
-            raise self._unusable(exc) from None
-        try:
-            connection.execute("PRAGMA journal_mode=WAL")
-            connection.execute(_MEMORY_SCHEMA)
-            connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             yield connection
             connection.execute("COMMIT")
         except sqlite3.Error as exc:
@@ -3119,6 +3115,33 @@ class MemoryStore:
             raise
         finally:
             connection.close()
+
+    def _begin(self, write: bool) -> sqlite3.Connection:
+        """A connection inside a transaction (BEGIN IMMEDIATE to write). Another bridge's
+        write is waited for (the busy timeout); the few moments where SQLite answers
+        "locked" at once instead (a WAL file being checkpointed away by the last connection
+        to close, or made anew) are retried until the same 30 s have passed."""
+        deadline = time.monotonic() + MEMORY_BUSY_SECONDS
+        while True:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                connection = sqlite3.connect(self.path, timeout=MEMORY_BUSY_SECONDS, isolation_level=None)
+            except (OSError, sqlite3.Error) as exc:
+                raise self._unusable(exc) from None
+            try:
+                if connection.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    connection.execute("PRAGMA journal_mode=WAL")  # once per file: it is persistent
+                connection.execute(_MEMORY_SCHEMA)
+                connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                return connection
+            except sqlite3.OperationalError as exc:
+                connection.close()
+                if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() > deadline:
+                    raise self._unusable(exc) from None
+                time.sleep(random.uniform(0.005, 0.05))
+            except sqlite3.Error as exc:
+                connection.close()
+                raise self._unusable(exc) from None
 
     def _unusable(self, exc: BaseException) -> MemoryStoreError:
         # Reported, never replaced: the file may hold the user's only copy.
@@ -4709,6 +4732,7 @@ class SessionManager:
         self.start_failure: tuple[str, float] | None = None
         self.running: RunningCode | None = None  # code an earlier call left running
         self.unreported: ExecutionOutcome | None = None  # its end, until a call returns it
+        self.held_notices: list[str] = []  # what the pre-warm start has to say to the first call
 
     async def _ensure_session(self, notices: list[str]) -> SandboxSession:
         if self.session is not None and not self.session.alive:
@@ -4757,7 +4781,7 @@ class SessionManager:
     async def prewarm(self) -> None:
         async with self._lock:
             try:
-                await self._ensure_session([])
+                await self._ensure_session(self.held_notices)  # for the first call's result
             except BridgeError as exc:
                 logger.warning("pre-warm failed (run_python will retry): %s", exc)
             except Exception:  # a background start-up step must never end the server
@@ -4841,7 +4865,7 @@ class SessionManager:
     ) -> ExecutionOutcome:
         if self.closing.is_set():
             raise ShuttingDownError(SHUTTING_DOWN)
-        notices: list[str] = []
+        notices, self.held_notices = self.held_notices, []
         if self.running is not None and reset:  # a reset stops the earlier code too
             self.running.scope.cancel()
             await self.running.finished.wait()
