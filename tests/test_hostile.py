@@ -402,10 +402,12 @@ async def test_large_tool_arguments_are_capped_and_never_hold_the_event_loop(
 
 
 async def test_many_distinct_searches_do_not_grow_bridge_memory(
-    engine: Engine, state_dir: Path, tmp_path: Path
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
 ) -> None:
+    # The bridge's own memory: the same on every runtime, so measured on the first only.
     home = claude_desktop_home(tmp_path, {"everything": {"command": real_server("everything")}})
-    async with client_with_log(hostile_env(engine, state_dir, home), tmp_path / "bridge.log") as client:
+    env = hostile_env(proxy_engine, state_dir, home)
+    async with client_with_log(env, tmp_path / "bridge.log") as client:
         searches = """
             import random, string, threading
             from mcp import runtime
