@@ -57,7 +57,7 @@ import time
 import traceback
 import types
 import urllib.parse
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterable, Iterator
 from typing import Any, Callable, NamedTuple
 
 # =============================================================================
@@ -2507,13 +2507,20 @@ def kill_descendants(keep: frozenset[int] = frozenset(), settle: bool = False) -
         victims = [pid for pid in live_descendants(os.getpid()) if pid not in keep]
         if not victims:
             break
-        for pid in victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except (ProcessLookupError, PermissionError):
-                pass
+        killed += _signal_each(victims, signal.SIGKILL)
     return killed
+
+
+def _signal_each(pids: Iterable[int], number: int) -> int:
+    """Send signal ``number`` to each of ``pids``; how many got it (the rest are gone)."""
+    sent = 0
+    for pid in pids:
+        try:
+            os.kill(pid, number)
+            sent += 1
+        except (ProcessLookupError, PermissionError):
+            pass
+    return sent
 
 
 def _kill_namespace(keep: frozenset[int], settle: bool) -> int:
@@ -2530,22 +2537,11 @@ def _kill_namespace(keep: frozenset[int], settle: bool) -> int:
         alive = [pid for pid, (_, state) in table.items() if state not in "ZX" and pid not in keep | {1}]
         if not alive or time.monotonic() > give_up:
             break
-        for pid in alive:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except (ProcessLookupError, PermissionError):
-                pass
-        for pid in table:  # the killed too: gVisor ends a stopped process only once continued
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except (ProcessLookupError, PermissionError):
-                pass
-    for pid in keep:
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except (ProcessLookupError, PermissionError):
-            pass
+        killed += _signal_each(alive, signal.SIGKILL)
+        _signal_each(
+            table, signal.SIGCONT
+        )  # the killed too: gVisor ends a stopped process only once continued
+    _signal_each(keep, signal.SIGCONT)
     # Until the reaper thread has collected them, the dead still count against the pids and
     # process limits; a fresh executor (and its threads) must not fail for want of a slot.
     while settle and time.monotonic() < give_up:

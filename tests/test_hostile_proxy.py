@@ -6,12 +6,7 @@ server), plus unit tests of the capped stdio reader's line splitting."""
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -20,7 +15,7 @@ from mcp.shared.message import SessionMessage
 
 import mcp_server_code_execution_mode as bridge
 from tests.conftest import Engine, bridge_client, bridge_pids, claude_desktop_home, proxy_env, stub_entry
-from tests.test_proxy import _children_running, _free_port, run_ok
+from tests.test_proxy import _children_running, _http_stub, run_ok
 
 pytestmark = pytest.mark.anyio
 
@@ -180,28 +175,6 @@ async def test_an_oversized_result_is_refused_while_reading(
         assert growth < 64, "the bridge's peak memory grew by %d MiB" % growth
         assert _children_running(bridge_pid, "stub_server.py") == [server]
         assert not result.get("notices"), result
-
-
-@contextmanager
-def _http_stub() -> Iterator[str]:
-    """The stub server serving streamable HTTP on a free local port: its URL."""
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, stub_entry()["args"][0], "--http", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.2)
-        yield "http://127.0.0.1:%d/mcp" % port
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 async def test_an_oversized_streamable_http_result_costs_bounded_time_and_memory(

@@ -8,12 +8,15 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import anyio
 import pytest
+from mcp.client.session import ClientSession
 
 import mcp_server_code_execution_mode as bridge
 from tests.conftest import NPM_BIN, Engine, bridge_client, bridge_env, console_script, run_cell
@@ -24,11 +27,19 @@ pytestmark = pytest.mark.anyio
 TICKS = "import time\nfor n in range(10):\n    print('tick', n, flush=True)\n    time.sleep(0.3)\n'done'"
 
 
+@asynccontextmanager
+async def warm_bridge(engine: Engine, state_dir: Path) -> AsyncIterator[ClientSession]:
+    """A bridge answering "still running" after 2 s, its sandbox already up: the timings
+    of a test are then its code's, not the sandbox's start."""
+    async with bridge_client(bridge_env(engine, state_dir, MCP_BRIDGE_RESPOND_AFTER="2")) as client:
+        await run_cell(client, "pass")
+        yield client
+
+
 async def test_a_long_call_answers_still_running_and_the_next_call_gets_the_rest(
     engine: Engine, state_dir: Path
 ) -> None:
-    async with bridge_client(bridge_env(engine, state_dir, MCP_BRIDGE_RESPOND_AFTER="2")) as client:
-        await run_cell(client, "pass")  # the sandbox is up: the timings below are the code's
+    async with warm_bridge(engine, state_dir) as client:
         first = await run_cell(client, TICKS, timeout=30)
         assert first["status"] == "running" and not first["is_error"], first
         assert first["detail"].startswith("Still running after 2s (its timeout of 30s still applies)"), first
@@ -44,8 +55,7 @@ async def test_a_long_call_answers_still_running_and_the_next_call_gets_the_rest
 async def test_a_call_made_while_earlier_code_still_runs_does_not_run_its_own(
     engine: Engine, state_dir: Path
 ) -> None:
-    async with bridge_client(bridge_env(engine, state_dir, MCP_BRIDGE_RESPOND_AFTER="2")) as client:
-        await run_cell(client, "pass")  # the sandbox is up: the timings below are the code's
+    async with warm_bridge(engine, state_dir) as client:
         first = await run_cell(client, "import time\ntime.sleep(5)\n'slept'", timeout=30)
         assert first["status"] == "running", first
         second = await run_cell(client, "skipped = True")
@@ -81,8 +91,7 @@ async def test_a_call_that_waits_its_turn_still_answers_within_respond_after(
 async def test_the_timeout_still_ends_code_that_runs_on_in_the_background(
     engine: Engine, state_dir: Path
 ) -> None:
-    async with bridge_client(bridge_env(engine, state_dir, MCP_BRIDGE_RESPOND_AFTER="2")) as client:
-        await run_cell(client, "pass")  # the sandbox is up: the timings below are the code's
+    async with warm_bridge(engine, state_dir) as client:
         first = await run_cell(client, "import time\nkept = 1\ntime.sleep(60)", timeout=3)
         assert first["status"] == "running", first
         second = await run_cell(client, "kept")

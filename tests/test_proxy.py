@@ -8,9 +8,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -463,19 +467,14 @@ async def test_tool_list_changes_are_picked_up(proxy_engine: Engine, state_dir: 
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
 
 
-async def test_a_streamable_http_server_is_proxied(
-    proxy_engine: Engine, state_dir: Path, tmp_path: Path
-) -> None:
-    import subprocess
-    import sys
-
+@contextmanager
+def _http_stub() -> Iterator[str]:
+    """The stub server serving streamable HTTP on a free local port: its URL."""
     port = _free_port()
     server = subprocess.Popen(
         [sys.executable, stub_entry()["args"][0], "--http", str(port)],
@@ -483,17 +482,23 @@ async def test_a_streamable_http_server_is_proxied(
         stderr=subprocess.DEVNULL,
     )
     try:
-        import socket
-
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             with socket.socket() as probe:
                 if probe.connect_ex(("127.0.0.1", port)) == 0:
                     break
-            await anyio.sleep(0.2)
-        home = claude_desktop_home(
-            tmp_path, {"remote": {"type": "http", "url": "http://127.0.0.1:%d/mcp" % port}}
-        )
+            time.sleep(0.2)
+        yield "http://127.0.0.1:%d/mcp" % port
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+async def test_a_streamable_http_server_is_proxied(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    with _http_stub() as url:
+        home = claude_desktop_home(tmp_path, {"remote": {"type": "http", "url": url}})
         async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
             result = await run_ok(
                 client,
@@ -501,9 +506,6 @@ async def test_a_streamable_http_server_is_proxied(
                 "(servers[0]['transport'], mcp_remote.pair(a=4))",
             )
             assert result["value"] == "('http', {'sum': 6, 'product': 8})"
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 async def test_a_tool_call_that_outlives_its_timeout_fails_clearly(
