@@ -2,6 +2,9 @@
 
 The bridge copies this file into the session's read-only IPC mount and starts it as the
 container's main process: ``python3 -I /ipc/mcp_sandbox_kernel.py /ipc/session.json``.
+Where the engine cannot see the host's files (a remote engine, a Kubernetes Pod), the
+container runs ``python3 -I -c BOOTSTRAP`` instead and receives this source and the
+session config as the first bytes of its stdin (see "entry point").
 That process is the SUPERVISOR (PID 1): it owns the frame channel to the bridge (its
 stdin and stdout), runs no user code, and starts the EXECUTOR, the same file run as
 ``... --executor SESSION_JSON IN_FD OUT_FD``, which holds the user's namespace and talks
@@ -2613,10 +2616,13 @@ class Supervisor:
     timeout interrupts the executor, then kills what the code started, or everything,
     and starts a fresh executor."""
 
-    def __init__(self, channel: Channel, config: dict[str, Any], config_path: str) -> None:
+    def __init__(
+        self, channel: Channel, config: dict[str, Any], config_path: str, boot: bytes | None = None
+    ) -> None:
         self.channel = channel
         self.config = config
         self.config_path = config_path
+        self.boot = boot  # the boot payload when booted from stdin (executors boot from it too)
         self.max_output_chars = int(config.get("max_output_chars", DEFAULT_MAX_OUTPUT))
         self.memory = str(config.get("memory", "the"))
         self.output = OutputKeeper(self.max_output_chars, str(config.get("output_dir", OUTPUT_DIR)))
@@ -2642,10 +2648,13 @@ class Supervisor:
         from_read, from_write = os.pipe()
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
-        argv = [sys.executable, "-I", os.path.abspath(__file__), "--executor", self.config_path]
+        if self.boot is None:  # the kernel is a file in the IPC mount
+            argv = [sys.executable, "-I", os.path.abspath(__file__), "--executor", self.config_path]
+        else:  # booted from stdin: the executor boots the same way, from its own stdin
+            argv = [sys.executable, "-I", "-c", BOOTSTRAP, "--executor", ""]
         process = subprocess.Popen(
             [*argv, str(to_read), str(from_write)],
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if self.boot is None else subprocess.PIPE,
             stdout=out_write,
             stderr=err_write,
             pass_fds=(to_read, from_write),
@@ -2653,6 +2662,12 @@ class Supervisor:
         )
         os.close(to_read)
         os.close(from_write)
+        if process.stdin is not None:
+            # An executor that dies before reading it all is noticed by the hello timeout below.
+            with contextlib.suppress(OSError):
+                process.stdin.write(self.boot or b"")
+            with contextlib.suppress(OSError):
+                process.stdin.close()
         pumps = [
             OutputPump("stdout", out_read, out_write, self.on_output),
             OutputPump("stderr", err_read, err_write, self.on_output),
@@ -3042,6 +3057,38 @@ class Supervisor:
 # =============================================================================
 
 
+# --- the stdin bootstrap ----------------------------------------------------------------
+# When the engine cannot see the host's files (a remote engine, a Kubernetes Pod) there is
+# no IPC mount: the container runs ``python3 -I -c BOOTSTRAP``, which reads one payload
+# from stdin, ``<length>\n<JSON {"name", "kernel", "config"}>``, and runs the kernel source
+# in ``__main__`` with the payload as ``BOOTED``. It reads exactly that many bytes (os.read,
+# no buffering): the frame channel on the same stdin starts right after. Kept tiny and
+# fixed; it is the only code that is not this file, and it has to fit on a command line.
+BOOT_NAME = "/kernel/mcp_sandbox_kernel.py"  # the kernel's file name in tracebacks when booted
+BOOT_HEADER_MAX = 12  # digits and newline of the length line
+BOOTSTRAP = (
+    "import os,sys,json\n"
+    "def _boot_read(n):\n"
+    " b=b''\n"
+    " while len(b)<n:\n"
+    "  c=os.read(0,n-len(b))\n"
+    "  if not c:raise SystemExit('kernel bootstrap: stdin ended before the kernel arrived')\n"
+    "  b+=c\n"
+    " return b\n"
+    "_boot_head=b''\n"
+    "while _boot_head[-1:]!=b'\\n' and len(_boot_head)<%d:_boot_head+=_boot_read(1)\n"
+    "BOOTED=json.loads(_boot_read(int(_boot_head)))\n"
+    "__file__=BOOTED['name']\n"
+    "exec(compile(BOOTED['kernel'],__file__,'exec'),globals())\n"
+) % BOOT_HEADER_MAX
+
+
+def boot_payload(kernel_source: str, config: dict[str, Any]) -> bytes:
+    """What BOOTSTRAP reads from stdin before the frame channel starts."""
+    body = json.dumps({"name": BOOT_NAME, "kernel": kernel_source, "config": config}).encode()
+    return b"%d\n" % len(body) + body
+
+
 def _read_config(path: str) -> dict[str, Any]:
     if not path:
         return {}
@@ -3050,11 +3097,16 @@ def _read_config(path: str) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], booted: dict[str, Any] | None = None) -> int:
     """``mcp_sandbox_kernel.py [SESSION_JSON]``: the supervisor (PID 1).
-    ``mcp_sandbox_kernel.py --executor SESSION_JSON IN_FD OUT_FD``: the executor it starts."""
+    ``mcp_sandbox_kernel.py --executor SESSION_JSON IN_FD OUT_FD``: the executor it starts.
+    ``booted``: the payload BOOTSTRAP read from stdin (its config replaces SESSION_JSON)."""
     if len(argv) > 1 and argv[1] == "--executor":
-        config = _read_config(argv[2])
+        if booted is not None:  # stdin held the payload; the code reads an empty stdin
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.close(devnull)
+        config = booted["config"] if booted is not None else _read_config(argv[2])
         channel = Channel(
             int(argv[3]), int(argv[4]), int(config.get("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES))
         )
@@ -3062,8 +3114,9 @@ def main(argv: list[str]) -> int:
         process.prepare()
         process.serve()
         return 0
-    config_path = argv[1] if len(argv) > 1 else ""
-    config = _read_config(config_path)
+    config_path = argv[1] if len(argv) > 1 and booted is None else ""
+    config = booted["config"] if booted is not None else _read_config(config_path)
+    boot = boot_payload(booted["kernel"], config) if booted is not None else None
     # Nothing in the sandbox may read this process's memory or descriptors (/proc/1/fd:
     # the bridge's channel), and orphans of the code must come here to be reaped.
     _prctl(PR_SET_DUMPABLE, 0)
@@ -3082,9 +3135,9 @@ def main(argv: list[str]) -> int:
         )
         return 2
     channel.key = bytes.fromhex(first["key"])
-    Supervisor(channel, config, config_path).serve()
+    Supervisor(channel, config, config_path, boot).serve()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main(sys.argv, globals().get("BOOTED")))

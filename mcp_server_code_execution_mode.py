@@ -78,6 +78,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 import mcp_sandbox_kernel
 from mcp_sandbox_kernel import (
+    BOOTSTRAP,
     IMAGE_TYPES,
     KERNEL_FRAME_TYPES,
     MAX_ATTACHMENTS,
@@ -86,6 +87,7 @@ from mcp_sandbox_kernel import (
     TOO_MANY_REQUESTS,
     FrameDecoder,
     ProtocolError,
+    boot_payload,
     encode_frame,
     is_frame_id,
     validate_frame,
@@ -100,6 +102,7 @@ logger = logging.getLogger("mcp_server_code_execution_mode")
 # =============================================================================
 
 RuntimeName = Literal["podman", "docker"]
+KernelDelivery = Literal["auto", "mount", "stdin"]
 OutputMode = Literal["compact", "toon"]
 
 
@@ -145,6 +148,7 @@ class BridgeConfig:
     tool_timeout: float = 120.0
     max_tool_result_bytes: int = 16 * 1024 * 1024
     oci_runtime: str | None = None
+    kernel_delivery: KernelDelivery = "auto"
     allow_root: bool = False
     discover: bool = True
     max_memory_bytes: int = 1024 * 1024
@@ -416,6 +420,13 @@ OPTIONS: tuple[Option, ...] = (
         _pattern(r"[\w./-]+", "an OCI runtime name such as runsc, or its path"),
         "OCI runtime for the sandbox, e.g. runsc (gVisor)",
         "the engine's",
+    ),
+    Option(
+        "kernel_delivery",
+        "MCP_BRIDGE_KERNEL_DELIVERY",
+        _choice("auto", "mount", "stdin"),
+        "how the kernel reaches the sandbox: a read-only mount, or its stdin (engines that cannot see "
+        "this machine's files); auto: stdin for a remote engine (DOCKER_HOST, CONTAINER_HOST, ...)",
     ),
     Option(
         "max_memory_bytes",
@@ -784,7 +795,7 @@ class LaunchSpec:
 
     name: str
     image: str
-    ipc_dir: Path
+    ipc_dir: Path | None  # None: no mount; the kernel arrives on stdin (BOOTSTRAP)
     owner: OwnerIdentity
     memory: str
     pids: int
@@ -823,6 +834,10 @@ class ContainerRuntime:
         self.executable = executable
         self.warnings: list[str] = []
         self.oci_runtime: str | None = None  # e.g. runsc (gVisor); set by use_oci_runtime()
+        # The engine runs on another machine (or VM) than this process, or at least may:
+        # it is reached through DOCKER_HOST, CONTAINER_HOST, a context or a connection.
+        # It cannot be assumed to see the host's files, so no IPC mount (set by check_ready).
+        self.remote = False
 
     # Flags only this engine takes, added to the shared run argv.
     engine_flags: ClassVar[tuple[str, ...]] = ()
@@ -889,7 +904,14 @@ class DockerRuntime(ContainerRuntime):
 
     async def check_ready(self) -> None:
         result = await _answer(self, [self.executable, "info", "--format", "{{.ServerVersion}}"])
-        logger.info("docker engine %s answers", result.stdout.decode().strip())
+        # The endpoint the CLI talks to (DOCKER_HOST or the current context's); a local
+        # socket or pipe shares this machine's files, tcp:// or ssh:// may not.
+        endpoint = await _answer(
+            self, [self.executable, "context", "inspect", "--format", "{{.Endpoints.docker.Host}}"]
+        )
+        where = endpoint.stdout.decode().strip()
+        self.remote = not where.startswith(("unix://", "npipe://"))
+        logger.info("docker engine %s answers at %s", result.stdout.decode().strip(), where)
 
     def oci_runtime_flags(self) -> tuple[list[str], list[str]]:
         return [], (["--runtime", self.oci_runtime] if self.oci_runtime else [])
@@ -963,10 +985,19 @@ class PodmanRuntime(ContainerRuntime):
             await self._start_machine_if_stopped()
         result = await _answer(
             self,
-            [self.executable, "info", "--format", "{{.Host.Security.Rootless}} {{.Host.CgroupsVersion}}"],
+            [
+                self.executable,
+                "info",
+                "--format",
+                "{{.Host.Security.Rootless}} {{.Host.CgroupsVersion}} {{.Host.ServiceIsRemote}}",
+            ],
         )
-        rootless, _, cgroups = result.stdout.decode().strip().partition(" ")
+        rootless, cgroups, remote = [*result.stdout.decode().split(), "", "", ""][:3]
         self.rootless = rootless == "true"
+        # CONTAINER_HOST, --remote or a connection: a Podman service that may be elsewhere.
+        # (On macOS and Windows Podman is always a client of its machine VM, which shares
+        # the user's files, so the mount still works there.)
+        self.remote = remote == "true" and sys.platform == "linux"
         if rootless == "true" and cgroups == "v1":
             self.warnings.append(
                 "rootless Podman on cgroups v1 ignores resource limits: the sandbox's memory, "
@@ -1060,6 +1091,7 @@ def build_run_argv(
         mount = ["type=bind", "source=%s" % spec.workspace.path, "target=" + WORKDIR]
         mount += ["readonly"] if spec.workspace.read_only else []
         workdir = ["--mount", ",".join([*mount, *bind_options])]
+    ipc_mount = [] if spec.ipc_dir is None else ["--volume", "%s:%s:ro" % (spec.ipc_dir, IPC_MOUNT)]
     return [
         executable, "run",
         "--interactive",  # the kernel's stdin is the frame channel; EOF ends the container
@@ -1085,7 +1117,7 @@ def build_run_argv(
         # The engines mount a writable mqueue filesystem here; a read-only tmpfs hides it
         # (mq_open still works: its queues live in the container's own IPC namespace).
         "--tmpfs", "/dev/mqueue:ro,nosuid,nodev,noexec,size=4k",
-        "--volume", "%s:%s:ro" % (spec.ipc_dir, IPC_MOUNT),
+        *ipc_mount,
         # No --workdir: Docker re-creates a workdir that is a tmpfs mount point as 0755
         # root, making it unwritable for the sandbox user. The kernel chdirs instead.
         "--env", "HOME=" + WORKDIR,
@@ -1094,9 +1126,16 @@ def build_run_argv(
         "--entrypoint", "python3",
         spec.image,
         "-I",  # isolated: the image's PYTHON* variables and user site cannot hijack the kernel
-        "%s/%s" % (IPC_MOUNT, KERNEL_FILENAME),
-        "%s/%s" % (IPC_MOUNT, SESSION_CONFIG_FILENAME),
+        *kernel_argv(spec.ipc_dir),
     ]  # fmt: skip
+
+
+def kernel_argv(ipc_dir: Path | None) -> list[str]:
+    """What follows ``python3 -I``: the kernel file in the IPC mount, or the bootstrap
+    that reads it from stdin (the Kubernetes backend starts it the same way)."""
+    if ipc_dir is None:
+        return ["-c", BOOTSTRAP]
+    return ["%s/%s" % (IPC_MOUNT, KERNEL_FILENAME), "%s/%s" % (IPC_MOUNT, SESSION_CONFIG_FILENAME)]
 
 
 # --- seccomp --------------------------------------------------------------------------
@@ -4064,16 +4103,17 @@ class SandboxSession:
         return self.process is not None and not self.exited.is_set()
 
     # --- start ------------------------------------------------------------------
-    def prepare_ipc_dir(self) -> None:
-        """A private (0700) per-session directory holding a world-readable (0755) `ipc/`
-        that is mounted read-only: the sandbox user can read the kernel, other host
-        users cannot reach it, and nothing in it is writable from inside."""
-        self.ipc_dir.parent.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.ipc_dir.parent.mkdir(mode=0o700)
-        self.ipc_dir.mkdir(mode=0o755)
-        self.ipc_dir.chmod(0o755)  # undo the umask
-        shutil.copyfile(KERNEL_SOURCE, self.ipc_dir / KERNEL_FILENAME)
-        session_config = {
+    @property
+    def kernel_via_stdin(self) -> bool:
+        """Whether the kernel reaches the container on its stdin (BOOTSTRAP) rather than
+        through the IPC mount: asked for, or a remote engine that may not see this
+        machine's files (MCP_BRIDGE_KERNEL_DELIVERY)."""
+        delivery = self.config.kernel_delivery
+        return delivery == "stdin" or (delivery == "auto" and self.runtime.remote)
+
+    def session_config(self) -> dict[str, Any]:
+        """The kernel's settings: session.json in the mount, or part of the boot payload."""
+        return {
             "protocol": PROTOCOL_VERSION,
             "session": self.session,
             "max_frame_bytes": self.config.max_frame_bytes,
@@ -4086,17 +4126,30 @@ class SandboxSession:
             "servers": self.host.server_list(),
             "saved_tools": True,  # the executor asks for them before its first call
         }
-        (self.ipc_dir / SESSION_CONFIG_FILENAME).write_text(json.dumps(session_config))
+
+    def prepare_ipc_dir(self) -> None:
+        """A private (0700) per-session directory holding a world-readable (0755) `ipc/`
+        that is mounted read-only: the sandbox user can read the kernel, other host
+        users cannot reach it, and nothing in it is writable from inside. With the kernel
+        on stdin only the directory (the seccomp profile, the engine's working directory)."""
+        self.ipc_dir.parent.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.ipc_dir.parent.mkdir(mode=0o700)
+        # Beside ipc/, not in it: the engine's CLI reads it on the host; the sandbox never sees it.
+        self.seccomp_path.write_text(json.dumps(seccomp_profile()))
+        if self.kernel_via_stdin:
+            return
+        self.ipc_dir.mkdir(mode=0o755)
+        self.ipc_dir.chmod(0o755)  # undo the umask
+        shutil.copyfile(KERNEL_SOURCE, self.ipc_dir / KERNEL_FILENAME)
+        (self.ipc_dir / SESSION_CONFIG_FILENAME).write_text(json.dumps(self.session_config()))
         for path in self.ipc_dir.iterdir():
             path.chmod(0o644)
-        # Beside ipc/, not in it: the engine reads it on the host; the sandbox never sees it.
-        self.seccomp_path.write_text(json.dumps(seccomp_profile()))
 
     def launch_spec(self) -> LaunchSpec:
         return LaunchSpec(
             name=self.name,
             image=self.config.image,
-            ipc_dir=self.ipc_dir,
+            ipc_dir=None if self.kernel_via_stdin else self.ipc_dir,
             owner=self.owner,
             memory=self.config.memory,
             pids=self.config.pids,
@@ -4137,12 +4190,16 @@ class SandboxSession:
             ) from None
         logger.debug("starting sandbox: %s", " ".join(argv))
         self.task_group = task_group
-        # The first line: the key the supervisor signs its frames with (frame authentication).
-        with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-            await self.send({"type": "key", "key": self.frame_key.hex()})
         task_group.start_soon(self._read_frames)
         task_group.start_soon(self._read_stderr)
         with anyio.move_on_after(self.config.start_timeout):
+            # Within the start timeout: an engine still pulling the image reads nothing yet.
+            with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                if self.kernel_via_stdin:  # BOOTSTRAP reads the kernel and its settings first
+                    source = KERNEL_SOURCE.read_text(encoding="utf-8")
+                    await self.send_bytes(boot_payload(source, self.session_config()))
+                # The first frame: the key the supervisor signs its frames with (frame authentication).
+                await self.send({"type": "key", "key": self.frame_key.hex()})
             await _first_of(self.hello_received, self.exited)
         if self.hello is None:
             reason = self.death_reason or "no hello from the kernel within %gs" % self.config.start_timeout

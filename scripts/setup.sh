@@ -50,9 +50,19 @@ PY
     fi
   fi
 fi
+# dockerd also listens on a loopback TCP port: the remote-engine tests reach it through
+# DOCKER_HOST=tcp://127.0.0.1:PORT as a bridge on another machine would (loopback only,
+# so nothing off this machine can reach it). A dockerd running without it is restarted.
+DOCKER_TCP="tcp://127.0.0.1:${MCP_TEST_DOCKER_TCP_PORT:-23750}"
+if [[ "$RUNTIMES" == *docker* ]] && docker info >/dev/null 2>&1 \
+    && ! docker -H "$DOCKER_TCP" info >/dev/null 2>&1; then
+  log "restarting dockerd so it also listens on $DOCKER_TCP"
+  as_root pkill -x dockerd || true
+  for _ in $(seq 60); do pgrep -x dockerd >/dev/null || break; sleep 1; done
+fi
 if [[ "$RUNTIMES" == *docker* ]] && ! docker info >/dev/null 2>&1; then
   log "starting dockerd"
-  as_root sh -c 'setsid nohup dockerd >/tmp/dockerd.log 2>&1 </dev/null &'
+  as_root sh -c "setsid nohup dockerd -H unix:///var/run/docker.sock -H $DOCKER_TCP >/tmp/dockerd.log 2>&1 </dev/null &"
   for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
   docker info >/dev/null 2>&1 || { log "dockerd did not start; see /tmp/dockerd.log"; exit 1; }
 fi

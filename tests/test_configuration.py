@@ -50,6 +50,7 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "MCP_BRIDGE_MAX_ATTACHMENT_BYTES": ("1000", 1000),
     "MCP_BRIDGE_RESPOND_AFTER": ("5.5", 5.5),
     "MCP_BRIDGE_OCI_RUNTIME": ("/usr/bin/runsc", "/usr/bin/runsc"),
+    "MCP_BRIDGE_KERNEL_DELIVERY": ("stdin", "stdin"),
     "MCP_BRIDGE_MAX_MEMORY_BYTES": ("2048", 2048),
     "MCP_BRIDGE_ALLOW_ROOT": ("yes", True),
     "MCP_BRIDGE_DISCOVER": ("0", False),

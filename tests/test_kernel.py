@@ -21,10 +21,12 @@ import pytest
 
 import mcp_sandbox_kernel
 from mcp_sandbox_kernel import (
+    BOOTSTRAP,
     PROTOCOL_VERSION,
     FrameDecoder,
     OutputKeeper,
     _partial_suffix,
+    boot_payload,
     encode_frame,
 )
 
@@ -43,7 +45,9 @@ class KernelProcess:
     stderr on a second thread, so every failure can show what the kernel said so far
     without waiting for it to exit."""
 
-    def __init__(self, workdir: Path, max_output_chars: int = MAX_OUTPUT) -> None:
+    def __init__(self, workdir: Path, max_output_chars: int = MAX_OUTPUT, booted: bool = False) -> None:
+        """``booted``: started as the bridge starts it on a remote engine, ``python3 -I -c
+        BOOTSTRAP`` with the kernel source and config as the first bytes of its stdin."""
         config_path = workdir / "session.json"
         config = {
             "protocol": PROTOCOL_VERSION,
@@ -53,8 +57,9 @@ class KernelProcess:
             "output_dir": str(workdir / "outputs"),
         }
         config_path.write_text(json.dumps(config))
+        argv = [sys.executable, "-I", "-c", BOOTSTRAP] if booted else [sys.executable, str(KERNEL_PATH)]
         self.process = subprocess.Popen(
-            [sys.executable, str(KERNEL_PATH), str(config_path)],
+            [*argv, *([] if booted else [str(config_path)])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -72,6 +77,9 @@ class KernelProcess:
         self._stderr_reader = threading.Thread(target=self._read_stderr, name="kernel-stderr", daemon=True)
         self._stdout_reader.start()
         self._stderr_reader.start()
+        if booted:
+            assert self.process.stdin is not None
+            self.process.stdin.write(boot_payload(KERNEL_PATH.read_text(), config))
         self.send({"type": "key", "key": self.key.hex()})  # as the bridge does, before anything else
 
     # --- reader threads: each reads its pipe until end of file, and only close() ---------
@@ -392,6 +400,54 @@ def test_result_frame_has_the_documented_fields(kernel: KernelProcess) -> None:
         "error": None,
         "json": 7,
     }
+
+
+# --- booted from stdin (no IPC mount: remote engines, Kubernetes) ------------------------
+
+
+@pytest.fixture
+def booted(tmp_path: Path) -> Iterator[KernelProcess]:
+    kernel = KernelProcess(tmp_path, booted=True)
+    try:
+        assert kernel.next_frame()["type"] == "hello"
+        yield kernel
+    finally:
+        kernel.close()
+
+
+def test_a_booted_kernel_keeps_state_and_hides_its_frames_from_tracebacks(booted: KernelProcess) -> None:
+    booted.run("import sys\nx = 41")
+
+    assert booted.run("x + 1")["value"] == "42"
+    assert booted.run("sys.stdin.read()")["value"] == "''"  # the boot payload is not the code's stdin
+    error = booted.execute("1 / 0")[1]["error"]
+    assert error["type"] == "ZeroDivisionError"
+    assert "/kernel/" not in error["traceback"] and "mcp_sandbox_kernel" not in error["traceback"]
+
+
+def test_a_booted_kernel_boots_each_fresh_executor_from_its_payload(booted: KernelProcess) -> None:
+    booted.run("x = 1")
+
+    died = booted.execute("import os\nos._exit(3)")[1]
+    after = booted.execute("x")[1]
+
+    assert died["status"] == "crashed"
+    assert after["error"]["type"] == "NameError"  # a fresh executor, booted again
+    assert booted.run("2 + 2")["value"] == "4"
+
+
+def test_a_bootstrap_whose_stdin_ends_early_exits_with_a_reason(tmp_path: Path) -> None:
+    payload = boot_payload("print('never')", {})
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", BOOTSTRAP],
+        input=payload[:50],
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+
+    assert result.returncode != 0
+    assert b"stdin ended before the kernel arrived" in result.stderr
 
 
 # --- errors ------------------------------------------------------------------------------
