@@ -101,7 +101,7 @@ logger = logging.getLogger("mcp_server_code_execution_mode")
 # configuration
 # =============================================================================
 
-RuntimeName = Literal["podman", "docker"]
+RuntimeName = Literal["podman", "docker", "kubernetes"]
 KernelDelivery = Literal["auto", "mount", "stdin"]
 OutputMode = Literal["compact", "toon"]
 
@@ -149,6 +149,9 @@ class BridgeConfig:
     max_tool_result_bytes: int = 16 * 1024 * 1024
     oci_runtime: str | None = None
     kernel_delivery: KernelDelivery = "auto"
+    kube_namespace: str | None = None  # None: kubectl's current namespace
+    kube_context: str | None = None  # None: kubectl's current context
+    kube_runtime_class: str | None = None  # e.g. gvisor
     allow_root: bool = False
     discover: bool = True
     max_memory_bytes: int = 1024 * 1024
@@ -295,8 +298,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "runtime",
         "MCP_BRIDGE_RUNTIME",
-        _choice("podman", "docker"),
-        "container runtime; auto: Podman if it answers, else Docker",
+        _choice("podman", "docker", "kubernetes"),
+        "container runtime; auto: Podman if it answers, else Docker; kubernetes: a Pod per session, "
+        "through kubectl",
         "auto",
     ),
     Option(
@@ -429,6 +433,27 @@ OPTIONS: tuple[Option, ...] = (
         "this machine's files); auto: stdin for a remote engine (DOCKER_HOST, CONTAINER_HOST, ...)",
     ),
     Option(
+        "kube_namespace",
+        "MCP_BRIDGE_KUBE_NAMESPACE",
+        _pattern(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", "a Kubernetes namespace name"),
+        "Kubernetes: the namespace of the sandbox Pods",
+        "kubectl's",
+    ),
+    Option(
+        "kube_context",
+        "MCP_BRIDGE_KUBE_CONTEXT",
+        _pattern(r"[\w.@:/-]+", "a kubeconfig context name"),
+        "Kubernetes: the kubeconfig context (cluster and user)",
+        "kubectl's",
+    ),
+    Option(
+        "kube_runtime_class",
+        "MCP_BRIDGE_KUBE_RUNTIME_CLASS",
+        _pattern(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", "a RuntimeClass name"),
+        "Kubernetes: the Pods' runtimeClassName, e.g. gvisor",
+        "the cluster's",
+    ),
+    Option(
         "max_memory_bytes",
         "MCP_BRIDGE_MAX_MEMORY_BYTES",
         _positive_int,
@@ -524,6 +549,31 @@ def _is_root(part: str) -> bool:
         return False
 
 
+def _check_kubernetes(config: BridgeConfig) -> None:
+    """Settings the Kubernetes backend cannot honour are an error, not silently dropped."""
+    if config.workspace is not None:
+        raise ConfigError(
+            "MCP_BRIDGE_WORKSPACE cannot be used with MCP_BRIDGE_RUNTIME=kubernetes: a Pod cannot mount a "
+            "folder of this machine; unset it (the Pod's /workspace is in memory)"
+        )
+    if config.kernel_delivery == "mount":
+        raise ConfigError(
+            "MCP_BRIDGE_KERNEL_DELIVERY=mount cannot be used with MCP_BRIDGE_RUNTIME=kubernetes: a Pod "
+            "cannot see this machine's files, so the kernel always arrives on its stdin; unset it"
+        )
+    if config.oci_runtime is not None:
+        raise ConfigError(
+            "MCP_BRIDGE_OCI_RUNTIME is for Podman and Docker; with MCP_BRIDGE_RUNTIME=kubernetes use "
+            "MCP_BRIDGE_KUBE_RUNTIME_CLASS (e.g. gvisor) instead"
+        )
+    ids = config.container_user.split(":")
+    if len(ids) != 2 or not all(part.isdigit() and int(part) > 0 for part in ids):
+        raise ConfigError(
+            "MCP_BRIDGE_CONTAINER_USER=%s: with MCP_BRIDGE_RUNTIME=kubernetes it must be a non-root UID:GID "
+            "in numbers (e.g. 65534:65534): Pods run with runAsNonRoot" % config.container_user
+        )
+
+
 def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> BridgeConfig:
     """Flags win over environment variables, which win over defaults. Raises ConfigError
     with a one-line message naming the offending flag or variable."""
@@ -560,6 +610,8 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> BridgeConfig
             "MCP_BRIDGE_TIMEOUT (%g) must not exceed MCP_BRIDGE_MAX_TIMEOUT (%g)"
             % (config.timeout, config.max_timeout)
         )
+    if config.runtime == "kubernetes":
+        _check_kubernetes(config)
     if config.workspace is not None:
         # Defense in depth: the state directory holds the launch files (kernel, seccomp profile).
         state_dir = config.state_dir.resolve()
@@ -871,6 +923,11 @@ class ContainerRuntime:
     def kill_argv(self, container: str) -> list[str]:
         return [self.executable, "rm", "--force", container]
 
+    def leftover_argv(self, container: str) -> list[str] | None:
+        """What removes a sandbox whose process has ended by itself; None: nothing is left
+        (Docker and Podman remove it themselves: --rm)."""
+        return None
+
     async def has_image(self, image: str) -> bool:
         """Whether the engine has ``image`` locally (no pull)."""
         try:
@@ -1026,6 +1083,78 @@ class PodmanRuntime(ContainerRuntime):
             self.started_machine = None
 
 
+@dataclass(frozen=True)
+class KubeTarget:
+    """Where the Kubernetes backend puts its Pods; None: kubectl's current one."""
+
+    namespace: str | None = None
+    context: str | None = None
+    runtime_class: str | None = None
+
+
+class KubernetesRuntime(ContainerRuntime):
+    """MCP_BRIDGE_RUNTIME=kubernetes: each session is a Pod that `kubectl run --stdin
+    --attach` creates and attaches to, so kubectl's stdin and stdout are the frame channel
+    and the kernel arrives on stdin (the cluster never sees this machine's files). The Pod
+    is deleted on a timeout kill, a reset and exit; leftovers are swept by label."""
+
+    name = "kubernetes"
+
+    def __init__(self, executable: str, target: KubeTarget) -> None:
+        super().__init__(executable)
+        self.target = target
+        self.remote = True
+
+    def kubectl(self, *args: str) -> list[str]:
+        return kubectl_argv(self.executable, self.target, *args)
+
+    def run_argv(self, spec: LaunchSpec) -> list[str]:
+        return kubectl_run_argv(self.executable, self.target, spec)
+
+    def kill_argv(self, container: str) -> list[str]:
+        # --wait=false: the API server finishes it; the bridge does not wait for the kubelet.
+        return self.kubectl(
+            "delete", "pod", container, "--ignore-not-found", "--grace-period=0", "--force", "--wait=false"
+        )
+
+    def leftover_argv(self, container: str) -> list[str] | None:
+        return self.kill_argv(container)  # a Pod that has ended stays until it is deleted
+
+    def list_argv(self, host_key: str) -> list[str]:
+        return self.kubectl(
+            "get",
+            "pods",
+            "--selector",
+            "%s=%s" % (OWNER_HOST_LABEL, host_key),
+            "--output",
+            "jsonpath={range .items[*]}{.metadata.name}{'\\n'}{end}",
+        )
+
+    async def has_image(self, image: str) -> bool:
+        return True  # the nodes pull it; kubectl cannot tell from here
+
+    async def check_ready(self) -> None:
+        result = await _answer(self, self.kubectl("auth", "can-i", "create", "pods/attach"))
+        logger.info("kubernetes answers: create pods/attach: %s", result.stdout.decode().strip())
+
+
+async def locate_kubernetes(
+    config: BridgeConfig, which: Callable[[str], str | None] = shutil.which
+) -> KubernetesRuntime:
+    """The Kubernetes backend, once kubectl answers for the configured context and namespace."""
+    executable = which("kubectl")
+    if executable is None:
+        raise RuntimeUnavailableError(
+            "MCP_BRIDGE_RUNTIME=kubernetes, but kubectl is not installed (not on PATH): install it "
+            "(https://kubernetes.io/docs/tasks/tools/) and make sure `kubectl auth can-i create pods/attach` "
+            "answers yes for the user running this MCP server."
+        )
+    target = KubeTarget(config.kube_namespace, config.kube_context, config.kube_runtime_class)
+    runtime = KubernetesRuntime(executable, target)
+    await runtime.check_ready()
+    return runtime
+
+
 RUNTIME_CLASSES: dict[RuntimeName, type[ContainerRuntime]] = {
     "podman": PodmanRuntime,
     "docker": DockerRuntime,
@@ -1051,7 +1180,13 @@ async def _answer(runtime: ContainerRuntime, argv: list[str]) -> subprocess.Comp
 async def detect_runtime(
     preferred: RuntimeName | None, which: Callable[[str], str | None] = shutil.which
 ) -> ContainerRuntime:
-    """MCP_BRIDGE_RUNTIME if set, else Podman, else Docker: the first that answers."""
+    """MCP_BRIDGE_RUNTIME if set, else Podman, else Docker: the first that answers.
+    (Kubernetes is located by locate_kubernetes: it needs its namespace and context.)"""
+    if preferred == "kubernetes":
+        raise RuntimeUnavailableError(
+            "This needs a local container engine, and MCP_BRIDGE_RUNTIME=kubernetes names none: "
+            "use --runtime podman or --runtime docker."
+        )
     candidates: list[RuntimeName] = [preferred] if preferred else ["podman", "docker"]
     problems: list[str] = []
     for name in candidates:
@@ -1136,6 +1271,112 @@ def kernel_argv(ipc_dir: Path | None) -> list[str]:
     if ipc_dir is None:
         return ["-c", BOOTSTRAP]
     return ["%s/%s" % (IPC_MOUNT, KERNEL_FILENAME), "%s/%s" % (IPC_MOUNT, SESSION_CONFIG_FILENAME)]
+
+
+# --- Kubernetes: the Pod and the kubectl commands -------------------------------------
+# The same hardening as build_run_argv, in a Pod's terms: no network is NOT in the Pod
+# (a NetworkPolicy denying all egress is; see ARCHITECTURE), nor are the pids limit and
+# ulimits (the kubelet's podPidsLimit is); the rest maps one to one.
+KUBE_CONTAINER = "sandbox"
+KUBE_OWNER_ANNOTATION = CONTAINER_LABEL + "/owner"
+
+
+def kubectl_argv(executable: str, target: KubeTarget, *args: str) -> list[str]:
+    context = ["--context", target.context] if target.context else []
+    namespace = ["--namespace", target.namespace] if target.namespace else []
+    return [executable, *context, *namespace, *args]
+
+
+def pod_manifest(spec: LaunchSpec, runtime_class: str | None = None) -> dict[str, Any]:
+    """The sandbox Pod. Pure, so a test compares it with a checked-in manifest."""
+    uid, gid = (int(part) for part in spec.user.split(":"))
+    sizes = writable_sizes(spec.memory)
+    limits = {"cpu": "%g" % spec.cpus, "memory": str(parse_size(spec.memory))}
+    volumes = [("tmp", "/tmp"), ("workspace", WORKDIR), ("shm", "/dev/shm")]
+    labels = dict(label.split("=", 1) for label in spec.owner.labels())
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,  # no API credentials inside
+        "enableServiceLinks": False,  # no environment variables naming the cluster's services
+        "hostNetwork": False,
+        "hostPID": False,
+        "hostIPC": False,
+        "terminationGracePeriodSeconds": 0,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": uid,
+            "runAsGroup": gid,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [
+            {
+                "name": KUBE_CONTAINER,
+                "image": spec.image,
+                "command": ["python3", "-I", *kernel_argv(None)],
+                "stdin": True,  # the frame channel; attached by kubectl run --attach
+                "stdinOnce": True,  # the bridge closing it ends the kernel, and the Pod with it
+                "tty": False,
+                "env": [
+                    {"name": "HOME", "value": WORKDIR},
+                    {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+                    {"name": "PYTHONIOENCODING", "value": "utf-8"},
+                ],
+                "securityContext": {
+                    "runAsNonRoot": True,
+                    "runAsUser": uid,
+                    "runAsGroup": gid,
+                    "readOnlyRootFilesystem": True,
+                    "allowPrivilegeEscalation": False,
+                    "privileged": False,
+                    "capabilities": {"drop": ["ALL"]},
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                },
+                "resources": {"limits": limits, "requests": limits},
+                "volumeMounts": [{"name": name, "mountPath": path} for name, path in volumes],
+            }
+        ],
+        # In memory, sized like the engines' tmpfs mounts; they count against the memory limit.
+        "volumes": [
+            {"name": name, "emptyDir": {"medium": "Memory", "sizeLimit": str(sizes[path])}}
+            for name, path in volumes
+        ],
+    }
+    if runtime_class:
+        pod_spec["runtimeClassName"] = runtime_class
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": spec.name,
+            "labels": labels,
+            "annotations": {
+                KUBE_OWNER_ANNOTATION: "bridge pid %d on host %s" % (spec.owner.pid, spec.owner.host),
+                "kubectl.kubernetes.io/default-container": KUBE_CONTAINER,
+            },
+        },
+        "spec": pod_spec,
+    }
+
+
+def kubectl_run_argv(executable: str, target: KubeTarget, spec: LaunchSpec) -> list[str]:
+    """`kubectl run` creating the Pod and attaching to its stdin and stdout. The override
+    is a merge patch that replaces what kubectl would generate with pod_manifest()."""
+    return kubectl_argv(
+        executable,
+        target,
+        "run",
+        spec.name,
+        "--image",
+        spec.image,
+        "--restart=Never",
+        "--stdin",
+        "--attach",
+        "--quiet",
+        "--pod-running-timeout=10m",  # an image pull may be slow; the bridge's start timeout decides
+        "--override-type=merge",
+        "--overrides",
+        json.dumps(pod_manifest(spec, target.runtime_class), separators=(",", ":"), sort_keys=True),
+    )
 
 
 # --- seccomp --------------------------------------------------------------------------
@@ -4636,6 +4877,12 @@ class SandboxSession:
                     await self._kill("was stopped by the bridge")
                     with anyio.move_on_after(10):
                         await process.wait()
+            leftover = self.runtime.leftover_argv(self.name) if process is not None else None
+            if leftover is not None:  # e.g. a Pod that has ended is kept until it is deleted
+                try:
+                    await run_command(leftover)
+                except (TimeoutError, OSError) as exc:  # swept by label at the next start
+                    logger.warning("could not remove sandbox %s: %s", self.name, exc)
             for scope in self._reader_scopes:
                 scope.cancel()
             self.exited.set()
@@ -4738,8 +4985,11 @@ class SharedRuntime:
     async def get(self) -> ContainerRuntime:
         async with self._lock:
             if self.runtime is None:
-                runtime = await self.locate_runtime(self.config.runtime)
-                await runtime.use_oci_runtime(self.config.oci_runtime)
+                if self.config.runtime == "kubernetes":  # needs its target, not just a name
+                    runtime: ContainerRuntime = await locate_kubernetes(self.config)
+                else:
+                    runtime = await self.locate_runtime(self.config.runtime)
+                    await runtime.use_oci_runtime(self.config.oci_runtime)
                 ipc_root = self.config.state_dir / "ipc"
                 try:
                     await sweep_orphans(runtime, ipc_root, await anyio.to_thread.run_sync(bridge_owner))
