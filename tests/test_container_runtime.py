@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import mcp_sandbox_kernel
 import mcp_server_code_execution_mode as bridge
+from mcp_sandbox_kernel import BOOTSTRAP
 from mcp_server_code_execution_mode import (
     ContainerRuntime,
     DockerRuntime,
@@ -639,12 +641,68 @@ async def test_rootless_podman_on_cgroups_v1_warns_that_limits_are_not_enforced(
     assert "NOT enforced" in runtime.warnings[0]
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("endpoint", "remote"),
+    [
+        ("unix:///var/run/docker.sock", False),
+        ("npipe:////./pipe/docker_engine", False),
+        ("tcp://10.0.0.5:2376", True),
+        ("ssh://me@build-box", True),
+    ],
+)
+async def test_docker_is_remote_unless_its_endpoint_is_a_local_socket(
+    tmp_path: Path, endpoint: str, remote: bool
+) -> None:
+    # What `docker context inspect` prints: DOCKER_HOST, or the current context's endpoint.
+    cli = fake_cli(tmp_path, 'case "$1" in info) echo 27.1.0;; context) echo "%s";; esac\n' % endpoint)
+
+    runtime = await detect_runtime("docker", which=lambda name: cli)
+
+    assert runtime.remote is remote
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("service_is_remote", "remote"), [("true", True), ("false", False)])
+async def test_podman_is_remote_when_it_talks_to_a_service(
+    tmp_path: Path, service_is_remote: str, remote: bool
+) -> None:
+    cli = fake_cli(tmp_path, 'echo "false v2 %s"\n' % service_is_remote)
+
+    runtime = await detect_runtime("podman", which=lambda name: cli)
+
+    assert runtime.remote is (remote and sys.platform == "linux")  # a Mac's machine VM shares files
+
+
+@pytest.mark.parametrize(
+    ("delivery", "remote", "via_stdin"),
+    [("auto", False, False), ("auto", True, True), ("stdin", False, True), ("mount", True, False)],
+)
+def test_the_kernel_comes_on_stdin_for_a_remote_engine_or_when_asked(
+    tmp_path: Path, delivery: bridge.KernelDelivery, remote: bool, via_stdin: bool
+) -> None:
+    runtime = bridge.DockerRuntime("/usr/bin/docker")
+    runtime.remote = remote
+    config = bridge.BridgeConfig(state_dir=tmp_path, kernel_delivery=delivery)
+    session = bridge.SandboxSession(runtime, config, tmp_path / "ipc", NoServers())  # type: ignore[arg-type]
+
+    argv = runtime.run_argv(session.launch_spec())
+
+    assert session.kernel_via_stdin is via_stdin
+    assert (argv[-2:] == ["-c", BOOTSTRAP]) is via_stdin
+    assert any(item.endswith(":%s:ro" % bridge.IPC_MOUNT) for item in argv) is not via_stdin
+    session.prepare_ipc_dir()
+    files = sorted(path.name for path in session.ipc_dir.parent.iterdir())
+    assert files == (["seccomp.json"] if via_stdin else ["ipc", "seccomp.json"])  # nothing to mount
+
+
+class NoServers:
+    def server_list(self) -> list[dict[str, str]]:
+        return [{"alias": "time", "name": "time"}]
+
+
 def test_ipc_directory_is_private_and_read_only_content_is_readable(tmp_path: Path) -> None:
     import json
-
-    class NoServers:
-        def server_list(self) -> list[dict[str, str]]:
-            return [{"alias": "time", "name": "time"}]
 
     config = bridge.BridgeConfig(state_dir=tmp_path)
     runtime = bridge.PodmanRuntime("/usr/bin/podman")
