@@ -682,6 +682,7 @@ CONTAINER_LABEL = "io.github.mcp-server-code-execution-mode"
 OWNER_PID_LABEL = CONTAINER_LABEL + ".owner-pid"
 OWNER_START_LABEL = CONTAINER_LABEL + ".owner-start"
 OWNER_HOST_LABEL = CONTAINER_LABEL + ".owner-host"
+SESSION_LABEL = CONTAINER_LABEL + ".session"  # run_python's session name, for people and tools
 UNKNOWN = "unknown"  # label value / directory name where a part of the identity cannot be read
 CONTAINER_PREFIX = "mcp-code-exec"
 # Modest explicit ulimits: good hardening, and rootful Podman's defaults exceed the
@@ -855,6 +856,10 @@ class LaunchSpec:
     user: str
     seccomp_profile: Path | None = None  # written by the session; None: the engine's default
     workspace: Workspace | None = None  # None: /workspace is an in-memory tmpfs
+    session: str = DEFAULT_SESSION
+
+    def labels(self) -> list[str]:
+        return [*self.owner.labels(), "%s=%s" % (SESSION_LABEL, self.session)]
 
 
 def sandbox_user(config: BridgeConfig) -> str:
@@ -1232,7 +1237,7 @@ def build_run_argv(
         "--interactive",  # the kernel's stdin is the frame channel; EOF ends the container
         "--rm",
         "--name", spec.name,
-        *(item for label in spec.owner.labels() for item in ("--label", label)),
+        *(item for label in spec.labels() for item in ("--label", label)),
         "--network", "none",
         "--read-only",
         *engine_flags,
@@ -1293,7 +1298,7 @@ def pod_manifest(spec: LaunchSpec, runtime_class: str | None = None) -> dict[str
     sizes = writable_sizes(spec.memory)
     limits = {"cpu": "%g" % spec.cpus, "memory": str(parse_size(spec.memory))}
     volumes = [("tmp", "/tmp"), ("workspace", WORKDIR), ("shm", "/dev/shm")]
-    labels = dict(label.split("=", 1) for label in spec.owner.labels())
+    labels = dict(label.split("=", 1) for label in spec.labels())
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,  # no API credentials inside
@@ -4398,6 +4403,7 @@ class SandboxSession:
             user=sandbox_user(self.config),
             seccomp_profile=self.seccomp_path,
             workspace=self.config.workspace,
+            session=self.session,
         )
 
     @property

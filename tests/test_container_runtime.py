@@ -77,6 +77,7 @@ def test_run_argv_is_exactly_the_hardened_command() -> None:
         "--label", "io.github.mcp-server-code-execution-mode.owner-pid=4242",
         "--label", "io.github.mcp-server-code-execution-mode.owner-start=987654",
         "--label", "io.github.mcp-server-code-execution-mode.owner-host=0123456789abcdef",
+        "--label", "io.github.mcp-server-code-execution-mode.session=default",
         "--network", "none",
         "--read-only",
         "--read-only-tmpfs=false",
@@ -180,9 +181,10 @@ def test_run_argv_mounts_the_ipc_directory_read_only() -> None:
     assert not any(item == "-v" for item in argv)
 
 
-def test_run_argv_labels_the_container_with_its_owner() -> None:
+def test_run_argv_labels_the_container_with_its_owner_and_session() -> None:
     labels = values_of(
-        build_run_argv("docker", spec(owner=OwnerIdentity("feedfacefeedface", 77, 12))), "--label"
+        build_run_argv("docker", spec(owner=OwnerIdentity("feedfacefeedface", 77, 12), session="data")),
+        "--label",
     )
 
     assert labels == [
@@ -190,6 +192,7 @@ def test_run_argv_labels_the_container_with_its_owner() -> None:
         LABEL + ".owner-pid=77",
         LABEL + ".owner-start=12",
         LABEL + ".owner-host=feedfacefeedface",
+        LABEL + ".session=data",
     ]
 
 
@@ -201,6 +204,7 @@ def test_run_argv_labels_an_unreadable_identity_as_unknown() -> None:
         LABEL + ".owner-pid=77",
         LABEL + ".owner-start=unknown",
         LABEL + ".owner-host=unknown",
+        LABEL + ".session=default",
     ]
 
 

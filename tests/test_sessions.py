@@ -7,6 +7,7 @@ runtimes."""
 from __future__ import annotations
 
 import json
+import subprocess
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +19,15 @@ from mcp.client.session import ClientSession
 from pydantic import ValidationError
 
 import mcp_server_code_execution_mode as bridge
-from tests.conftest import Engine, bridge_client, bridge_env, bridge_pids, structured, text_of
+from tests.conftest import (
+    CONTAINER_LABEL,
+    Engine,
+    bridge_client,
+    bridge_env,
+    bridge_pids,
+    structured,
+    text_of,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -149,6 +158,15 @@ async def test_two_sessions_keep_separate_state_and_a_reset_of_one_leaves_the_ot
         assert (await call(client, "x"))["view"]["value"] == "'default'"
         owner = bridge_pids(state_dir)[0]
         assert len(engine.containers(owner_pid=owner)) == 2
+        # Each container carries its session's name (`podman ps --filter label=...session=a`).
+        listed = subprocess.run(
+            [engine.name, "ps", "--filter", "label=%s.session=a" % CONTAINER_LABEL, "--format", "{{.Names}}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        assert len(set(listed.stdout.split()) & set(engine.containers(owner_pid=owner))) == 1
     # Shutdown removes every session's sandbox, not only the default one.
     assert engine.containers(running_only=False, owner_pid=owner) == []
 
