@@ -4450,7 +4450,9 @@ class SandboxSession:
             await _first_of(self.hello_received, self.exited)
         if self.hello is None:
             reason = self.death_reason or "no hello from the kernel within %gs" % self.config.start_timeout
-            tried = "`%s run ... %s`" % (self.runtime.name, self.config.image)
+            tried = "`%s run ... %s`" % (Path(self.runtime.executable).name, self.config.image)
+            # A cluster's nodes pull the image: whether they can is not known here.
+            where = "" if isinstance(self.runtime, KubernetesRuntime) else " (the image is on this machine)"
             if not await self.runtime.has_image(self.config.image):
                 raise SandboxImageMissingError(
                     "The sandbox image %s could not be found or pulled: %s. Tried: %s. Set MCP_BRIDGE_IMAGE "
@@ -4459,10 +4461,9 @@ class SandboxSession:
                     % (self.config.image, reason, tried, SERVER_NAME)
                 )
             raise SandboxStartError(
-                "The sandbox container did not start: %s. Tried: %s (the image is on this machine). Check "
-                "the sandbox settings (MCP_BRIDGE_OCI_RUNTIME, MCP_BRIDGE_MEMORY, MCP_BRIDGE_CONTAINER_USER, "
-                "...) and the runtime's output in the server log, then restart the MCP server."
-                % (reason, tried)
+                "The sandbox container did not start: %s. Tried: %s%s. Check the sandbox settings "
+                "(MCP_BRIDGE_OCI_RUNTIME, MCP_BRIDGE_MEMORY, MCP_BRIDGE_CONTAINER_USER, ...) and the "
+                "runtime's output in the server log, then restart the MCP server." % (reason, tried, where)
             )
         if self.hello.get("protocol") != PROTOCOL_VERSION:
             raise SandboxStartError(
