@@ -244,7 +244,9 @@ async def test_a_hard_kill_starts_a_fresh_process_and_keeps_files(engine: Engine
         assert stubborn["status"] == "timeout" and stubborn["state_kept"] is False, stubborn
         assert "fresh Python process" in stubborn["text"], stubborn
         ready = re.search(r"a fresh Python process was ready (\d+) ms later", stubborn["text"])
-        assert ready is not None and int(ready.group(1)) < 100, stubborn["text"]  # measured 50-60 ms
+        # Measured 50-60 ms on an idle machine; the bound only tells "ready in the same container"
+        # from a container restart on a loaded one (CI shares its cores).
+        assert ready is not None and int(ready.group(1)) < 3000, stubborn["text"]
         after = await run(client, "open('/tmp/kept.txt').read()")
         assert after["value"] == "'file kept'", after
         lost = await run(client, "variable")

@@ -406,7 +406,8 @@ async def test_many_distinct_searches_do_not_grow_bridge_memory(
 ) -> None:
     # The bridge's own memory: the same on every runtime, so measured on the first only.
     home = claude_desktop_home(tmp_path, {"everything": {"command": real_server("everything")}})
-    env = hostile_env(proxy_engine, state_dir, home)
+    # 4,000 searches may take longer than respond_after on a loaded machine: wait for the end.
+    env = hostile_env(proxy_engine, state_dir, home, MCP_BRIDGE_RESPOND_AFTER="0")
     async with client_with_log(env, tmp_path / "bridge.log") as client:
         searches = """
             import random, string, threading
