@@ -7,6 +7,7 @@ clients at once and a clean stop."""
 from __future__ import annotations
 
 import hashlib
+import hmac
 import signal
 import socket
 import subprocess
@@ -53,6 +54,24 @@ def test_a_token_file_gives_each_token_its_principal_and_keeps_only_digests() ->
         assert tokens.principal_of(wrong) is None
     assert (hashlib.sha256(ALICE.encode()).digest(), "alice") in digests
     assert ALICE not in repr(tokens)  # defense in depth: no token kept, so none logged
+
+
+def test_a_token_is_compared_with_every_digest_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Defense in depth: stopping at the first match would tell by its timing where a token is.
+    tokens = bridge.AuthTokens(Path("t"), bridge.parse_auth_tokens("%s alice\n%s bob\n" % (ALICE, BOB)))
+    compared: list[tuple[bytes, bytes]] = []
+    real = hmac.compare_digest
+
+    def spy(known: bytes, given: bytes) -> bool:
+        compared.append((known, given))
+        return real(known, given)
+
+    monkeypatch.setattr(hmac, "compare_digest", spy)
+    for token, principal in ((ALICE, "alice"), (BOB, "bob"), ("x" * 40, None)):
+        compared.clear()
+        assert tokens.principal_of(token) == principal
+        assert [known for known, _ in compared] == [digest for digest, _ in tokens.digests]
+        assert {given for _, given in compared} == {hashlib.sha256(token.encode()).digest()}
 
 
 @pytest.mark.parametrize(
@@ -245,7 +264,10 @@ async def http_bridge(
         path.write_text("".join("%s %s\n" % (token, name) for name, token in tokens.items()))
         path.chmod(0o600)
         overrides["MCP_BRIDGE_AUTH_TOKENS"] = str(path)
-    environ = bridge_env(engine, state_dir, MCP_BRIDGE_LOG_LEVEL="INFO", **overrides)
+    home = state_dir.parent / "home"  # no MCP client config of the developer's is read
+    home.mkdir(exist_ok=True)
+    environ = bridge_env(engine, state_dir, MCP_BRIDGE_LOG_LEVEL="INFO", HOME=str(home), **overrides)
+    environ.pop("XDG_CONFIG_HOME", None)
     log = state_dir.parent / "bridge.log"
     with log.open("wb") as stderr:
         process = subprocess.Popen(
@@ -531,8 +553,9 @@ async def test_without_tokens_loopback_callers_are_the_local_user(
     assert "HTTP without MCP_BRIDGE_AUTH_TOKENS" in running.log.read_text()
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 async def test_a_stop_signal_answers_calls_in_flight_and_removes_every_principals_sandbox(
-    first_engine: Engine, state_dir: Path
+    first_engine: Engine, state_dir: Path, signum: signal.Signals
 ) -> None:
     async with (
         http_bridge(first_engine, state_dir) as running,
@@ -549,7 +572,7 @@ async def test_a_stop_signal_answers_calls_in_flight_and_removes_every_principal
         async with anyio.create_task_group() as group:
             group.start_soon(long_call)
             await anyio.sleep(1)
-            running.process.send_signal(signal.SIGTERM)
+            running.process.send_signal(signum)
         assert results and results[0]["is_error"] and "shutting down" in results[0]["text"], results
     # http_bridge's exit checked the exit status, the time and that no container is left.
     assert "Traceback" not in running.log.read_text()
