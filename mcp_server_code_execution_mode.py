@@ -136,6 +136,11 @@ PRINCIPAL_NAME_RULE = "1-64 characters of A-Z, a-z, 0-9, _, - and . (not first)"
 MIN_TOKEN_CHARS = 16
 
 
+def token_digest(token: str) -> bytes:
+    """SHA-256 of a bearer token: what is kept and compared instead of the token."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
 @dataclass(frozen=True)
 class AuthTokens:
     """MCP_BRIDGE_AUTH_TOKENS: the bearer tokens of the HTTP transport, read once at
@@ -152,7 +157,7 @@ class AuthTokens:
         """The principal whose token this is, or None. Compares digests in constant time
         and always against every entry, so the time taken says nothing about which token
         (or how much of one) matched."""
-        digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+        digest = token_digest(token)
         found = None
         for known, principal in self.digests:
             if hmac.compare_digest(known, digest):
@@ -185,7 +190,7 @@ def parse_auth_tokens(text: str) -> tuple[tuple[bytes, str], ...]:
             raise ValueError(
                 "line %d: the principal %s is not %s" % (number, ascii(principal[:70]), PRINCIPAL_NAME_RULE)
             )
-        digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+        digest = token_digest(token)
         if digest in digests:
             raise ValueError("line %d: the same token as line %d" % (number, digests[digest][1]))
         digests[digest] = (principal, number)
@@ -704,8 +709,8 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> BridgeConfig
         raise ConfigError(
             "MCP_BRIDGE_HOST=%s is not a loopback address, so anyone who can reach it could run code and "
             "use your MCP servers; refusing to start without bearer tokens. Set MCP_BRIDGE_AUTH_TOKENS to "
-            "a file of `TOKEN PRINCIPAL` lines (see GUIDE.md), or listen on 127.0.0.1 (behind a reverse "
-            "proxy for TLS)." % config.host
+            'a file of `TOKEN PRINCIPAL` lines (README: "A shared bridge over HTTP"), or listen on '
+            "127.0.0.1 (behind a reverse proxy for TLS)." % config.host
         )
     if config.workspace is not None:
         # Defense in depth: the state directory holds the launch files (kernel, seccomp profile).

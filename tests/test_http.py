@@ -50,7 +50,7 @@ def test_a_token_file_gives_each_token_its_principal_and_keeps_only_digests() ->
     assert tokens.principal_of(ALICE) == "alice" and tokens.principal_of(BOB) == "bob"
     assert tokens.principal_of("alice-second-" + "c" * 20) == "alice"  # two tokens: rotation
     assert tokens.principals == {"alice", "bob"}
-    for wrong in ("", ALICE[:-1], ALICE + "x", ALICE.upper(), "\udcff" * 20):
+    for wrong in ("", ALICE[:-1], ALICE + "x", ALICE.upper(), "\udcff" * 20, "\ud800" * 20):
         assert tokens.principal_of(wrong) is None
     assert (hashlib.sha256(ALICE.encode()).digest(), "alice") in digests
     assert ALICE not in repr(tokens)  # defense in depth: no token kept, so none logged
