@@ -1,10 +1,13 @@
 """mcp-server-code-execution-mode: one MCP tool, ``run_python``, backed by a persistent,
 hardened, network-less Podman or Docker container.
 
-The model's code runs in ONE container per bridge process, started (pre-warmed) once
-and kept, so variables, imports and functions survive between calls. The container's
-main process is the kernel in ``mcp_sandbox_kernel.py``; bridge and kernel talk in
-newline-delimited JSON frames over the container's stdin/stdout (see ARCHITECTURE.md).
+The model's code runs in ONE container per session (``run_python``'s ``session``),
+started (pre-warmed) once and kept, so variables, imports and functions survive between
+calls. Over stdio the bridge serves one client; over streamable HTTP (``--transport
+http``) many, each bearer token's principal with its own sessions, memory and saved
+tools. The container's main process is the kernel in ``mcp_sandbox_kernel.py``; bridge
+and kernel talk in newline-delimited JSON frames over the container's stdin/stdout (see
+ARCHITECTURE.md).
 
 Sections, in dependency order (``grep -n '^# ====' mcp_server_code_execution_mode.py``):
     configuration        -> BridgeConfig, built once in main() from flags and MCP_BRIDGE_*
@@ -17,7 +20,9 @@ Sections, in dependency order (``grep -n '^# ====' mcp_server_code_execution_mod
     sandbox API (host)   -> serves the sandbox's requests: discovery, docs, tool calls
     sandbox session      -> one container + kernel; SessionManager keeps it warm
     rendering            -> ExecutionOutcome -> text / TOON + structuredContent
-    MCP server & tool    -> run_python; resources: the manual, memories, saved tools
+    MCP server & tool    -> run_python; resources: the manual, memories, saved tools;
+                            principals (who calls, and what each caller owns)
+    HTTP transport       -> /mcp behind bearer tokens, /health, uvicorn, signals
     command line         -> main(); the memory subcommand (list/get/delete/export); adopt
 """
 
