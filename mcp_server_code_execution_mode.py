@@ -1,10 +1,13 @@
 """mcp-server-code-execution-mode: one MCP tool, ``run_python``, backed by a persistent,
 hardened, network-less Podman or Docker container.
 
-The model's code runs in ONE container per bridge process, started (pre-warmed) once
-and kept, so variables, imports and functions survive between calls. The container's
-main process is the kernel in ``mcp_sandbox_kernel.py``; bridge and kernel talk in
-newline-delimited JSON frames over the container's stdin/stdout (see ARCHITECTURE.md).
+The model's code runs in ONE container per session (``run_python``'s ``session``),
+started (pre-warmed) once and kept, so variables, imports and functions survive between
+calls. Over stdio the bridge serves one client; over streamable HTTP (``--transport
+http``) many, each bearer token's principal with its own sessions, memory and saved
+tools. The container's main process is the kernel in ``mcp_sandbox_kernel.py``; bridge
+and kernel talk in newline-delimited JSON frames over the container's stdin/stdout (see
+ARCHITECTURE.md).
 
 Sections, in dependency order (``grep -n '^# ====' mcp_server_code_execution_mode.py``):
     configuration        -> BridgeConfig, built once in main() from flags and MCP_BRIDGE_*
@@ -17,7 +20,9 @@ Sections, in dependency order (``grep -n '^# ====' mcp_server_code_execution_mod
     sandbox API (host)   -> serves the sandbox's requests: discovery, docs, tool calls
     sandbox session      -> one container + kernel; SessionManager keeps it warm
     rendering            -> ExecutionOutcome -> text / TOON + structuredContent
-    MCP server & tool    -> run_python; resources: the manual, memories, saved tools
+    MCP server & tool    -> run_python; resources: the manual, memories, saved tools;
+                            principals (who calls, and what each caller owns)
+    HTTP transport       -> /mcp behind bearer tokens, /health, uvicorn, signals
     command line         -> main(); the memory subcommand (list/get/delete/export); adopt
 """
 
@@ -29,7 +34,9 @@ import base64
 import difflib
 import fnmatch
 import hashlib
+import hmac
 import io
+import ipaddress
 import json
 import keyword
 import logging
@@ -40,6 +47,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -62,19 +70,31 @@ import anyio
 import anyio.abc
 import mcp_types as types
 import toon_format
+import uvicorn
 from mcp.client.session import ClientSession
 from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.os.posix.utilities import terminate_posix_process_tree
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, BearerAuthBackend, RequireAuthMiddleware
+from mcp.server.auth.provider import AccessToken, TokenVerifier
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError as McpProtocolError
 from mcp.shared.message import SessionMessage
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from starlette.applications import Starlette
+from starlette.authentication import AuthCredentials, AuthenticationBackend, BaseUser
+from starlette.middleware import Middleware
+from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 import mcp_sandbox_kernel
 from mcp_sandbox_kernel import (
@@ -104,6 +124,7 @@ logger = logging.getLogger("mcp_server_code_execution_mode")
 RuntimeName = Literal["podman", "docker", "kubernetes"]
 KernelDelivery = Literal["auto", "mount", "stdin"]
 OutputMode = Literal["compact", "toon"]
+ServeTransport = Literal["stdio", "http"]
 
 
 @dataclass(frozen=True)
@@ -114,6 +135,98 @@ class Workspace:
 
     path: Path
     read_only: bool = False
+
+
+# HTTP principals: who a bearer token says the caller is. A name becomes a directory
+# (STATE_DIR/principals/<name>/), so it never starts with a dot ("..", ".hidden").
+PRINCIPAL_NAME_PATTERN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
+PRINCIPAL_NAME_RULE = "1-64 characters of A-Z, a-z, 0-9, _, - and . (not first)"
+MIN_TOKEN_CHARS = 16
+
+
+def token_digest(token: str) -> bytes:
+    """SHA-256 of a bearer token: what is kept and compared instead of the token."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
+@dataclass(frozen=True)
+class AuthTokens:
+    """MCP_BRIDGE_AUTH_TOKENS: the bearer tokens of the HTTP transport, read once at
+    start-up. Only each token's SHA-256 is kept, beside the principal it names."""
+
+    path: Path
+    digests: tuple[tuple[bytes, str], ...]  # (sha256 of the token, principal)
+
+    @property
+    def principals(self) -> frozenset[str]:
+        return frozenset(principal for _, principal in self.digests)
+
+    def principal_of(self, token: str) -> str | None:
+        """The principal whose token this is, or None. Compares digests in constant time
+        and always against every entry, so the time taken says nothing about which token
+        (or how much of one) matched."""
+        digest = token_digest(token)
+        found = None
+        for known, principal in self.digests:
+            if hmac.compare_digest(known, digest):
+                found = principal
+        return found
+
+
+def parse_auth_tokens(text: str) -> tuple[tuple[bytes, str], ...]:
+    """A token file's lines, ``TOKEN PRINCIPAL`` each (``#`` comments and blank lines
+    allowed), as (sha256 of the token, principal). ValueError naming the first bad line."""
+    digests: dict[bytes, tuple[str, int]] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        fields = stripped.split()
+        if len(fields) != 2:
+            raise ValueError(
+                "line %d: expected `TOKEN PRINCIPAL` (two words separated by spaces), got %d word%s"
+                % (number, len(fields), "" if len(fields) == 1 else "s")
+            )
+        token, principal = fields
+        if len(token) < MIN_TOKEN_CHARS:
+            raise ValueError(
+                "line %d: the token is %d characters; use at least %d random ones "
+                "(e.g. `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+                % (number, len(token), MIN_TOKEN_CHARS)
+            )
+        if not PRINCIPAL_NAME_PATTERN.fullmatch(principal):
+            raise ValueError(
+                "line %d: the principal %s is not %s" % (number, ascii(principal[:70]), PRINCIPAL_NAME_RULE)
+            )
+        digest = token_digest(token)
+        if digest in digests:
+            raise ValueError("line %d: the same token as line %d" % (number, digests[digest][1]))
+        digests[digest] = (principal, number)
+    if not digests:
+        raise ValueError("the file has no `TOKEN PRINCIPAL` line")
+    return tuple((digest, principal) for digest, (principal, _) in digests.items())
+
+
+def _auth_tokens(text: str) -> AuthTokens:
+    path = Path(text).expanduser()
+    try:
+        data = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError("no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError("cannot read it: %s" % exc) from None
+    return AuthTokens(path, parse_auth_tokens(data))
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether listening on ``host`` reaches this machine only: "localhost", 127.0.0.0/8
+    or ::1. Any other name or address (0.0.0.0, "", a LAN address) reaches further."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -161,6 +274,12 @@ class BridgeConfig:
     max_attachment_bytes: int = 5_000_000
     respond_after: float = 45.0
     workspace: Workspace | None = None
+    transport: ServeTransport = "stdio"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    auth_tokens: AuthTokens | None = None
+    max_calls_per_principal: int = 8
+    max_total_sessions: int = 32
 
 
 class ConfigError(Exception):
@@ -185,6 +304,13 @@ def _positive_int(text: str) -> int:
     value = int(text.replace("_", ""))
     if value <= 0:
         raise ValueError("must be a positive whole number")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise ValueError("must be a port number, 1-65535")
     return value
 
 
@@ -338,7 +464,8 @@ OPTIONS: tuple[Option, ...] = (
         "max_sessions",
         "MCP_BRIDGE_MAX_SESSIONS",
         _positive_int,
-        "sandboxes (run_python session names) alive at once; over stdio the one client has them all",
+        "sandboxes (run_python session names) alive at once per client: over stdio the one client, "
+        "over HTTP each principal",
     ),
     Option(
         "max_output_chars",
@@ -501,6 +628,39 @@ OPTIONS: tuple[Option, ...] = (
         "the sandbox runs as its owner",
         "none (in memory)",
     ),
+    Option(
+        "transport",
+        "MCP_BRIDGE_TRANSPORT",
+        _choice("stdio", "http"),
+        "how clients connect: stdio (one client) or http (streamable HTTP at /mcp, many clients)",
+    ),
+    Option(
+        "host",
+        "MCP_BRIDGE_HOST",
+        _pattern(r"[A-Za-z0-9._:-]+|\[[0-9A-Fa-f:.]+\]", "a host name or an IP address"),
+        "address the HTTP transport listens on; any but loopback needs MCP_BRIDGE_AUTH_TOKENS",
+    ),
+    Option("port", "MCP_BRIDGE_PORT", _port, "port the HTTP transport listens on"),
+    Option(
+        "auth_tokens",
+        "MCP_BRIDGE_AUTH_TOKENS",
+        _auth_tokens,
+        "file of `TOKEN PRINCIPAL` lines: the HTTP transport's bearer tokens; each principal has "
+        "its own sessions, memory and saved tools",
+        "none",
+    ),
+    Option(
+        "max_calls_per_principal",
+        "MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL",
+        _positive_int,
+        "run_python calls one HTTP principal may have in flight at once",
+    ),
+    Option(
+        "max_total_sessions",
+        "MCP_BRIDGE_MAX_TOTAL_SESSIONS",
+        _positive_int,
+        "sandboxes alive at once over HTTP, all principals together",
+    ),
 )
 
 
@@ -520,9 +680,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     defaults = BridgeConfig()
     parser = argparse.ArgumentParser(
         prog=SERVER_NAME,
-        description="Stdio MCP server with one tool, run_python, that runs code in a persistent, "
-        "hardened Podman/Docker sandbox. Each option can also be set by the environment "
-        "variable shown; the flag wins.",
+        description="MCP server (stdio, or streamable HTTP with --transport http) with one tool, "
+        "run_python, that runs code in a persistent, hardened Podman/Docker sandbox. Each option can "
+        "also be set by the environment variable shown; the flag wins.",
         epilog="Other commands (%(prog)s COMMAND ...; each has --help):\n"
         "  memory list|get KEY|delete KEY|export: what the agent saved, without the agent\n"
         "  adopt --client CLIENT [--dry-run] [--undo]: hand a client's servers to the bridge\n"
@@ -612,6 +772,14 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> BridgeConfig
         )
     if config.runtime == "kubernetes":
         _check_kubernetes(config)
+    if config.transport == "http" and config.auth_tokens is None and not is_loopback_host(config.host):
+        # Defense in depth: whoever reaches the port runs code and calls the user's MCP servers.
+        raise ConfigError(
+            "MCP_BRIDGE_HOST=%s is not a loopback address, so anyone who can reach it could run code and "
+            "use your MCP servers; refusing to start without bearer tokens. Set MCP_BRIDGE_AUTH_TOKENS to "
+            'a file of `TOKEN PRINCIPAL` lines (README: "A shared bridge over HTTP"), or listen on '
+            "127.0.0.1 (behind a reverse proxy for TLS)." % config.host
+        )
     if config.workspace is not None:
         # Defense in depth: the state directory holds the launch files (kernel, seccomp profile).
         state_dir = config.state_dir.resolve()
@@ -3800,7 +3968,9 @@ class HostAPI:
     Every request is validated here, on the host: only configured, allowed servers and
     tools are reachable, and results are size-capped before they cross the channel."""
 
-    def __init__(self, pool: ClientPool, config: BridgeConfig) -> None:
+    def __init__(self, pool: ClientPool, config: BridgeConfig, store_dir: Path | None = None) -> None:
+        """``store_dir``: where memory and saved tools live (STATE_DIR/user_tools unless an
+        HTTP principal has its own)."""
         self.pool = pool
         self.config = config
         self.methods: dict[str, tuple[type[_SandboxParams], Callable[..., Awaitable[Any]]]] = {
@@ -3823,10 +3993,9 @@ class HostAPI:
             "progress": (ProgressParams, self.progress),
         }
         self.tool_pattern_problems: list[str] = []  # found as servers list their tools
-        self.saved_tools = SavedTools(config.state_dir / MEMORY_DIRNAME)
-        self.memory = MemoryStore(
-            config.state_dir / MEMORY_DIRNAME, config.max_memory_bytes, config.max_memory_total_bytes
-        )
+        store_dir = store_dir or config.state_dir / MEMORY_DIRNAME
+        self.saved_tools = SavedTools(store_dir)
+        self.memory = MemoryStore(store_dir, config.max_memory_bytes, config.max_memory_total_bytes)
         # SQLite is blocking: one worker thread at a time per bridge (other bridges share
         # the file through SQLite's own locking).
         self._memory_limiter = anyio.CapacityLimiter(1)
@@ -5312,11 +5481,15 @@ class Sessions:
         task_group: anyio.abc.TaskGroup,
         host: HostAPI,
         locate_runtime: Callable[[RuntimeName | None], Any] = detect_runtime,
+        runtime: SharedRuntime | None = None,
     ) -> None:
+        """``runtime``: one shared with other registries (HTTP principals), released by its
+        owner; by default the registry finds and releases its own."""
         self.config = config
         self.task_group = task_group
         self.host = host
-        self.runtime = SharedRuntime(config, locate_runtime)
+        self.runtime = runtime or SharedRuntime(config, locate_runtime)
+        self.owns_runtime = runtime is None
         self.problems = ProblemLog()
         self.managers: dict[str, SessionManager] = {}
         self.watchers: dict[str, anyio.CancelScope] = {}
@@ -5336,7 +5509,7 @@ class Sessions:
         if found is not None:
             return found
         if len(self.managers) >= self.config.max_sessions:
-            self._forget_dormant()
+            self.forget_dormant()
         if len(self.managers) >= self.config.max_sessions:
             raise TooManySessionsError(
                 "Session %r was not started: %d sessions (%s) already hold sandboxes, the most this "
@@ -5351,7 +5524,7 @@ class Sessions:
         self.task_group.start_soon(self._watch, manager, scope)
         return manager
 
-    def _forget_dormant(self) -> None:
+    def forget_dormant(self) -> None:
         for name, manager in list(self.managers.items()):
             if manager.dormant:
                 del self.managers[name]
@@ -5391,7 +5564,13 @@ class Sessions:
             async with anyio.create_task_group() as group:
                 for manager in list(self.managers.values()):
                     group.start_soon(manager.aclose)
-            await self.runtime.release()
+            if self.owns_runtime:
+                await self.runtime.release()
+
+    @property
+    def sandboxes(self) -> int:
+        """Sessions holding a sandbox now (an idle one stopped holds none)."""
+        return sum(1 for manager in self.managers.values() if manager.session is not None)
 
 
 # =============================================================================
@@ -5885,44 +6064,194 @@ def page_start(cursor: str | None) -> int:
     return int(cursor)
 
 
+# --- principals: who calls, and the world each caller owns ------------------------------
+# Over stdio the bridge has one client. Over HTTP each bearer token names a principal, and
+# each principal gets its own registry of sessions (its own containers), its own memory
+# store and saved tools (STATE_DIR/principals/<name>/user_tools) and its own limits. A
+# call reaches only its principal's registry, so a session name, a memory key or a
+# resource URI of another principal names nothing. The pool of proxied MCP servers and
+# the container runtime are shared: they hold no caller's state.
+
+LOCAL_PRINCIPAL = "local"  # stdio's one client; over HTTP without tokens, every caller
+PRINCIPALS_DIRNAME = "principals"
+
+
+class TooManyCallsError(BridgeError):
+    """An HTTP principal has MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL run_python calls in flight."""
+
+
+class UnauthenticatedError(BridgeError):
+    """An HTTP request reached a handler without the principal the auth middleware sets."""
+
+
+@dataclass
+class Principal:
+    name: str
+    host: HostAPI  # its memory store and saved tools
+    sessions: Sessions
+    calls: int = 0  # run_python calls in flight
+
+
+class Principals:
+    """The bridge's principals by name, each created on its first call. ``http`` turns on
+    what only a shared bridge needs: per-principal stores (when tokens name principals),
+    the cap on calls in flight per principal and the cap on sessions of all together."""
+
+    def __init__(
+        self,
+        config: BridgeConfig,
+        task_group: anyio.abc.TaskGroup,
+        pool: ClientPool,
+        locate_runtime: Callable[[RuntimeName | None], Any] = detect_runtime,
+        http: bool = False,
+    ) -> None:
+        self.config = config
+        self.task_group = task_group
+        self.pool = pool
+        self.http = http
+        self.runtime = SharedRuntime(config, locate_runtime)
+        self.by_name: dict[str, Principal] = {}
+        self.closing = False
+
+    def store_dir(self, name: str) -> Path:
+        """Where a principal's memory and saved tools live. Without tokens every caller is
+        this machine's user, whose store is the stdio bridge's own."""
+        if self.http and self.config.auth_tokens is not None:
+            return self.config.state_dir / PRINCIPALS_DIRNAME / name / MEMORY_DIRNAME
+        return self.config.state_dir / MEMORY_DIRNAME
+
+    def get(self, name: str) -> Principal:
+        found = self.by_name.get(name)
+        if found is not None:
+            return found
+        if self.closing:
+            raise ShuttingDownError(SHUTTING_DOWN)
+        # Defense in depth: the token file's parser checks names too; one becomes a directory.
+        if not PRINCIPAL_NAME_PATTERN.fullmatch(name):
+            raise UnauthenticatedError("Refused: %s is not a valid principal name." % ascii(name[:70]))
+        host = HostAPI(self.pool, self.config, self.store_dir(name))
+        principal = Principal(name, host, Sessions(self.config, self.task_group, host, runtime=self.runtime))
+        self.by_name[name] = principal
+        return principal
+
+    def of_request(self, request: Any) -> Principal:
+        """The principal a tool call or resource request comes from. Over HTTP, the one
+        the auth middleware put on the request; a request without one is refused (fail
+        closed), never served as somebody's."""
+        if not self.http:
+            return self.get(LOCAL_PRINCIPAL)
+        user = getattr(request, "scope", {}).get("user") if request is not None else None
+        if not isinstance(user, AuthenticatedUser):
+            raise UnauthenticatedError("Refused: this request carries no authenticated principal.")
+        return self.get(user.access_token.client_id)
+
+    async def answer(
+        self,
+        principal: Principal,
+        session: str,
+        code: str,
+        timeout: float,
+        reset: bool,
+        progress: CallProgress | None = None,
+    ) -> ExecutionOutcome:
+        """One run_python call of ``principal``, in its own session ``session``."""
+        if self.http:
+            if principal.calls >= self.config.max_calls_per_principal:
+                raise TooManyCallsError(
+                    "Your code was not run: %d run_python calls of yours are already in flight, the most "
+                    "this bridge allows at once (MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL). Wait for one to "
+                    "finish, then call again." % principal.calls
+                )
+            if session not in principal.sessions.managers:
+                self._make_room(session)
+        principal.calls += 1
+        try:
+            return await principal.sessions.answer(session, code, timeout, reset, progress)
+        finally:
+            principal.calls -= 1
+
+    def _make_room(self, session: str) -> None:
+        """Refuse a new session while all principals together hold MCP_BRIDGE_MAX_TOTAL_SESSIONS
+        (sessions stopped for idleness are forgotten first, as each registry does for its own)."""
+        if self.session_count() >= self.config.max_total_sessions:
+            for principal in self.by_name.values():
+                principal.sessions.forget_dormant()
+        if self.session_count() >= self.config.max_total_sessions:
+            # Says nothing of other principals' sessions: their names are theirs.
+            raise TooManySessionsError(
+                "Session %r was not started: the bridge already holds %d sessions for all its clients "
+                "together, the most it allows (MCP_BRIDGE_MAX_TOTAL_SESSIONS). Use a session you have; "
+                "room frees up as sessions stay idle for MCP_BRIDGE_IDLE_TIMEOUT seconds."
+                % (session, self.session_count())
+            )
+
+    def session_count(self) -> int:
+        return sum(len(principal.sessions.managers) for principal in self.by_name.values())
+
+    def health(self) -> dict[str, Any]:
+        """What /health tells anyone who asks: counts only, never a principal's name."""
+        holding = [principal.sessions.sandboxes for principal in self.by_name.values()]
+        return {"status": "ok", "principals": sum(1 for count in holding if count), "sessions": sum(holding)}
+
+    async def prewarm(self) -> None:
+        """Start the local principal's default sandbox (a principal of a token is known
+        only when it calls)."""
+        if not self.http or self.config.auth_tokens is None:
+            await self.get(LOCAL_PRINCIPAL).sessions.prewarm()
+
+    async def begin_shutdown(self, grace: float) -> None:
+        """Answer every principal's calls in flight, within ``grace`` seconds in all."""
+        self.closing = True
+        with anyio.move_on_after(grace):
+            async with anyio.create_task_group() as group:
+                for principal in list(self.by_name.values()):
+                    group.start_soon(principal.sessions.begin_shutdown, grace)
+
+    async def aclose(self) -> None:
+        """Remove every principal's sandboxes, side by side, then release the runtime."""
+        self.closing = True
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as group:
+                for principal in list(self.by_name.values()):
+                    group.start_soon(principal.sessions.aclose)
+            await self.runtime.release()
+
+
 @dataclass
 class BridgeState:
     config: BridgeConfig
-    sessions: Sessions
+    principals: Principals
 
 
 def build_server(
     config: BridgeConfig,
     discovery: DiscoveryResult,
     locate_runtime: Callable[[RuntimeName | None], Any] = detect_runtime,
-    on_start: Callable[[Sessions], None] | None = None,
+    on_start: Callable[[Principals], None] | None = None,
 ) -> Server[BridgeState]:
-    """The MCP server. ``on_start`` receives the sessions once the lifespan has created
-    them (serve() needs them to answer calls in flight on a stop signal)."""
+    """The MCP server, for either transport (config.transport). ``on_start`` receives the
+    principals once the lifespan has created them (serve() needs them to answer calls in
+    flight on a stop signal)."""
     input_model = run_python_input_model(config)
     tool = run_python_tool(config)
-    store = MemoryStore(
-        config.state_dir / MEMORY_DIRNAME, config.max_memory_bytes, config.max_memory_total_bytes
-    )
-    saved_tools = SavedTools(config.state_dir / MEMORY_DIRNAME)
 
     @asynccontextmanager
     async def lifespan(_: Server[BridgeState]) -> AsyncIterator[BridgeState]:
         async with anyio.create_task_group() as group:
             pool = ClientPool(discovery, config, group)
-            sessions = Sessions(config, group, HostAPI(pool, config), locate_runtime)
+            principals = Principals(config, group, pool, locate_runtime, http=config.transport == "http")
             if on_start is not None:
-                on_start(sessions)
+                on_start(principals)
             if config.prewarm:
-                group.start_soon(sessions.prewarm)
+                group.start_soon(principals.prewarm)
             try:
-                yield BridgeState(config, sessions)
+                yield BridgeState(config, principals)
             finally:
-                # Side by side (each shields itself): the sandbox and the proxied servers
+                # Side by side (each shields itself): the sandboxes and the proxied servers
                 # take up to 2 s each to stop, and the bridge exits within 2 s in all.
                 with anyio.CancelScope(shield=True):
                     async with anyio.create_task_group() as closing:
-                        closing.start_soon(sessions.aclose)
+                        closing.start_soon(principals.aclose)
                         closing.start_soon(pool.aclose)
                 group.cancel_scope.cancel()
 
@@ -5951,7 +6280,9 @@ def build_server(
 
             progress = CallProgress(report)
         try:
-            outcome = await ctx.lifespan_context.sessions.answer(
+            principals = ctx.lifespan_context.principals
+            outcome = await principals.answer(
+                principals.of_request(ctx.request),
                 request.session,  # type: ignore[attr-defined]
                 request.code,  # type: ignore[attr-defined]
                 request.timeout,  # type: ignore[attr-defined]
@@ -5976,7 +6307,8 @@ def build_server(
         ctx: ServerRequestContext[BridgeState], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
         start = page_start(params.cursor if params is not None else None)
-        saved = await anyio.to_thread.run_sync(user_resources, store, saved_tools)
+        host = _resource_owner(ctx).host
+        saved = await anyio.to_thread.run_sync(user_resources, host.memory, host.saved_tools)
         resources = [CAPABILITIES_RESOURCE, *saved]
         end = start + RESOURCES_PAGE_SIZE
         return types.ListResourcesResult(
@@ -5990,9 +6322,14 @@ def build_server(
         if uri == CAPABILITIES_URI:
             mime_type, text = "text/markdown", capabilities_manual(config)
         elif (key := memory_key_of(uri)) is not None:
-            mime_type, text = "application/json", await _read_memory_resource(uri, key)
+            store = _resource_owner(ctx).host.memory
+            mime_type, text = "application/json", await _read_memory_resource(store, uri, key)
         elif uri.startswith(TOOL_URI_PREFIX):
-            mime_type, text = "text/x-python", await _read_tool_resource(uri, uri[len(TOOL_URI_PREFIX) :])
+            tools = _resource_owner(ctx).host.saved_tools
+            mime_type, text = (
+                "text/x-python",
+                await _read_tool_resource(tools, uri, uri[len(TOOL_URI_PREFIX) :]),
+            )
         else:
             raise resource_error(
                 types.INVALID_PARAMS,
@@ -6004,7 +6341,14 @@ def build_server(
             contents=[types.TextResourceContents(uri=uri, mime_type=mime_type, text=text)]
         )
 
-    async def _read_memory_resource(uri: str, key: str) -> str:
+    def _resource_owner(ctx: ServerRequestContext[BridgeState]) -> Principal:
+        """The caller's principal: memories and saved tools are listed and read from its store only."""
+        try:
+            return ctx.lifespan_context.principals.of_request(ctx.request)
+        except BridgeError as exc:
+            raise McpProtocolError(code=types.INVALID_REQUEST, message=str(exc)) from None
+
+    async def _read_memory_resource(store: MemoryStore, uri: str, key: str) -> str:
         try:
             validate_memory_key(key)
         except MemoryStoreError as exc:
@@ -6023,7 +6367,7 @@ def build_server(
             )
         return text
 
-    async def _read_tool_resource(uri: str, name: str) -> str:
+    async def _read_tool_resource(saved_tools: SavedTools, uri: str, name: str) -> str:
         try:
             source = await anyio.to_thread.run_sync(read_saved_tool, saved_tools, name)
         except (OSError, ValueError) as exc:
@@ -6050,7 +6394,7 @@ def build_server(
 async def serve(config: BridgeConfig, discovery: DiscoveryResult) -> None:
     """Serve MCP on stdio until stdin closes or SIGTERM/SIGINT arrives; the lifespan
     removes the sandbox either way."""
-    managers: list[Sessions] = []
+    managers: list[Principals] = []
     server = build_server(config, discovery, on_start=managers.append)
     async with anyio.create_task_group() as group, stdio_server() as (read_stream, write_stream):
         with anyio.CancelScope() as run_scope:
@@ -6073,6 +6417,153 @@ async def serve(config: BridgeConfig, discovery: DiscoveryResult) -> None:
             # would wait for until the client writes or closes stdin.
             logging.shutdown()
             os._exit(0)
+        group.cancel_scope.cancel()
+
+
+# =============================================================================
+# HTTP transport
+# =============================================================================
+# `--transport http`: the same server over the SDK's streamable HTTP transport at /mcp,
+# for many clients. Every request to /mcp must carry a bearer token of the token file
+# (MCP_BRIDGE_AUTH_TOKENS), which names its principal; the SDK's session manager then
+# binds each MCP session to that principal, and the handlers serve it only its own world
+# (Principals). Without a token file (allowed on loopback only) every caller is the local
+# principal. /health answers anyone, with counts only. TLS belongs to a reverse proxy in
+# front (GUIDE.md): the bridge speaks plain HTTP.
+
+MCP_PATH = "/mcp"
+HEALTH_PATH = "/health"
+HTTP_GRACEFUL_SECONDS = 1  # after a stop signal, for responses still being written
+LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
+LOOPBACK_ORIGINS = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
+
+
+class TokenFileVerifier(TokenVerifier):
+    """The SDK's TokenVerifier over the token file: a token's principal is the client."""
+
+    def __init__(self, tokens: AuthTokens) -> None:
+        self.tokens = tokens
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        principal = self.tokens.principal_of(token)
+        if principal is None:
+            return None
+        # Not the token itself: nothing downstream needs it, so nothing downstream keeps it.
+        return AccessToken(token="", client_id=principal, scopes=[])
+
+
+class LocalPrincipalBackend(AuthenticationBackend):
+    """No token file (loopback only): every request is the local principal."""
+
+    async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, BaseUser] | None:
+        return AuthCredentials([]), AuthenticatedUser(
+            AccessToken(token="", client_id=LOCAL_PRINCIPAL, scopes=[])
+        )
+
+
+def http_app(
+    server: Server[BridgeState], config: BridgeConfig, principals: Callable[[], Principals | None]
+) -> tuple[Starlette, StreamableHTTPSessionManager]:
+    """The ASGI app (/mcp behind bearer auth, /health open) and the session manager whose
+    run() holds the server's lifespan."""
+    security = None
+    if config.auth_tokens is None:
+        # Without tokens, a web page could reach the loopback port through DNS rebinding:
+        # only local Host and Origin headers are let in (the SDK's own default for loopback).
+        security = TransportSecuritySettings(
+            enable_dns_rebinding_protection=True,
+            allowed_hosts=LOOPBACK_HOSTS,
+            allowed_origins=LOOPBACK_ORIGINS,
+        )
+    manager = StreamableHTTPSessionManager(app=server, security_settings=security)
+    backend: AuthenticationBackend = (
+        LocalPrincipalBackend()
+        if config.auth_tokens is None
+        else BearerAuthBackend(TokenFileVerifier(config.auth_tokens))
+    )
+
+    async def health(request: Request) -> Response:
+        found = principals()
+        return JSONResponse(found.health() if found is not None else {"status": "starting"})
+
+    routes = [
+        # 401 with `WWW-Authenticate: Bearer` for a request without a valid token.
+        Route(MCP_PATH, endpoint=RequireAuthMiddleware(StreamableHTTPASGIApp(manager), required_scopes=[])),
+        Route(HEALTH_PATH, endpoint=health, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, middleware=[Middleware(AuthenticationMiddleware, backend=backend)])
+    return app, manager
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The listening socket, opened before anything starts: a taken port or an unknown
+    address is a clear error at once. OSError if it cannot be opened."""
+    address = host.strip("[]")
+    family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0][0]
+    return socket.create_server((address, port), family=family)
+
+
+class _UvicornServer(uvicorn.Server):
+    """uvicorn without its own signal handlers: serve_http's answer the calls in flight
+    first, and uvicorn's would raise the signal again once it has stopped."""
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def token_file_warning(tokens: AuthTokens) -> str | None:
+    try:
+        mode = tokens.path.stat().st_mode
+    except OSError:
+        return None
+    if mode & 0o077:
+        return "the token file %s can be read by other users; `chmod 600 %s`" % (tokens.path, tokens.path)
+    return None
+
+
+async def serve_http(config: BridgeConfig, discovery: DiscoveryResult, listener: socket.socket) -> None:
+    """Serve MCP over streamable HTTP on ``listener`` until SIGTERM/SIGINT: calls in
+    flight are answered, then every principal's sandboxes are removed (the lifespan)."""
+    created: list[Principals] = []
+    server = build_server(config, discovery, on_start=created.append)
+    app, manager = http_app(server, config, lambda: created[0] if created else None)
+    uvicorn_config = uvicorn.Config(
+        app,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=HTTP_GRACEFUL_SECONDS,
+    )
+    http_server = _UvicornServer(uvicorn_config)
+    if config.auth_tokens is None:
+        logger.warning(
+            "HTTP without MCP_BRIDGE_AUTH_TOKENS: every process that can reach %s:%d is the one principal "
+            "%r (it can run code and use your MCP servers); set a token file to tell clients apart",
+            config.host,
+            config.port,
+            LOCAL_PRINCIPAL,
+        )
+    elif (warning := token_file_warning(config.auth_tokens)) is not None:
+        logger.warning(warning)
+
+    async def stop_on_signal() -> None:
+        # Open until the end: a second signal must not cut the sandboxes' removal short.
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                if http_server.should_exit:
+                    logger.info("received signal %d; already shutting down", signum)
+                    continue
+                logger.info("received signal %d; shutting down", signum)
+                if created:
+                    await created[0].begin_shutdown(grace=1.0)
+                http_server.should_exit = True
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(stop_on_signal)
+        async with manager.run():  # the server's lifespan: leaving it removes every sandbox
+            logger.info("serving MCP on http://%s:%d%s", config.host, config.port, MCP_PATH)
+            await http_server.serve(sockets=[listener])
         group.cancel_scope.cancel()
 
 
@@ -7343,6 +7834,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if config.workspace is not None:
         log_workspace(config)
     logger.info("MCP servers configured: %s", ", ".join(spec.alias for spec in discovery.servers) or "none")
+    if config.transport == "http":
+        try:
+            listener = listen_socket(config.host, config.port)
+        except OSError as exc:
+            print(
+                "%s: cannot listen on %s port %d: %s" % (SERVER_NAME, config.host, config.port, exc),
+                file=sys.stderr,
+            )
+            return 1
+        with listener:
+            anyio.run(serve_http, config, discovery, listener)
+        return 0
     try:
         anyio.run(serve, config, discovery)
     except KeyboardInterrupt:

@@ -4,6 +4,7 @@ start-up error path."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,11 @@ import mcp_server_code_execution_mode as bridge
 from mcp_server_code_execution_mode import OPTIONS, BridgeConfig, ConfigError, build_arg_parser, load_config
 
 TESTS_DIR = Path(__file__).resolve().parent
+AUTH_TOKENS = TESTS_DIR / "servers" / "auth_tokens.txt"
+AUTH_DIGESTS = (
+    (hashlib.sha256(b"alice-token-0123456789abcdef").digest(), "alice"),
+    (hashlib.sha256(b"bob-token-0123456789abcdef").digest(), "bob"),
+)
 
 # One valid, non-default raw value per environment variable, and what it parses to.
 ENV_VALUES: dict[str, tuple[str, Any]] = {
@@ -59,6 +65,12 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "MCP_BRIDGE_DISCOVER": ("0", False),
     "MCP_BRIDGE_MAX_MEMORY_TOTAL_BYTES": ("1_000_000", 1_000_000),
     "MCP_BRIDGE_WORKSPACE": (str(TESTS_DIR) + ":ro", bridge.Workspace(TESTS_DIR, read_only=True)),
+    "MCP_BRIDGE_TRANSPORT": ("http", "http"),
+    "MCP_BRIDGE_HOST": ("0.0.0.0", "0.0.0.0"),  # allowed here: the token file below is set too
+    "MCP_BRIDGE_PORT": ("8443", 8443),
+    "MCP_BRIDGE_AUTH_TOKENS": (str(AUTH_TOKENS), bridge.AuthTokens(AUTH_TOKENS, AUTH_DIGESTS)),
+    "MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL": ("2", 2),
+    "MCP_BRIDGE_MAX_TOTAL_SESSIONS": ("100", 100),
 }
 
 
@@ -199,6 +211,14 @@ def test_help_and_readme_show_the_same_defaults() -> None:
         ("MCP_BRIDGE_WORKSPACE", __file__),
         ("MCP_BRIDGE_WORKSPACE", "/"),
         ("MCP_BRIDGE_WORKSPACE", "relative/folder"),
+        ("MCP_BRIDGE_TRANSPORT", "sse"),
+        ("MCP_BRIDGE_HOST", "example.com; rm"),
+        ("MCP_BRIDGE_PORT", "0"),
+        ("MCP_BRIDGE_PORT", "70000"),
+        ("MCP_BRIDGE_PORT", "http"),
+        ("MCP_BRIDGE_AUTH_TOKENS", "/no/such/tokens"),
+        ("MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL", "0"),
+        ("MCP_BRIDGE_MAX_TOTAL_SESSIONS", "none"),
     ],
 )
 def test_invalid_environment_value_raises_config_error_naming_the_variable(env: str, raw: str) -> None:
