@@ -73,3 +73,18 @@ async def test_the_kernel_works_on_python_3_9(oldest_engine: Engine, state_dir: 
         )
         plain = await run_ok(client, "mcp_stub.pair(a=5)['sum']")
         assert plain["value"] == "7"
+
+
+async def test_the_stdin_bootstrap_works_on_python_3_9(oldest_engine: Engine, state_dir: Path) -> None:
+    # BOOTSTRAP and the boot payload, as a remote engine or a Pod receives the kernel.
+    env = bridge_env(oldest_engine, state_dir, MCP_BRIDGE_KERNEL_DELIVERY="stdin")
+    async with bridge_client(env) as client:
+        booted = await run_ok(
+            client, "import os, sys\nx = 1\nprint(sys.version_info[:2], os.path.exists('/ipc'))"
+        )
+        assert booted["stdout"] == "(3, 9) False\n", booted
+        killed = await client.call_tool("run_python", {"code": "import os\nos._exit(1)"})
+        assert structured(killed)["status"] == "crashed", text_of(killed)
+        assert (await run_ok(client, "'x' in globals()"))[
+            "value"
+        ] == "False"  # a fresh executor, booted again
