@@ -56,7 +56,18 @@ class Engine:
         return result.stdout.split()
 
 
-@pytest.fixture(scope="session", params=requested_runtimes())
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """`engine` runs a test once per requested runtime, or on the first only in a module
+    that sets ``ONE_RUNTIME = True``: what it tests happens on the host (the memory store,
+    rendering, long-work bookkeeping), so a second engine would only repeat it."""
+    if "engine" in metafunc.fixturenames:
+        runtimes = requested_runtimes()
+        if getattr(metafunc.module, "ONE_RUNTIME", False):
+            runtimes = runtimes[:1]
+        metafunc.parametrize("engine", runtimes, indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
 def engine(request: pytest.FixtureRequest) -> Engine:
     name = str(request.param)
     image = os.environ.get("MCP_BRIDGE_IMAGE", DEFAULT_IMAGE)

@@ -14,6 +14,8 @@ import mcp_server_code_execution_mode as bridge
 from tests.conftest import Engine, bridge_client, bridge_env, text_of
 
 pytestmark = pytest.mark.anyio
+# attachments are checked and rendered on the host: the first requested runtime is enough.
+ONE_RUNTIME = True
 
 
 def resources(result: types.CallToolResult) -> list[types.TextResourceContents | types.BlobResourceContents]:

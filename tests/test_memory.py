@@ -23,6 +23,8 @@ import mcp_server_code_execution_mode as bridge
 from tests.conftest import Engine, bridge_client, bridge_env, bridge_pids, run_cell, structured
 
 pytestmark = pytest.mark.anyio
+# Memory and saved tools live on the host (SQLite, files): the first requested runtime is enough.
+ONE_RUNTIME = True
 
 
 def store_path(state_dir: Path) -> Path:

@@ -14,6 +14,9 @@ import pytest
 import mcp_server_code_execution_mode as bridge
 from tests.conftest import Engine, bridge_client, bridge_env, console_script, run_cell
 
+# the memory command reads the host's store: the first requested runtime is enough.
+ONE_RUNTIME = True
+
 SAVED_PROJECT = {"name": "x", "tags": ["a", "ü"], "n": 1}
 ODD_KEY = "notes/2024 ü?#"
 

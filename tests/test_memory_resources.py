@@ -18,6 +18,8 @@ import mcp_server_code_execution_mode as bridge
 from tests.conftest import Engine, bridge_client, bridge_env, run_cell
 
 pytestmark = pytest.mark.anyio
+# resources are served from the host's store: the first requested runtime is enough.
+ONE_RUNTIME = True
 
 ODD_KEY = "notes/2024 ü?#%"
 

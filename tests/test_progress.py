@@ -14,6 +14,8 @@ import mcp_server_code_execution_mode as bridge
 from tests.conftest import Engine, bridge_client, bridge_env, text_of
 
 pytestmark = pytest.mark.anyio
+# progress is relayed by the bridge: the first requested runtime is enough.
+ONE_RUNTIME = True
 
 Heard = list[tuple[float, float | None, str | None]]
 

@@ -13,6 +13,8 @@ import toon_format
 from tests.conftest import REPO, Engine, bridge_client, bridge_env, text_of
 
 pytestmark = pytest.mark.anyio
+# results are rendered on the host: the first requested runtime is enough.
+ONE_RUNTIME = True
 
 ROWS = "[{'id': i, 'name': 'user%02d' % i, 'active': i % 2 == 0} for i in range(20)]"
 
