@@ -1101,6 +1101,13 @@ class ContainerRuntime:
         (Docker and Podman remove it themselves: --rm)."""
         return None
 
+    @property
+    def reads_profile_here(self) -> bool:
+        """Whether `--security-opt seccomp=FILE` may name a file on this machine. Docker's
+        CLI reads it and sends its content; Podman passes the path, which a remote
+        service opens on its own machine."""
+        return True
+
     async def has_image(self, image: str) -> bool:
         """Whether the engine has ``image`` locally (no pull)."""
         try:
@@ -1136,11 +1143,16 @@ class DockerRuntime(ContainerRuntime):
         result = await _answer(self, [self.executable, "info", "--format", "{{.ServerVersion}}"])
         # The endpoint the CLI talks to (DOCKER_HOST or the current context's); a local
         # socket or pipe shares this machine's files, tcp:// or ssh:// may not.
-        endpoint = await _answer(
-            self, [self.executable, "context", "inspect", "--format", "{{.Endpoints.docker.Host}}"]
-        )
-        where = endpoint.stdout.decode().strip()
-        self.remote = not where.startswith(("unix://", "npipe://"))
+        # A CLI without contexts (before 19.03, podman-docker) answers nothing: local.
+        try:
+            endpoint = await run_command(
+                [self.executable, "context", "inspect", "--format", "{{.Endpoints.docker.Host}}"]
+            )
+        except (TimeoutError, OSError):
+            endpoint = None
+        ok = endpoint is not None and endpoint.returncode == 0
+        where = endpoint.stdout.decode(errors="replace").strip() if ok and endpoint is not None else ""
+        self.remote = bool(where) and not where.startswith(("unix://", "npipe://"))
         logger.info("docker engine %s answers at %s", result.stdout.decode().strip(), where)
 
     def oci_runtime_flags(self) -> tuple[list[str], list[str]]:
@@ -1176,6 +1188,10 @@ class PodmanRuntime(ContainerRuntime):
         super().__init__(executable)
         self.started_machine: str | None = None
         self.rootless = False  # read by check_ready()
+
+    @property
+    def reads_profile_here(self) -> bool:
+        return not self.remote
 
     def workspace_flags(self, spec: LaunchSpec) -> list[str]:
         # Rootless, container uids map to the user's subordinate ids; keep-id maps the
@@ -1228,6 +1244,12 @@ class PodmanRuntime(ContainerRuntime):
         # (On macOS and Windows Podman is always a client of its machine VM, which shares
         # the user's files, so the mount still works there.)
         self.remote = remote == "true" and sys.platform == "linux"
+        if self.remote:
+            self.warnings.append(
+                "remote Podman: the sandbox runs under the engine's default seccomp profile, not the "
+                "bridge's stricter one (Podman's service would look for the profile file on its own machine)"
+            )
+            logger.warning(self.warnings[-1])
         if rootless == "true" and cgroups == "v1":
             self.warnings.append(
                 "rootless Podman on cgroups v1 ignores resource limits: the sandbox's memory, "
@@ -1307,7 +1329,8 @@ class KubernetesRuntime(ContainerRuntime):
         return True  # the nodes pull it; kubectl cannot tell from here
 
     async def check_ready(self) -> None:
-        result = await _answer(self, self.kubectl("auth", "can-i", "create", "pods/attach"))
+        # Exit 1 with "no" when the user may not: _answer reports it as not usable.
+        result = await _answer(self, self.kubectl("auth", "can-i", "create", "pods", "--subresource=attach"))
         logger.info("kubernetes answers: create pods/attach: %s", result.stdout.decode().strip())
 
 
@@ -1319,8 +1342,8 @@ async def locate_kubernetes(
     if executable is None:
         raise RuntimeUnavailableError(
             "MCP_BRIDGE_RUNTIME=kubernetes, but kubectl is not installed (not on PATH): install it "
-            "(https://kubernetes.io/docs/tasks/tools/) and make sure `kubectl auth can-i create pods/attach` "
-            "answers yes for the user running this MCP server."
+            "(https://kubernetes.io/docs/tasks/tools/) and make sure `kubectl auth can-i create pods "
+            "--subresource=attach` answers yes for the user running this MCP server."
         )
     target = KubeTarget(config.kube_namespace, config.kube_context, config.kube_runtime_class)
     runtime = KubernetesRuntime(executable, target)
@@ -1447,11 +1470,14 @@ def kernel_argv(ipc_dir: Path | None) -> list[str]:
 
 
 # --- Kubernetes: the Pod and the kubectl commands -------------------------------------
-# The same hardening as build_run_argv, in a Pod's terms: no network is NOT in the Pod
-# (a NetworkPolicy denying all egress is; see ARCHITECTURE), nor are the pids limit and
-# ulimits (the kubelet's podPidsLimit is); the rest maps one to one.
+# The hardening of build_run_argv, in a Pod's terms, where a Pod can say it: no network
+# is NOT in the Pod (a NetworkPolicy denying all egress is; see ARCHITECTURE), nor are the
+# pids limit and ulimits (the kubelet's podPidsLimit is), our seccomp profile
+# (RuntimeDefault instead), noexec/nosuid/nodev on the in-memory volumes, or the
+# read-only /dev/mqueue.
 KUBE_CONTAINER = "sandbox"
 KUBE_OWNER_ANNOTATION = CONTAINER_LABEL + "/owner"
+KUBE_SESSION_ANNOTATION = CONTAINER_LABEL + "/session"
 
 
 def kubectl_argv(executable: str, target: KubeTarget, *args: str) -> list[str]:
@@ -1466,7 +1492,9 @@ def pod_manifest(spec: LaunchSpec, runtime_class: str | None = None) -> dict[str
     sizes = writable_sizes(spec.memory)
     limits = {"cpu": "%g" % spec.cpus, "memory": str(parse_size(spec.memory))}
     volumes = [("tmp", "/tmp"), ("workspace", WORKDIR), ("shm", "/dev/shm")]
-    labels = dict(label.split("=", 1) for label in spec.labels())
+    # The owner's labels (the sweep selects by them); the session as an annotation: a label
+    # value must start and end with a letter or digit, and "_x" is a valid session name.
+    labels = dict(label.split("=", 1) for label in spec.owner.labels())
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,  # no API credentials inside
@@ -1524,6 +1552,7 @@ def pod_manifest(spec: LaunchSpec, runtime_class: str | None = None) -> dict[str
             "labels": labels,
             "annotations": {
                 KUBE_OWNER_ANNOTATION: "bridge pid %d on host %s" % (spec.owner.pid, spec.owner.host),
+                KUBE_SESSION_ANNOTATION: spec.session,
                 "kubectl.kubernetes.io/default-container": KUBE_CONTAINER,
             },
         },
@@ -4570,7 +4599,7 @@ class SandboxSession:
             pids=self.config.pids,
             cpus=self.config.cpus,
             user=sandbox_user(self.config),
-            seccomp_profile=self.seccomp_path,
+            seccomp_profile=self.seccomp_path if self.runtime.reads_profile_here else None,
             workspace=self.config.workspace,
             session=self.session,
         )

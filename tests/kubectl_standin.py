@@ -8,7 +8,7 @@ forwards them to a real local engine (Podman; KUBECTL_STANDIN_ENGINE=docker for 
   its stdin and stdout are the container's, as kubectl's attach makes them. A Pod
   without the hardening the backend promises is refused (exit 2), not run.
 - `delete pod NAME` removes the container; `get pods --selector L=V` lists them by
-  label; `auth can-i create pods/attach` says yes.
+  label; `auth can-i create pods --subresource=attach` says yes.
 
 What it cannot show: the API server's admission and validation, the kubelet, a real
 NetworkPolicy (here `--network none` stands in for the deny-all egress policy), the
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from typing import Any, NoReturn
@@ -47,11 +48,19 @@ def take(args: list[str], name: str) -> str | None:
     return None
 
 
+LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")  # the API server's rule
+POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
 def hardened(pod: dict[str, Any], name: str) -> dict[str, Any]:
-    """The Pod's one container, once every promise of the backend is checked."""
+    """The Pod's one container, once every promise of the backend is checked (and the
+    names an API server would validate)."""
     spec = pod.get("spec", {})
-    if pod.get("metadata", {}).get("name") != name:
-        refuse("the Pod's name is not %s" % name)
+    if pod.get("metadata", {}).get("name") != name or not POD_NAME.fullmatch(name) or len(name) > 253:
+        refuse("the Pod's name is not %s, or not a valid Pod name" % name)
+    for key, value in pod["metadata"].get("labels", {}).items():
+        if len(value) > 63 or not LABEL_VALUE.fullmatch(value):
+            refuse("label %s has a value the API server refuses: %r" % (key, value))
     if spec.get("restartPolicy") != "Never" or spec.get("automountServiceAccountToken") is not False:
         refuse("the Pod must not restart and must not mount a service account token")
     if spec.get("securityContext", {}).get("seccompProfile") != {"type": "RuntimeDefault"}:
@@ -111,7 +120,7 @@ def main(args: list[str]) -> int:
     args = list(args)
     take(args, "--context")
     take(args, "--namespace")
-    if args[:4] == ["auth", "can-i", "create", "pods/attach"]:
+    if args == ["auth", "can-i", "create", "pods", "--subresource=attach"]:
         print("yes")
         return 0
     if args[:1] == ["run"] and {"--stdin", "--attach"} <= set(args):

@@ -678,6 +678,45 @@ async def test_podman_is_remote_when_it_talks_to_a_service(
     assert runtime.remote is (remote and sys.platform == "linux")  # a Mac's machine VM shares files
 
 
+@pytest.mark.anyio
+async def test_a_docker_cli_without_contexts_counts_as_local(tmp_path: Path) -> None:
+    cli = fake_cli(
+        tmp_path, 'case "$1" in info) echo 18.09.0;; *) echo "unknown command" >&2; exit 1;; esac\n'
+    )
+
+    runtime = await detect_runtime("docker", which=lambda name: cli)
+
+    assert runtime.remote is False
+
+
+@pytest.mark.anyio
+async def test_a_remote_podman_gets_no_seccomp_file_of_this_machine_and_says_so(tmp_path: Path) -> None:
+    cli = fake_cli(tmp_path, 'echo "false v2 true"\n')
+    runtime = await detect_runtime("podman", which=lambda name: cli)
+    runtime.remote = True  # as on Linux (a Mac's Podman is never remote here)
+    session = bridge.SandboxSession(
+        runtime,
+        bridge.BridgeConfig(state_dir=tmp_path),
+        tmp_path / "ipc",
+        NoServers(),  # type: ignore[arg-type]
+    )
+
+    argv = runtime.run_argv(session.launch_spec())
+
+    assert not any(item.startswith("seccomp=") for item in argv)  # the service would look for it there
+    docker = bridge.DockerRuntime("/usr/bin/docker")
+    docker.remote = True  # Docker's CLI reads the file here and sends its content
+    on_docker = bridge.SandboxSession(
+        docker,
+        bridge.BridgeConfig(state_dir=tmp_path),
+        tmp_path / "ipc",
+        NoServers(),  # type: ignore[arg-type]
+    )
+    assert any(item.startswith("seccomp=") for item in docker.run_argv(on_docker.launch_spec()))
+    if sys.platform == "linux":
+        assert any("default seccomp profile" in warning for warning in runtime.warnings)
+
+
 @pytest.mark.parametrize(
     ("delivery", "remote", "via_stdin"),
     [("auto", False, False), ("auto", True, True), ("stdin", False, True), ("mount", True, False)],

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -87,6 +88,14 @@ def test_the_checked_in_manifest_holds_the_promised_hardening() -> None:
     assert container["command"] == ["python3", "-I", "-c", BOOTSTRAP]
     assert container["stdin"] is True and container["stdinOnce"] is True
     assert pod["metadata"]["labels"]["%s.owner-host" % CONTAINER_LABEL] == OWNER.host_key
+
+
+def test_a_session_name_goes_in_an_annotation_where_a_label_value_could_not_hold_it() -> None:
+    # "_x" is a valid session name, but a label value must start and end with a letter or digit.
+    pod = pod_manifest(dataclasses.replace(launch_spec(), session="_x"))
+
+    assert pod["metadata"]["annotations"]["%s/session" % CONTAINER_LABEL] == "_x"
+    assert all(value[0].isalnum() and value[-1].isalnum() for value in pod["metadata"]["labels"].values())
 
 
 def test_kubectl_run_argv_creates_and_attaches_the_pod() -> None:
@@ -196,16 +205,29 @@ async def test_simulated_cluster_runs_a_session_over_the_stdin_bootstrap(
 
         runs = [argv for argv in logged(log) if argv[2:3] == ["run"]]
         assert len(runs) == 1 and runs[0][:2] == ["--namespace", "sandboxes"], runs
+        assert [
+            "--namespace",
+            "sandboxes",
+            "auth",
+            "can-i",
+            "create",
+            "pods",
+            "--subresource=attach",
+        ] in logged(log)
         first_pod = runs[0][3]
         labels = json.loads(runs[0][-1])["metadata"]["labels"]
         assert labels["%s.owner-pid" % CONTAINER_LABEL] == str(owner)
 
+        # A session name that no label value could hold ("_x"): the stand-in checks labels
+        # as the API server does.
+        named = await client.call_tool("run_python", {"code": "runtime.session", "session": "_x"})
+        assert structured(named)["value"] == "'_x'", text_of(named)
         reset = await client.call_tool("run_python", {"code": "'x' in globals()", "reset": True})
         assert structured(reset)["value"] == "False", text_of(reset)  # a new Pod, booted over stdin
         deleted = [argv[4] for argv in logged(log) if argv[2:4] == ["delete", "pod"]]
         assert first_pod in deleted
     pods = {argv[3] for argv in logged(log) if argv[2:3] == ["run"]}
-    assert len(pods) == 2
+    assert len(pods) == 3  # the default session's two (before and after the reset) and "_x"
     assert pods <= {argv[4] for argv in logged(log) if argv[2:4] == ["delete", "pod"]}  # each one deleted
     label = "label=%s.owner-pid=%d" % (CONTAINER_LABEL, owner)
     names = await anyio.run_process([engine, "ps", "--all", "--filter", label, "--format", "{{.Names}}"])
