@@ -5509,16 +5509,13 @@ class Sessions:
         config: BridgeConfig,
         task_group: anyio.abc.TaskGroup,
         host: HostAPI,
-        locate_runtime: Callable[[RuntimeName | None], Any] = detect_runtime,
-        runtime: SharedRuntime | None = None,
+        runtime: SharedRuntime,
     ) -> None:
-        """``runtime``: one shared with other registries (HTTP principals), released by its
-        owner; by default the registry finds and releases its own."""
+        """``runtime``: shared with the other principals' registries; Principals releases it."""
         self.config = config
         self.task_group = task_group
         self.host = host
-        self.runtime = runtime or SharedRuntime(config, locate_runtime)
-        self.owns_runtime = runtime is None
+        self.runtime = runtime
         self.problems = ProblemLog()
         self.managers: dict[str, SessionManager] = {}
         self.watchers: dict[str, anyio.CancelScope] = {}
@@ -5587,14 +5584,12 @@ class Sessions:
                     group.start_soon(manager.begin_shutdown, grace)
 
     async def aclose(self) -> None:
-        """Remove every session's sandbox, side by side, then release the runtime."""
+        """Remove every session's sandbox, side by side (the runtime is released by Principals)."""
         self.closing = True
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as group:
                 for manager in list(self.managers.values()):
                     group.start_soon(manager.aclose)
-            if self.owns_runtime:
-                await self.runtime.release()
 
     @property
     def sandboxes(self) -> int:
@@ -6159,7 +6154,7 @@ class Principals:
         if not PRINCIPAL_NAME_PATTERN.fullmatch(name):
             raise UnauthenticatedError("Refused: %s is not a valid principal name." % ascii(name[:70]))
         host = HostAPI(self.pool, self.config, self.store_dir(name))
-        principal = Principal(name, host, Sessions(self.config, self.task_group, host, runtime=self.runtime))
+        principal = Principal(name, host, Sessions(self.config, self.task_group, host, self.runtime))
         self.by_name[name] = principal
         return principal
 

@@ -73,7 +73,8 @@ def test_the_input_model_refuses_a_bad_session_name_with_the_rule() -> None:
 
 def registry(group: anyio.abc.TaskGroup, max_sessions: int) -> bridge.Sessions:
     host: Any = SimpleNamespace(pool=SimpleNamespace(drain_notices=list))
-    return bridge.Sessions(bridge.BridgeConfig(max_sessions=max_sessions), group, host)
+    config = bridge.BridgeConfig(max_sessions=max_sessions)
+    return bridge.Sessions(config, group, host, bridge.SharedRuntime(config))
 
 
 async def test_one_name_is_one_manager_and_names_are_checked_again() -> None:
