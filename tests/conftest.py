@@ -14,9 +14,9 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +41,12 @@ def console_script() -> str:
 
 @dataclass(frozen=True)
 class Engine:
-    """One container runtime the tests drive directly (to look for leftover containers)."""
+    """One container runtime the tests drive directly (to look for leftover containers);
+    ``env``: how to reach it, e.g. ``{"DOCKER_HOST": "tcp://..."}`` (none: the local one)."""
 
     name: str
     image: str
+    env: Mapping[str, str] = field(default_factory=dict)
 
     def containers(self, *, running_only: bool = True, owner_pid: int | None = None) -> list[str]:
         argv = [self.name, "ps", "--filter", "label=" + CONTAINER_LABEL, "--format", "{{.Names}}"]
@@ -52,7 +54,9 @@ class Engine:
             argv.append("--all")
         if owner_pid is not None:
             argv += ["--filter", "label=%s.owner-pid=%d" % (CONTAINER_LABEL, owner_pid)]
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True)
+        result = subprocess.run(
+            argv, capture_output=True, text=True, timeout=30, check=True, env={**os.environ, **self.env}
+        )
         return result.stdout.split()
 
 

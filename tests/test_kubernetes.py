@@ -18,7 +18,6 @@ import stat
 import sys
 from pathlib import Path
 
-import anyio
 import pytest
 
 import mcp_server_code_execution_mode as bridge
@@ -36,6 +35,7 @@ from mcp_server_code_execution_mode import (
 from tests.conftest import (
     CONTAINER_LABEL,
     DEFAULT_IMAGE,
+    Engine,
     bridge_client,
     bridge_env,
     bridge_pids,
@@ -229,6 +229,5 @@ async def test_simulated_cluster_runs_a_session_over_the_stdin_bootstrap(
     pods = {argv[3] for argv in logged(log) if argv[2:3] == ["run"]}
     assert len(pods) == 3  # the default session's two (before and after the reset) and "_x"
     assert pods <= {argv[4] for argv in logged(log) if argv[2:4] == ["delete", "pod"]}  # each one deleted
-    label = "label=%s.owner-pid=%d" % (CONTAINER_LABEL, owner)
-    names = await anyio.run_process([engine, "ps", "--all", "--filter", label, "--format", "{{.Names}}"])
-    assert names.stdout.decode().split() == []  # no Pod (container) outlives the bridge
+    # No Pod (container) outlives the bridge.
+    assert Engine(engine, env["MCP_BRIDGE_IMAGE"]).containers(running_only=False, owner_pid=owner) == []

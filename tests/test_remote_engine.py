@@ -11,14 +11,13 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import (
-    CONTAINER_LABEL,
     DEFAULT_IMAGE,
+    Engine,
     bridge_client,
     bridge_env,
     bridge_pids,
@@ -32,38 +31,21 @@ pytestmark = pytest.mark.anyio
 DOCKER_TCP = "tcp://127.0.0.1:%s" % os.environ.get("MCP_TEST_DOCKER_TCP_PORT", "23750")
 
 
-@dataclass(frozen=True)
-class RemoteEngine:
-    """A runtime reached only through its endpoint variable (``env``)."""
-
-    runtime: str
-    env: dict[str, str]
-
-    def containers(self, owner_pid: int | None = None) -> list[str]:
-        argv = [self.runtime, "ps", "--all", "--filter", "label=" + CONTAINER_LABEL, "--format", "{{.Names}}"]
-        if owner_pid is not None:
-            argv += ["--filter", "label=%s.owner-pid=%d" % (CONTAINER_LABEL, owner_pid)]
-        result = subprocess.run(
-            argv, capture_output=True, text=True, timeout=60, check=True, env={**os.environ, **self.env}
-        )
-        return result.stdout.split()
-
-
 def _answers(argv: list[str], env: dict[str, str]) -> bool:
     probe = subprocess.run(argv, capture_output=True, timeout=60, check=False, env={**os.environ, **env})
     return probe.returncode == 0
 
 
 @pytest.fixture(scope="module", params=requested_runtimes())
-def remote(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RemoteEngine]:
+def remote(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """A runtime reached only through its endpoint variable (``Engine.env``)."""
     runtime = str(request.param)
+    image = os.environ.get("MCP_BRIDGE_IMAGE", DEFAULT_IMAGE)
     if runtime == "docker":
         env = {"DOCKER_HOST": DOCKER_TCP}
         if not _answers(["docker", "info"], env):
             pytest.fail("dockerd does not listen on %s; run scripts/setup.sh" % DOCKER_TCP)
-        yield RemoteEngine(runtime, env)
+        yield Engine(runtime, image, env)
         return
     assert shutil.which("podman"), "podman is not installed; run scripts/setup.sh"
     socket = tmp_path_factory.mktemp("podman-service") / "podman.sock"
@@ -79,21 +61,18 @@ def remote(
             assert service.poll() is None, "podman system service exited with %s" % service.returncode
             assert time.monotonic() < deadline, "podman system service did not answer on %s" % socket
             time.sleep(0.2)
-        yield RemoteEngine(runtime, env)
+        yield Engine(runtime, image, env)
     finally:
         service.terminate()
         service.wait(timeout=30)
 
 
-def remote_env(remote: RemoteEngine, state_dir: Path, **overrides: str) -> dict[str, str]:
-    env = bridge_env(None, state_dir, **overrides)
-    image = os.environ.get("MCP_BRIDGE_IMAGE", DEFAULT_IMAGE)
-    env.update({"MCP_BRIDGE_RUNTIME": remote.runtime, "MCP_BRIDGE_IMAGE": image, **remote.env})
-    return env
+def remote_env(remote: Engine, state_dir: Path, **overrides: str) -> dict[str, str]:
+    return {**bridge_env(remote, state_dir, **overrides), **remote.env}
 
 
 async def test_a_remote_engine_runs_the_core_acceptance_with_the_kernel_on_stdin(
-    remote: RemoteEngine, state_dir: Path
+    remote: Engine, state_dir: Path
 ) -> None:
     env = remote_env(remote, state_dir, MCP_BRIDGE_MEMORY="128m")
     async with bridge_client(env) as client:
@@ -118,15 +97,12 @@ async def test_a_remote_engine_runs_the_core_acceptance_with_the_kernel_on_stdin
 
         reset = await client.call_tool("run_python", {"code": "y = 2", "reset": True})
         assert not reset.is_error, text_of(reset)  # a new container, booted over stdin again
-        assert len(remote.containers(owner_pid=owner)) == 1
-    assert remote.containers(owner_pid=owner) == []  # none leaked
+        assert len(remote.containers(running_only=False, owner_pid=owner)) == 1
+    assert remote.containers(running_only=False, owner_pid=owner) == []  # none leaked
 
 
-async def test_a_local_engine_keeps_the_mount_unless_stdin_is_chosen(
-    remote: RemoteEngine, state_dir: Path
-) -> None:
-    local = bridge_env(None, state_dir, MCP_BRIDGE_RUNTIME=remote.runtime)
-    local["MCP_BRIDGE_IMAGE"] = os.environ.get("MCP_BRIDGE_IMAGE", DEFAULT_IMAGE)
+async def test_a_local_engine_keeps_the_mount_unless_stdin_is_chosen(remote: Engine, state_dir: Path) -> None:
+    local = bridge_env(remote, state_dir)  # without remote.env: the engine's own socket
     async with bridge_client(local) as client:
         mounted = await client.call_tool("run_python", {"code": "import os\nos.path.exists('/ipc')"})
         assert structured(mounted)["value"] == "True", text_of(mounted)
