@@ -32,6 +32,7 @@ import argparse
 import ast
 import base64
 import difflib
+import errno
 import fnmatch
 import hashlib
 import hmac
@@ -49,6 +50,7 @@ import shutil
 import signal
 import socket
 import sqlite3
+import stat
 import subprocess
 import sys
 import tempfile
@@ -125,6 +127,7 @@ RuntimeName = Literal["podman", "docker", "kubernetes"]
 KernelDelivery = Literal["auto", "mount", "stdin"]
 OutputMode = Literal["compact", "toon"]
 ServeTransport = Literal["stdio", "http"]
+ProjectServers = Literal["trusted", "all", "none"]
 
 
 @dataclass(frozen=True)
@@ -267,6 +270,7 @@ class BridgeConfig:
     kube_runtime_class: str | None = None  # e.g. gvisor
     allow_root: bool = False
     discover: bool = True
+    project_servers: ProjectServers = "trusted"
     max_memory_bytes: int = 1024 * 1024
     max_memory_total_bytes: int = 100 * 1024 * 1024
     max_images: int = 10
@@ -538,6 +542,14 @@ OPTIONS: tuple[Option, ...] = (
         "MCP_BRIDGE_DISCOVER",
         _boolean,
         "read MCP clients' config files for servers (0: only MCP_SERVERS_CONFIG or the state dir's *.json)",
+    ),
+    Option(
+        "project_servers",
+        "MCP_BRIDGE_PROJECT_SERVERS",
+        _choice("trusted", "all", "none"),
+        "servers of the project's own files (.mcp.json, .cursor/mcp.json, .vscode/mcp.json in the working "
+        "directory); trusted: only those its client records as trusted (Claude Code), the rest are listed, "
+        "not started; all: every one; none: those files are not read",
     ),
     Option(
         "allow_root",
@@ -1811,6 +1823,18 @@ async def sweep_orphans(
 #  10. MCP_SERVERS_CONFIG: when set, the ONLY source                              mcpServers or servers
 #  MCP_BRIDGE_DISCOVER=0 leaves out 2-9 (every client's config).
 #
+# The project's own files (.vscode/mcp.json, .cursor/mcp.json, .mcp.json) come with a
+# repository, not from the user: MCP_BRIDGE_PROJECT_SERVERS=trusted (the default) starts
+# their servers only where the client records that the user trusted them, as the client
+# itself would. Claude Code records it in ~/.claude.json projects[<folder>]
+# (hasTrustDialogAccepted, for the folder or a parent) and in its settings files
+# (enabledMcpjsonServers, enableAllProjectMcpServers, disabledMcpjsonServers); Cursor and
+# VS Code keep workspace trust in their own databases, so their project servers are not
+# started. Each server not started is a "found but not trusted" problem saying how to
+# allow it, and takes no part in the merge (a repository cannot hide the user's server of
+# the same name). `all` starts every project server; `none` does not read those files.
+# ~/.claude.json projects[<cwd>].mcpServers is the user's own (`claude mcp add --scope local`).
+#
 # JSON files may hold // and /* */ comments and trailing commas (VS Code writes them).
 # In command, args, env values, cwd, url and header values, ${VAR}, ${VAR:-default} (used
 # when VAR is unset or empty) and ${env:VAR} are replaced from the bridge's environment,
@@ -1850,6 +1874,7 @@ class DiscoveryResult:
     servers: tuple[ServerSpec, ...]  # sorted by alias
     problems: tuple[str, ...]  # "<file>: <what is wrong>", one per line
     sources: tuple[str, ...]  # labels of the files that exist and were read, lowest precedence first
+    untrusted: tuple[str, ...] = ()  # names of project servers found but not trusted (not started)
 
 
 @dataclass(frozen=True)
@@ -1863,6 +1888,7 @@ class ConfigSource:
     scope: str = ""  # names the table when one file holds several: "projects[/work/x]"
     url_transport: Transport = "http"  # an entry with a url and no type (Gemini CLI: sse)
     required: bool = False  # a missing file is a problem (only the explicit MCP_SERVERS_CONFIG)
+    project: str = ""  # a file that comes with the repository: the client whose trust it needs
 
     @property
     def label(self) -> str:
@@ -1911,19 +1937,62 @@ def config_sources(
         ConfigSource("VS Code", vscode / "settings.json", keys=(("mcp", "servers"),)),
         ConfigSource("Cursor", home / ".cursor" / "mcp.json"),
         ConfigSource("Claude Code", claude_json),
-        ConfigSource("VS Code (project)", cwd / ".vscode" / "mcp.json", keys=servers),
-        ConfigSource("Cursor (project)", cwd / ".cursor" / "mcp.json"),
+        ConfigSource("VS Code (project)", cwd / ".vscode" / "mcp.json", keys=servers, project="VS Code"),
+        ConfigSource("Cursor (project)", cwd / ".cursor" / "mcp.json", project="Cursor"),
         ConfigSource(
             "Claude Code (project)",
             claude_json,
             keys=(("projects", str(cwd), "mcpServers"),),
             scope="projects[%s]" % cwd,
         ),
-        ConfigSource("Claude Code (project)", cwd / ".mcp.json"),
+        ConfigSource("Claude Code (project)", cwd / ".mcp.json", project="Claude Code"),
     ]
 
 
 # --- reading one file ---------------------------------------------------------------
+
+# Client configs are kilobytes, but Claude Code keeps its history in ~/.claude.json, which
+# users report at 65 to 101 MB: the cap must read those and still stop a /dev/zero.
+MAX_CONFIG_FILE_BYTES = 128 * 1024 * 1024
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _not_regular(path: Path, mode: int) -> OSError | None:
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a file")
+    return OSError(errno.EINVAL, "it is %s, not a regular file" % kind, str(path))
+
+
+def read_config_bytes(path: Path, limit: int = MAX_CONFIG_FILE_BYTES) -> tuple[bytes, os.stat_result]:
+    """A config file's bytes and its status, read only from a regular file (symlinks
+    followed) of at most `limit` bytes: a link to /dev/zero or a FIFO must not hang or
+    bloat whoever reads it. FileNotFoundError or NotADirectoryError when it is absent;
+    another OSError, whose strerror says what is wrong, when it cannot be used."""
+    refused = _not_regular(path, os.stat(path).st_mode)  # before opening: opening a device may act
+    if refused is not None:
+        raise refused
+    # O_NONBLOCK: if a FIFO replaced the file since the stat, opening it cannot wait for a writer.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as file:
+        status = os.fstat(fd)
+        refused = _not_regular(path, status.st_mode)
+        if refused is not None:
+            raise refused
+        too_large = OSError(errno.EFBIG, "it is larger than %d MiB" % (limit // (1024 * 1024)), str(path))
+        if status.st_size > limit:
+            raise too_large
+        data = file.read(limit + 1)  # bounded too: a file may grow while it is read
+    if len(data) > limit:
+        raise too_large
+    return data, status
+
 
 # A JSON string (kept as is), or what JSONC adds to JSON (blanked out).
 _JSON_STRING = r'("(?:\\.|[^"\\])*")'
@@ -1946,7 +2015,7 @@ def _read_document(path: Path, format: Literal["json", "toml"]) -> Any:
     """The parsed file. Raises FileNotFoundError when it is absent, OSError or ValueError
     (which covers JSON, TOML and UTF-8 decoding errors) when it cannot be used."""
     # -sig: editors on Windows may add a BOM
-    return parse_document(path.read_text(encoding="utf-8-sig"), format)
+    return parse_document(read_config_bytes(path)[0].decode("utf-8-sig"), format)
 
 
 def parse_document(text: str, format: Literal["json", "toml"]) -> Any:
@@ -2135,6 +2204,106 @@ def _parse_entry(
     ]
 
 
+# --- project servers: whose trust they need -------------------------------------------
+
+ALL_PROJECT_SERVERS = "MCP_BRIDGE_PROJECT_SERVERS=all in the bridge's environment starts every project server"
+MAX_SHOWN_NAME_CHARS = 100
+
+
+def printable(text: str) -> str:
+    """`text` with escapes instead of control characters: it may come from a file the user
+    did not write (a repository's .mcp.json) and reach a terminal."""
+    return "".join(char if char.isprintable() else ascii(char)[1:-1] for char in text)
+
+
+def shown_name(name: str) -> str:
+    """A server name from such a file, as a person or the model sees it: printable, bounded."""
+    return printable(name[:MAX_SHOWN_NAME_CHARS]) + ("..." if len(name) > MAX_SHOWN_NAME_CHARS else "")
+
+
+@dataclass(frozen=True)
+class ClaudeCodeApprovals:
+    """What Claude Code records about this folder's .mcp.json servers. Its settings files
+    (~/.claude/settings.json, the project's .claude/settings.json and settings.local.json)
+    count only in a folder whose trust dialog was accepted, as in Claude Code: a cloned
+    repository cannot approve its own servers."""
+
+    trusted: bool  # hasTrustDialogAccepted for this folder or a parent
+    enable_all: bool  # enableAllProjectMcpServers
+    enabled: frozenset[str]  # enabledMcpjsonServers
+    disabled: frozenset[str]  # disabledMcpjsonServers: rejected, whatever else says
+
+
+def claude_code_settings_files(home: Path, cwd: Path) -> list[Path]:
+    return [
+        home / ".claude" / "settings.json",
+        cwd / ".claude" / "settings.json",
+        cwd / ".claude" / "settings.local.json",
+    ]
+
+
+def claude_code_approvals(claude_json: Any, settings: Sequence[Any], cwd: Path) -> ClaudeCodeApprovals:
+    """From the parsed ~/.claude.json and settings files (None or anything malformed: no
+    approval there)."""
+    projects = claude_json.get("projects") if isinstance(claude_json, dict) else None
+    projects = projects if isinstance(projects, dict) else {}
+    trusted = any(
+        isinstance(projects.get(str(folder)), dict)
+        and projects[str(folder)].get("hasTrustDialogAccepted") is True
+        for folder in (cwd, *cwd.parents)
+    )
+    layers = [layer for layer in (projects.get(str(cwd)), *settings) if isinstance(layer, dict)]
+
+    def names(key: str) -> frozenset[str]:
+        found = [layer.get(key) for layer in layers]
+        return frozenset(
+            name for value in found if isinstance(value, list) for name in value if isinstance(name, str)
+        )
+
+    return ClaudeCodeApprovals(
+        trusted=trusted,
+        enable_all=any(layer.get("enableAllProjectMcpServers") is True for layer in layers),
+        enabled=names("enabledMcpjsonServers"),
+        disabled=names("disabledMcpjsonServers"),
+    )
+
+
+def untrusted_reason(
+    source: ConfigSource, name: str, approvals: ClaudeCodeApprovals, cwd: Path, state_dir: Path
+) -> str | None:
+    """Why a project file's server is not started under MCP_BRIDGE_PROJECT_SERVERS=trusted,
+    with how to allow it (a problem line); None when its client records it as trusted."""
+    if source.project == "Claude Code":
+        if name in approvals.disabled:
+            why = (
+                "Claude Code rejected it (disabledMcpjsonServers). To allow it, enable it in Claude Code "
+                "(/mcp in %s) or take it out of disabledMcpjsonServers" % cwd
+            )
+        elif not approvals.trusted:
+            why = (
+                "this folder's trust dialog has not been accepted in Claude Code. To allow it, run "
+                "`claude` in %s, trust the folder and approve the server" % cwd
+            )
+        elif not (approvals.enable_all or name in approvals.enabled):
+            why = (
+                "it has not been approved in Claude Code (enabledMcpjsonServers). To allow it, run "
+                "`claude` in %s and approve it" % cwd
+            )
+        else:
+            return None
+    else:
+        why = (
+            "%s keeps workspace trust where the bridge cannot read it, so its project servers are not "
+            "started. To allow it, copy the entry to %s" % (source.project, state_dir / "servers.json")
+        )
+    return "%s: not started: %s is found but not trusted: %s; or %s." % (
+        source.label,
+        shown_name(name),
+        why,
+        ALL_PROJECT_SERVERS,
+    )
+
+
 # --- aliases and the whole discovery ------------------------------------------------
 
 
@@ -2186,17 +2355,40 @@ def discover_servers(
     explicit: Path | None,
     self_markers: tuple[str, ...] = SELF_MARKERS,
     clients: bool = True,
+    project_servers: ProjectServers = "trusted",
 ) -> DiscoveryResult:
     """Every configured MCP server, merged by name across config_sources(). Never raises
     for bad input: what cannot be used is skipped and described in `problems`; problem
-    lines of entries that a later file replaced are dropped with them."""
+    lines of entries that a later file replaced are dropped with them. The project's own
+    files are read as `project_servers` says (see the table above)."""
     chosen: dict[str, tuple[ServerSpec | None, list[str]]] = {}
     problems: list[str] = []
     read: list[str] = []
+    untrusted: list[str] = []
     editor = editor_variables(home, cwd)
+    documents: dict[Path, Any] = {}  # ~/.claude.json is read for three purposes: read it once
+
+    def document_of(path: Path, format: Literal["json", "toml"]) -> Any:
+        if path not in documents:
+            try:
+                documents[path] = _read_document(path, format)
+            except (OSError, ValueError) as exc:
+                documents[path] = exc
+        if isinstance(documents[path], Exception):
+            raise documents[path]
+        return documents[path]
+
+    def optional_document(path: Path) -> Any:  # an approval that cannot be read approves nothing
+        with suppress(OSError, ValueError):
+            return document_of(path, "json")
+        return None
+
+    approvals: ClaudeCodeApprovals | None = None
     for source in config_sources(home, cwd, platform, environ, state_dir, explicit, clients):
+        if source.project and project_servers == "none":
+            continue
         try:
-            document = _read_document(source.path, source.format)
+            document = document_of(source.path, source.format)
         except (FileNotFoundError, NotADirectoryError):
             if source.required:
                 problems.append("%s: the file does not exist" % source.path)
@@ -2215,13 +2407,30 @@ def discover_servers(
         if table is None and source.required:
             problems.append("%s: has no mcpServers or servers table" % source.label)
         for name, entry in (table or {}).items():
+            if source.project and project_servers == "trusted":
+                if approvals is None:
+                    approvals = claude_code_approvals(
+                        optional_document(home / ".claude.json"),
+                        [optional_document(path) for path in claude_code_settings_files(home, cwd)],
+                        cwd,
+                    )
+                refusal = untrusted_reason(source, name, approvals, cwd, state_dir)
+                if refusal is not None:
+                    untrusted.append(shown_name(name))
+                    problems.append(refusal)
+                    continue
             chosen[name] = _parse_entry(name, entry, source, environ, self_markers, editor)
     specs = [spec for spec, _ in chosen.values() if spec is not None]
     problems += [line for _, lines in chosen.values() for line in lines]
     aliases = assign_aliases(spec.name for spec in specs)
     servers = sorted((replace(spec, alias=aliases[spec.name]) for spec in specs), key=lambda s: s.alias)
     # dict.fromkeys: ~/.claude.json is read for two sources; report it once.
-    return DiscoveryResult(tuple(servers), tuple(dict.fromkeys(problems)), tuple(dict.fromkeys(read)))
+    return DiscoveryResult(
+        tuple(servers),
+        tuple(dict.fromkeys(problems)),
+        tuple(dict.fromkeys(read)),
+        tuple(dict.fromkeys(untrusted)),
+    )
 
 
 # =============================================================================
@@ -4267,6 +4476,11 @@ class HostAPI:
             "Call: mcp_<alias>.<tool>(name=value) returns the value; calls inside await or "
             "asyncio.gather(...) run at the same time; failures raise runtime.MCPToolError.",
         ]
+        if self.pool.discovery.untrusted:
+            lines.append(
+                "Found in the project's config but not trusted, so not started: %s."
+                % ", ".join(self.pool.discovery.untrusted)
+            )
         if self.pool.discovery.problems:
             lines.append(
                 "%d configuration problem(s): see runtime.discovered_servers(detailed=True)."
@@ -7530,6 +7744,42 @@ def adopt_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     return 0
 
 
+# --- the doctor subcommand ------------------------------------------------------------
+# `mcp-server-code-execution-mode doctor [server flags]`: what the bridge would find if it
+# started here (this working directory, these settings), starting nothing: the config
+# files it reads, the servers it offers, the project servers found but not trusted and
+# every other problem, each with what to do. The report goes to stdout.
+
+DOCTOR_COMMAND = "doctor"
+
+
+def doctor_report(config: BridgeConfig, discovery: DiscoveryResult) -> str:
+    lines = ["MCP_BRIDGE_PROJECT_SERVERS=%s (working directory %s)" % (config.project_servers, Path.cwd())]
+    lines += ["Config files read:", *("  %s" % label for label in discovery.sources or ["(none)"])]
+    rows = [("ALIAS", "NAME", "TRANSPORT", "SOURCE")]
+    rows += [(spec.alias, shown_name(spec.name), spec.transport, spec.source) for spec in discovery.servers]
+    lines += ["MCP servers offered (none is started until code uses it):"]
+    lines += ["  " + row for row in _table(rows).splitlines()] if discovery.servers else ["  (none)"]
+    if discovery.untrusted:
+        lines.append("Found but not trusted, not started: %s" % ", ".join(discovery.untrusted))
+    lines += ["Problems:", *("  " + printable(line) for line in discovery.problems or ["(none)"])]
+    return "\n".join(lines) + "\n"
+
+
+def doctor_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    """The ``doctor`` subcommand: 0 with the report, 2 for a bad setting."""
+    try:
+        config = load_config(argv, environ)  # the server's own flags and variables
+    except ConfigError as exc:
+        print("%s %s: %s" % (SERVER_NAME, DOCTOR_COMMAND, exc), file=sys.stderr)
+        return 2
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(encoding="utf-8")
+    sys.stdout.write(doctor_report(config, configured_servers(config, environ)))
+    sys.stdout.flush()
+    return 0
+
+
 # --- the build-image subcommand --------------------------------------------------------
 # `mcp-server-code-execution-mode build-image [--packages numpy,pandas,matplotlib]`: a
 # "batteries" sandbox image for data work, built the way this machine allows: FROM the
@@ -7825,6 +8075,21 @@ def workspace_warning(config: BridgeConfig) -> str | None:
     )
 
 
+def configured_servers(config: BridgeConfig, environ: Mapping[str, str]) -> DiscoveryResult:
+    """The servers the bridge offers, found here, with every problem (policy ones too)."""
+    discovery = discover_servers(
+        home=Path.home(),
+        cwd=Path.cwd(),
+        platform=sys.platform,
+        environ=environ,
+        state_dir=config.state_dir,
+        explicit=config.servers_config,
+        clients=config.discover,
+        project_servers=config.project_servers,
+    )
+    return replace(discovery, problems=(*discovery.problems, *policy_problems(config, discovery.servers)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == [MEMORY_COMMAND]:
@@ -7833,6 +8098,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return adopt_main(args[1:], os.environ)
     if args[:1] == [BUILD_IMAGE_COMMAND]:
         return build_image_main(args[1:], os.environ)
+    if args[:1] == [DOCTOR_COMMAND]:
+        return doctor_main(args[1:], os.environ)
     try:
         config = load_config(args, os.environ)
     except ConfigError as exc:
@@ -7841,18 +8108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=config.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    discovery = discover_servers(
-        home=Path.home(),
-        cwd=Path.cwd(),
-        platform=sys.platform,
-        environ=os.environ,
-        state_dir=config.state_dir,
-        explicit=config.servers_config,
-        clients=config.discover,
-    )
-    discovery = replace(
-        discovery, problems=(*discovery.problems, *policy_problems(config, discovery.servers))
-    )
+    discovery = configured_servers(config, os.environ)
     for problem in discovery.problems:
         logger.warning("MCP server configuration: %s", problem)
     if config.workspace is not None:
