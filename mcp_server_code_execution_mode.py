@@ -7022,13 +7022,23 @@ class AdoptError(BridgeError):
         self.status = status
 
 
+class ConfigChangedError(AdoptError):
+    """A file changed between adopt's read and its write: its client may be running."""
+
+
+Stamp = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns of a file as read
+
+
 @dataclass(frozen=True)
 class FileChange:
-    """One file that adopt (or its undo) writes: its bytes before and after; None: absent."""
+    """One file that adopt (or its undo) writes: its bytes before and after; None: absent.
+    `stamp`: the file's status when `before` was read, so that a write in between, even of
+    the same length, is seen; None: compare the bytes only."""
 
     path: Path
     before: bytes | None
     after: bytes | None
+    stamp: Stamp | None = None
 
 
 @dataclass
@@ -7040,6 +7050,7 @@ class _ClientFile:
     document: Any
     keys: tuple[str, ...]  # where its servers table is (or would be)
     table: dict[str, Any]
+    stamp: Stamp
     moved: dict[str, Any] = field(default_factory=dict)  # name -> the entry for servers.json
     bridges: list[str] = field(default_factory=list)  # entries that start this bridge: they stay
     kept: dict[str, str] = field(default_factory=dict)  # name -> why only the client can use it
@@ -7061,20 +7072,52 @@ def _sha256(data: bytes | None) -> str | None:
     return None if data is None else hashlib.sha256(data).hexdigest()
 
 
-def _read_bytes(path: Path) -> bytes | None:
+def _stamp(status: os.stat_result) -> Stamp:
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
+
+
+def _read_file(path: Path) -> tuple[bytes, Stamp] | None:
+    """A config file's bytes and stamp, as discovery reads it (a regular file, bounded);
+    None when it does not exist."""
     try:
-        return path.read_bytes()
+        data, status = read_config_bytes(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
         raise AdoptError("cannot read %s: %s. Nothing was changed." % (path, exc.strerror or exc)) from None
+    return data, _stamp(status)
 
 
-def _write_atomically(path: Path, data: bytes | None) -> None:
+def _read_bytes(path: Path) -> bytes | None:
+    found = _read_file(path)
+    return None if found is None else found[0]
+
+
+def unchanged_since_read(change: FileChange) -> bool:
+    """Whether change.path still holds change.before (same bytes and, when known, the same
+    stamp): nobody wrote it since adopt read it."""
+    found = _read_file(change.path)
+    if found is None:
+        return change.before is None
+    return found[0] == change.before and change.stamp in (None, found[1])
+
+
+def _write_atomically(path: Path, data: bytes | None, expect: FileChange | None = None) -> None:
     """Replace `path` by `data` (None: remove it) in one step: a temporary file beside it,
     then os.replace. An existing file keeps its mode; a new one is private (0600): server
-    entries often carry tokens."""
+    entries often carry tokens. With `expect`, the file is compared with what was read
+    right before the replace, and ConfigChangedError leaves it as it is if another writer
+    (the client itself) changed it in between: replacing it would lose that write."""
+
+    def check() -> None:
+        if expect is not None and not unchanged_since_read(expect):
+            raise ConfigChangedError(
+                "%s changed while adopt was writing it (quit its client first, then run adopt again), "
+                "so it was not overwritten" % expect.path
+            )
+
     if data is None:
+        check()
         path.unlink(missing_ok=True)
         return
     try:
@@ -7088,6 +7131,7 @@ def _write_atomically(path: Path, data: bytes | None) -> None:
             file.flush()
             os.fsync(file.fileno())
         os.chmod(temporary, mode)
+        check()
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
@@ -7110,9 +7154,10 @@ def _table_keys(document: Any, source: ConfigSource) -> tuple[str, ...]:
 
 def _read_config_file(source: ConfigSource) -> _ClientFile | None:
     """The file, parsed as discovery parses it; None when it does not exist."""
-    data = _read_bytes(source.path)
-    if data is None:
+    found = _read_file(source.path)
+    if found is None:
         return None
+    data, stamp = found
     try:
         document = parse_document(data.removeprefix(_BOM).decode("utf-8"), source.format)
         table = _server_table(document, source) or {}
@@ -7121,7 +7166,7 @@ def _read_config_file(source: ConfigSource) -> _ClientFile | None:
             "%s cannot be read as %s (%s): fix it, or move its servers by hand. Nothing was changed."
             % (source.path, source.format.upper(), exc)
         ) from None
-    return _ClientFile(source, data, document, _table_keys(document, source), table)
+    return _ClientFile(source, data, document, _table_keys(document, source), table, stamp)
 
 
 def _starts_this_bridge(entry: Any) -> bool:
@@ -7497,7 +7542,7 @@ def plan_adoption(
                     entry["env"] = {"MCP_BRIDGE_STATE_DIR": str(state_dir)}
                 table[name] = entry
                 lines.append("%s: adds %s (this bridge: %s)" % (label, name, " ".join(command)))
-            changes.append(FileChange(found.source.path, found.data, _rewritten(found, table)))
+            changes.append(FileChange(found.source.path, found.data, _rewritten(found, table), found.stamp))
     if conflicts:
         raise AdoptError(
             "%s. Rename or remove one of each, then run adopt again. Nothing was changed."
@@ -7513,15 +7558,17 @@ def plan_adoption(
             after = (json.dumps({"mcpServers": table}, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
             changes.append(FileChange(own_path, None, after))
         else:
-            changes.append(FileChange(own_path, existing.data, _rewritten(existing, table)))
+            changes.append(FileChange(own_path, existing.data, _rewritten(existing, table), existing.stamp))
     return changes, lines
 
 
 def apply_adoption(changes: Sequence[FileChange], state_dir: Path, clients: Sequence[str]) -> Path:
     """Back up, then write, every change; returns the backup folder. Refuses, writing
-    nothing, when a file changed since it was read (its client may be running)."""
+    nothing, when a file changed since it was read (its client may be running). The
+    bridge's servers file is written first: if a client's file then cannot be written, or
+    changed meanwhile, what was written is put back, so no server is ever in neither."""
     for change in changes:
-        if _read_bytes(change.path) != change.before:
+        if not unchanged_since_read(change):
             raise AdoptError(
                 "%s changed while adopt was reading it (quit its client first); run adopt again. "
                 "Nothing was changed." % change.path
@@ -7540,15 +7587,39 @@ def apply_adoption(changes: Sequence[FileChange], state_dir: Path, clients: Sequ
         )
     manifest = _AdoptManifest(clients=list(clients), created=datetime.now(UTC).isoformat(), files=files)
     _write_atomically(folder / ADOPT_MANIFEST, manifest.model_dump_json(indent=2).encode("utf-8"))
-    for change in changes:  # symlinked configs (dotfiles) are written through the link
-        try:
-            _write_atomically(change.path.resolve(), change.after)
-        except OSError as exc:
-            raise AdoptError(
-                "could not write %s (%s); `%s %s --undo` restores what was written."
-                % (change.path, exc.strerror or exc, SERVER_NAME, ADOPT_COMMAND)
-            ) from None
+    own = state_dir / SERVERS_FILE
+    written: list[FileChange] = []
+    for change in sorted(changes, key=lambda change: change.path != own):  # stable: own first
+        try:  # symlinked configs (dotfiles) are written through the link
+            _write_atomically(change.path.resolve(), change.after, expect=change)
+        except (OSError, ConfigChangedError) as exc:
+            if isinstance(exc, ConfigChangedError):
+                what = str(exc)
+            else:
+                what = "could not write %s (%s)" % (change.path, exc.strerror or exc)
+            not_restored = _put_back(written)
+            if not_restored:
+                raise AdoptError(
+                    "%s, and could not put back %s; `%s %s --undo` restores them from %s."
+                    % (what, ", ".join(not_restored), SERVER_NAME, ADOPT_COMMAND, folder)
+                ) from None
+            shutil.rmtree(folder, ignore_errors=True)  # no adopt happened: nothing for --undo
+            raise AdoptError("%s. Nothing was changed." % what) from None
+        written.append(change)
     return folder
+
+
+def _put_back(written: Sequence[FileChange]) -> list[str]:
+    """Restore files adopt wrote (newest first), each only while it still holds what adopt
+    wrote; returns those that could not be."""
+    failed = []
+    for change in reversed(written):
+        target = change.path.resolve() if change.before is not None else change.path
+        try:
+            _write_atomically(target, change.before, expect=FileChange(change.path, change.after, None))
+        except (OSError, AdoptError):
+            failed.append(str(change.path))
+    return failed
 
 
 def plan_undo(state_dir: Path, clients: Sequence[str], force: bool) -> tuple[Path, list[FileChange]]:
@@ -7595,7 +7666,8 @@ def plan_undo(state_dir: Path, clients: Sequence[str], force: bool) -> tuple[Pat
 
 def apply_undo(folder: Path, changes: Sequence[FileChange]) -> None:
     for change in changes:
-        _write_atomically(change.path.resolve() if change.after is not None else change.path, change.after)
+        target = change.path.resolve() if change.after is not None else change.path
+        _write_atomically(target, change.after, expect=change)
     folder.rename(folder.with_name(folder.name + _UNDONE))
 
 
