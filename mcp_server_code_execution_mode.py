@@ -23,7 +23,7 @@ Sections, in dependency order (``grep -n '^# ====' mcp_server_code_execution_mod
     MCP server & tool    -> run_python; resources: the manual, memories, saved tools;
                             principals (who calls, and what each caller owns)
     HTTP transport       -> /mcp behind bearer tokens, /health, uvicorn, signals
-    command line         -> main(); the memory subcommand (list/get/delete/export); adopt
+    command line         -> main(); the memory subcommand (list/get/delete/export); adopt; doctor
 """
 
 from __future__ import annotations
