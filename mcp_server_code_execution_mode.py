@@ -2346,6 +2346,16 @@ def launches_self(argv: Sequence[str], self_markers: tuple[str, ...]) -> bool:
     return False
 
 
+def _names_this_bridge(entry: Any, self_markers: tuple[str, ...]) -> bool:
+    """An entry that launches this bridge (a project's .mcp.json often lists it): never
+    started, whoever trusts it, so _parse_entry says that instead of "not trusted"."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("command"), str):
+        return False
+    args = entry.get("args")
+    words = [arg for arg in args if isinstance(arg, str)] if isinstance(args, list) else []
+    return launches_self([entry["command"], *words], self_markers)
+
+
 def discover_servers(
     home: Path,
     cwd: Path,
@@ -2407,7 +2417,11 @@ def discover_servers(
         if table is None and source.required:
             problems.append("%s: has no mcpServers or servers table" % source.label)
         for name, entry in (table or {}).items():
-            if source.project and project_servers == "trusted":
+            if (
+                source.project
+                and project_servers == "trusted"
+                and not _names_this_bridge(entry, self_markers)
+            ):
                 if approvals is None:
                     approvals = claude_code_approvals(
                         optional_document(home / ".claude.json"),

@@ -774,6 +774,16 @@ def test_an_untrusted_project_server_does_not_hide_the_users_server_of_that_name
     assert [spec.command for spec in host.discover(project_servers="all").servers] == ["the-repositorys"]
 
 
+def test_a_project_entry_that_launches_this_bridge_is_skipped_as_such_not_as_untrusted(host: Host) -> None:
+    path = write(
+        host.cwd / ".mcp.json",
+        {"mcpServers": {"code-execution": stdio("uvx", "mcp-server-code-execution-mode")}},
+    )
+    result = host.discover(project_servers="trusted")
+    assert (result.servers, result.untrusted) == ((), ())
+    assert result.problems == ("%s: skipped code-execution: it launches this bridge itself" % path,)
+
+
 def test_none_leaves_the_project_files_unread(host: Host) -> None:
     for path in (host.cwd / ".mcp.json", host.cwd / ".cursor/mcp.json"):
         write(path, {"mcpServers": {path.parent.name: stdio("x")}})
