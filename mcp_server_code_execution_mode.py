@@ -23,7 +23,7 @@ Sections, in dependency order (``grep -n '^# ====' mcp_server_code_execution_mod
     MCP server & tool    -> run_python; resources: the manual, memories, saved tools;
                             principals (who calls, and what each caller owns)
     HTTP transport       -> /mcp behind bearer tokens, /health, uvicorn, signals
-    command line         -> main(); the memory subcommand (list/get/delete/export); adopt
+    command line         -> main(); the memory subcommand (list/get/delete/export); adopt; doctor
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import argparse
 import ast
 import base64
 import difflib
+import errno
 import fnmatch
 import hashlib
 import hmac
@@ -49,6 +50,7 @@ import shutil
 import signal
 import socket
 import sqlite3
+import stat
 import subprocess
 import sys
 import tempfile
@@ -125,6 +127,7 @@ RuntimeName = Literal["podman", "docker", "kubernetes"]
 KernelDelivery = Literal["auto", "mount", "stdin"]
 OutputMode = Literal["compact", "toon"]
 ServeTransport = Literal["stdio", "http"]
+ProjectServers = Literal["trusted", "all", "none"]
 
 
 @dataclass(frozen=True)
@@ -267,6 +270,7 @@ class BridgeConfig:
     kube_runtime_class: str | None = None  # e.g. gvisor
     allow_root: bool = False
     discover: bool = True
+    project_servers: ProjectServers = "trusted"
     max_memory_bytes: int = 1024 * 1024
     max_memory_total_bytes: int = 100 * 1024 * 1024
     max_images: int = 10
@@ -538,6 +542,14 @@ OPTIONS: tuple[Option, ...] = (
         "MCP_BRIDGE_DISCOVER",
         _boolean,
         "read MCP clients' config files for servers (0: only MCP_SERVERS_CONFIG or the state dir's *.json)",
+    ),
+    Option(
+        "project_servers",
+        "MCP_BRIDGE_PROJECT_SERVERS",
+        _choice("trusted", "all", "none"),
+        "servers of the project's own files (.mcp.json, .cursor/mcp.json, .vscode/mcp.json in the working "
+        "directory); trusted: only those its client records as trusted (Claude Code), the rest are listed, "
+        "not started; all: every one; none: those files are not read",
     ),
     Option(
         "allow_root",
@@ -1811,6 +1823,18 @@ async def sweep_orphans(
 #  10. MCP_SERVERS_CONFIG: when set, the ONLY source                              mcpServers or servers
 #  MCP_BRIDGE_DISCOVER=0 leaves out 2-9 (every client's config).
 #
+# The project's own files (.vscode/mcp.json, .cursor/mcp.json, .mcp.json) come with a
+# repository, not from the user: MCP_BRIDGE_PROJECT_SERVERS=trusted (the default) starts
+# their servers only where the client records that the user trusted them, as the client
+# itself would. Claude Code records it in ~/.claude.json projects[<folder>]
+# (hasTrustDialogAccepted, for the folder or a parent) and in its settings files
+# (enabledMcpjsonServers, enableAllProjectMcpServers, disabledMcpjsonServers); Cursor and
+# VS Code keep workspace trust in their own databases, so their project servers are not
+# started. Each server not started is a "found but not trusted" problem saying how to
+# allow it, and takes no part in the merge (a repository cannot hide the user's server of
+# the same name). `all` starts every project server; `none` does not read those files.
+# ~/.claude.json projects[<cwd>].mcpServers is the user's own (`claude mcp add --scope local`).
+#
 # JSON files may hold // and /* */ comments and trailing commas (VS Code writes them).
 # In command, args, env values, cwd, url and header values, ${VAR}, ${VAR:-default} (used
 # when VAR is unset or empty) and ${env:VAR} are replaced from the bridge's environment,
@@ -1850,6 +1874,7 @@ class DiscoveryResult:
     servers: tuple[ServerSpec, ...]  # sorted by alias
     problems: tuple[str, ...]  # "<file>: <what is wrong>", one per line
     sources: tuple[str, ...]  # labels of the files that exist and were read, lowest precedence first
+    untrusted: tuple[str, ...] = ()  # names of project servers found but not trusted (not started)
 
 
 @dataclass(frozen=True)
@@ -1863,6 +1888,7 @@ class ConfigSource:
     scope: str = ""  # names the table when one file holds several: "projects[/work/x]"
     url_transport: Transport = "http"  # an entry with a url and no type (Gemini CLI: sse)
     required: bool = False  # a missing file is a problem (only the explicit MCP_SERVERS_CONFIG)
+    project: str = ""  # a file that comes with the repository: the client whose trust it needs
 
     @property
     def label(self) -> str:
@@ -1911,19 +1937,62 @@ def config_sources(
         ConfigSource("VS Code", vscode / "settings.json", keys=(("mcp", "servers"),)),
         ConfigSource("Cursor", home / ".cursor" / "mcp.json"),
         ConfigSource("Claude Code", claude_json),
-        ConfigSource("VS Code (project)", cwd / ".vscode" / "mcp.json", keys=servers),
-        ConfigSource("Cursor (project)", cwd / ".cursor" / "mcp.json"),
+        ConfigSource("VS Code (project)", cwd / ".vscode" / "mcp.json", keys=servers, project="VS Code"),
+        ConfigSource("Cursor (project)", cwd / ".cursor" / "mcp.json", project="Cursor"),
         ConfigSource(
             "Claude Code (project)",
             claude_json,
             keys=(("projects", str(cwd), "mcpServers"),),
             scope="projects[%s]" % cwd,
         ),
-        ConfigSource("Claude Code (project)", cwd / ".mcp.json"),
+        ConfigSource("Claude Code (project)", cwd / ".mcp.json", project="Claude Code"),
     ]
 
 
 # --- reading one file ---------------------------------------------------------------
+
+# Client configs are kilobytes, but Claude Code keeps its history in ~/.claude.json, which
+# users report at 65 to 101 MB: the cap must read those and still stop a /dev/zero.
+MAX_CONFIG_FILE_BYTES = 128 * 1024 * 1024
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _not_regular(path: Path, mode: int) -> OSError | None:
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a file")
+    return OSError(errno.EINVAL, "it is %s, not a regular file" % kind, str(path))
+
+
+def read_config_bytes(path: Path, limit: int = MAX_CONFIG_FILE_BYTES) -> tuple[bytes, os.stat_result]:
+    """A config file's bytes and its status, read only from a regular file (symlinks
+    followed) of at most `limit` bytes: a link to /dev/zero or a FIFO must not hang or
+    bloat whoever reads it. FileNotFoundError or NotADirectoryError when it is absent;
+    another OSError, whose strerror says what is wrong, when it cannot be used."""
+    refused = _not_regular(path, os.stat(path).st_mode)  # before opening: opening a device may act
+    if refused is not None:
+        raise refused
+    # O_NONBLOCK: if a FIFO replaced the file since the stat, opening it cannot wait for a writer.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as file:
+        status = os.fstat(fd)
+        refused = _not_regular(path, status.st_mode)
+        if refused is not None:
+            raise refused
+        too_large = OSError(errno.EFBIG, "it is larger than %d MiB" % (limit // (1024 * 1024)), str(path))
+        if status.st_size > limit:
+            raise too_large
+        data = file.read(limit + 1)  # bounded too: a file may grow while it is read
+    if len(data) > limit:
+        raise too_large
+    return data, status
+
 
 # A JSON string (kept as is), or what JSONC adds to JSON (blanked out).
 _JSON_STRING = r'("(?:\\.|[^"\\])*")'
@@ -1946,7 +2015,7 @@ def _read_document(path: Path, format: Literal["json", "toml"]) -> Any:
     """The parsed file. Raises FileNotFoundError when it is absent, OSError or ValueError
     (which covers JSON, TOML and UTF-8 decoding errors) when it cannot be used."""
     # -sig: editors on Windows may add a BOM
-    return parse_document(path.read_text(encoding="utf-8-sig"), format)
+    return parse_document(read_config_bytes(path)[0].decode("utf-8-sig"), format)
 
 
 def parse_document(text: str, format: Literal["json", "toml"]) -> Any:
@@ -2135,6 +2204,106 @@ def _parse_entry(
     ]
 
 
+# --- project servers: whose trust they need -------------------------------------------
+
+ALL_PROJECT_SERVERS = "MCP_BRIDGE_PROJECT_SERVERS=all in the bridge's environment starts every project server"
+MAX_SHOWN_NAME_CHARS = 100
+
+
+def printable(text: str) -> str:
+    """`text` with escapes instead of control characters: it may come from a file the user
+    did not write (a repository's .mcp.json) and reach a terminal."""
+    return "".join(char if char.isprintable() else ascii(char)[1:-1] for char in text)
+
+
+def shown_name(name: str) -> str:
+    """A server name from such a file, as a person or the model sees it: printable, bounded."""
+    return printable(name[:MAX_SHOWN_NAME_CHARS]) + ("..." if len(name) > MAX_SHOWN_NAME_CHARS else "")
+
+
+@dataclass(frozen=True)
+class ClaudeCodeApprovals:
+    """What Claude Code records about this folder's .mcp.json servers. Its settings files
+    (~/.claude/settings.json, the project's .claude/settings.json and settings.local.json)
+    count only in a folder whose trust dialog was accepted, as in Claude Code: a cloned
+    repository cannot approve its own servers."""
+
+    trusted: bool  # hasTrustDialogAccepted for this folder or a parent
+    enable_all: bool  # enableAllProjectMcpServers
+    enabled: frozenset[str]  # enabledMcpjsonServers
+    disabled: frozenset[str]  # disabledMcpjsonServers: rejected, whatever else says
+
+
+def claude_code_settings_files(home: Path, cwd: Path) -> list[Path]:
+    return [
+        home / ".claude" / "settings.json",
+        cwd / ".claude" / "settings.json",
+        cwd / ".claude" / "settings.local.json",
+    ]
+
+
+def claude_code_approvals(claude_json: Any, settings: Sequence[Any], cwd: Path) -> ClaudeCodeApprovals:
+    """From the parsed ~/.claude.json and settings files (None or anything malformed: no
+    approval there)."""
+    projects = claude_json.get("projects") if isinstance(claude_json, dict) else None
+    projects = projects if isinstance(projects, dict) else {}
+    trusted = any(
+        isinstance(projects.get(str(folder)), dict)
+        and projects[str(folder)].get("hasTrustDialogAccepted") is True
+        for folder in (cwd, *cwd.parents)
+    )
+    layers = [layer for layer in (projects.get(str(cwd)), *settings) if isinstance(layer, dict)]
+
+    def names(key: str) -> frozenset[str]:
+        found = [layer.get(key) for layer in layers]
+        return frozenset(
+            name for value in found if isinstance(value, list) for name in value if isinstance(name, str)
+        )
+
+    return ClaudeCodeApprovals(
+        trusted=trusted,
+        enable_all=any(layer.get("enableAllProjectMcpServers") is True for layer in layers),
+        enabled=names("enabledMcpjsonServers"),
+        disabled=names("disabledMcpjsonServers"),
+    )
+
+
+def untrusted_reason(
+    source: ConfigSource, name: str, approvals: ClaudeCodeApprovals, cwd: Path, state_dir: Path
+) -> str | None:
+    """Why a project file's server is not started under MCP_BRIDGE_PROJECT_SERVERS=trusted,
+    with how to allow it (a problem line); None when its client records it as trusted."""
+    if source.project == "Claude Code":
+        if name in approvals.disabled:
+            why = (
+                "Claude Code rejected it (disabledMcpjsonServers). To allow it, enable it in Claude Code "
+                "(/mcp in %s) or take it out of disabledMcpjsonServers" % cwd
+            )
+        elif not approvals.trusted:
+            why = (
+                "this folder's trust dialog has not been accepted in Claude Code. To allow it, run "
+                "`claude` in %s, trust the folder and approve the server" % cwd
+            )
+        elif not (approvals.enable_all or name in approvals.enabled):
+            why = (
+                "it has not been approved in Claude Code (enabledMcpjsonServers). To allow it, run "
+                "`claude` in %s and approve it" % cwd
+            )
+        else:
+            return None
+    else:
+        why = (
+            "%s keeps workspace trust where the bridge cannot read it, so its project servers are not "
+            "started. To allow it, copy the entry to %s" % (source.project, state_dir / "servers.json")
+        )
+    return "%s: not started: %s is found but not trusted: %s; or %s." % (
+        source.label,
+        shown_name(name),
+        why,
+        ALL_PROJECT_SERVERS,
+    )
+
+
 # --- aliases and the whole discovery ------------------------------------------------
 
 
@@ -2177,6 +2346,16 @@ def launches_self(argv: Sequence[str], self_markers: tuple[str, ...]) -> bool:
     return False
 
 
+def _names_this_bridge(entry: Any, self_markers: tuple[str, ...]) -> bool:
+    """An entry that launches this bridge (a project's .mcp.json often lists it): never
+    started, whoever trusts it, so _parse_entry says that instead of "not trusted"."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("command"), str):
+        return False
+    args = entry.get("args")
+    words = [arg for arg in args if isinstance(arg, str)] if isinstance(args, list) else []
+    return launches_self([entry["command"], *words], self_markers)
+
+
 def discover_servers(
     home: Path,
     cwd: Path,
@@ -2186,17 +2365,40 @@ def discover_servers(
     explicit: Path | None,
     self_markers: tuple[str, ...] = SELF_MARKERS,
     clients: bool = True,
+    project_servers: ProjectServers = "trusted",
 ) -> DiscoveryResult:
     """Every configured MCP server, merged by name across config_sources(). Never raises
     for bad input: what cannot be used is skipped and described in `problems`; problem
-    lines of entries that a later file replaced are dropped with them."""
+    lines of entries that a later file replaced are dropped with them. The project's own
+    files are read as `project_servers` says (see the table above)."""
     chosen: dict[str, tuple[ServerSpec | None, list[str]]] = {}
     problems: list[str] = []
     read: list[str] = []
+    untrusted: list[str] = []
     editor = editor_variables(home, cwd)
+    documents: dict[Path, Any] = {}  # ~/.claude.json is read for three purposes: read it once
+
+    def document_of(path: Path, format: Literal["json", "toml"]) -> Any:
+        if path not in documents:
+            try:
+                documents[path] = _read_document(path, format)
+            except (OSError, ValueError) as exc:
+                documents[path] = exc
+        if isinstance(documents[path], Exception):
+            raise documents[path]
+        return documents[path]
+
+    def optional_document(path: Path) -> Any:  # an approval that cannot be read approves nothing
+        with suppress(OSError, ValueError):
+            return document_of(path, "json")
+        return None
+
+    approvals: ClaudeCodeApprovals | None = None
     for source in config_sources(home, cwd, platform, environ, state_dir, explicit, clients):
+        if source.project and project_servers == "none":
+            continue
         try:
-            document = _read_document(source.path, source.format)
+            document = document_of(source.path, source.format)
         except (FileNotFoundError, NotADirectoryError):
             if source.required:
                 problems.append("%s: the file does not exist" % source.path)
@@ -2215,13 +2417,34 @@ def discover_servers(
         if table is None and source.required:
             problems.append("%s: has no mcpServers or servers table" % source.label)
         for name, entry in (table or {}).items():
+            if (
+                source.project
+                and project_servers == "trusted"
+                and not _names_this_bridge(entry, self_markers)
+            ):
+                if approvals is None:
+                    approvals = claude_code_approvals(
+                        optional_document(home / ".claude.json"),
+                        [optional_document(path) for path in claude_code_settings_files(home, cwd)],
+                        cwd,
+                    )
+                refusal = untrusted_reason(source, name, approvals, cwd, state_dir)
+                if refusal is not None:
+                    untrusted.append(shown_name(name))
+                    problems.append(refusal)
+                    continue
             chosen[name] = _parse_entry(name, entry, source, environ, self_markers, editor)
     specs = [spec for spec, _ in chosen.values() if spec is not None]
     problems += [line for _, lines in chosen.values() for line in lines]
     aliases = assign_aliases(spec.name for spec in specs)
     servers = sorted((replace(spec, alias=aliases[spec.name]) for spec in specs), key=lambda s: s.alias)
     # dict.fromkeys: ~/.claude.json is read for two sources; report it once.
-    return DiscoveryResult(tuple(servers), tuple(dict.fromkeys(problems)), tuple(dict.fromkeys(read)))
+    return DiscoveryResult(
+        tuple(servers),
+        tuple(dict.fromkeys(problems)),
+        tuple(dict.fromkeys(read)),
+        tuple(dict.fromkeys(untrusted)),
+    )
 
 
 # =============================================================================
@@ -4267,6 +4490,11 @@ class HostAPI:
             "Call: mcp_<alias>.<tool>(name=value) returns the value; calls inside await or "
             "asyncio.gather(...) run at the same time; failures raise runtime.MCPToolError.",
         ]
+        if self.pool.discovery.untrusted:
+            lines.append(
+                "Found in the project's config but not trusted, so not started: %s."
+                % ", ".join(self.pool.discovery.untrusted)
+            )
         if self.pool.discovery.problems:
             lines.append(
                 "%d configuration problem(s): see runtime.discovered_servers(detailed=True)."
@@ -6808,13 +7036,23 @@ class AdoptError(BridgeError):
         self.status = status
 
 
+class ConfigChangedError(AdoptError):
+    """A file changed between adopt's read and its write: its client may be running."""
+
+
+Stamp = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns of a file as read
+
+
 @dataclass(frozen=True)
 class FileChange:
-    """One file that adopt (or its undo) writes: its bytes before and after; None: absent."""
+    """One file that adopt (or its undo) writes: its bytes before and after; None: absent.
+    `stamp`: the file's status when `before` was read, so that a write in between, even of
+    the same length, is seen; None: compare the bytes only."""
 
     path: Path
     before: bytes | None
     after: bytes | None
+    stamp: Stamp | None = None
 
 
 @dataclass
@@ -6826,6 +7064,7 @@ class _ClientFile:
     document: Any
     keys: tuple[str, ...]  # where its servers table is (or would be)
     table: dict[str, Any]
+    stamp: Stamp
     moved: dict[str, Any] = field(default_factory=dict)  # name -> the entry for servers.json
     bridges: list[str] = field(default_factory=list)  # entries that start this bridge: they stay
     kept: dict[str, str] = field(default_factory=dict)  # name -> why only the client can use it
@@ -6847,20 +7086,52 @@ def _sha256(data: bytes | None) -> str | None:
     return None if data is None else hashlib.sha256(data).hexdigest()
 
 
-def _read_bytes(path: Path) -> bytes | None:
+def _stamp(status: os.stat_result) -> Stamp:
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
+
+
+def _read_file(path: Path) -> tuple[bytes, Stamp] | None:
+    """A config file's bytes and stamp, as discovery reads it (a regular file, bounded);
+    None when it does not exist."""
     try:
-        return path.read_bytes()
+        data, status = read_config_bytes(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
         raise AdoptError("cannot read %s: %s. Nothing was changed." % (path, exc.strerror or exc)) from None
+    return data, _stamp(status)
 
 
-def _write_atomically(path: Path, data: bytes | None) -> None:
+def _read_bytes(path: Path) -> bytes | None:
+    found = _read_file(path)
+    return None if found is None else found[0]
+
+
+def unchanged_since_read(change: FileChange) -> bool:
+    """Whether change.path still holds change.before (same bytes and, when known, the same
+    stamp): nobody wrote it since adopt read it."""
+    found = _read_file(change.path)
+    if found is None:
+        return change.before is None
+    return found[0] == change.before and change.stamp in (None, found[1])
+
+
+def _write_atomically(path: Path, data: bytes | None, expect: FileChange | None = None) -> None:
     """Replace `path` by `data` (None: remove it) in one step: a temporary file beside it,
     then os.replace. An existing file keeps its mode; a new one is private (0600): server
-    entries often carry tokens."""
+    entries often carry tokens. With `expect`, the file is compared with what was read
+    right before the replace, and ConfigChangedError leaves it as it is if another writer
+    (the client itself) changed it in between: replacing it would lose that write."""
+
+    def check() -> None:
+        if expect is not None and not unchanged_since_read(expect):
+            raise ConfigChangedError(
+                "%s changed while adopt was writing it (quit its client first, then run adopt again), "
+                "so it was not overwritten" % expect.path
+            )
+
     if data is None:
+        check()
         path.unlink(missing_ok=True)
         return
     try:
@@ -6874,6 +7145,7 @@ def _write_atomically(path: Path, data: bytes | None) -> None:
             file.flush()
             os.fsync(file.fileno())
         os.chmod(temporary, mode)
+        check()
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
@@ -6896,9 +7168,10 @@ def _table_keys(document: Any, source: ConfigSource) -> tuple[str, ...]:
 
 def _read_config_file(source: ConfigSource) -> _ClientFile | None:
     """The file, parsed as discovery parses it; None when it does not exist."""
-    data = _read_bytes(source.path)
-    if data is None:
+    found = _read_file(source.path)
+    if found is None:
         return None
+    data, stamp = found
     try:
         document = parse_document(data.removeprefix(_BOM).decode("utf-8"), source.format)
         table = _server_table(document, source) or {}
@@ -6907,7 +7180,7 @@ def _read_config_file(source: ConfigSource) -> _ClientFile | None:
             "%s cannot be read as %s (%s): fix it, or move its servers by hand. Nothing was changed."
             % (source.path, source.format.upper(), exc)
         ) from None
-    return _ClientFile(source, data, document, _table_keys(document, source), table)
+    return _ClientFile(source, data, document, _table_keys(document, source), table, stamp)
 
 
 def _starts_this_bridge(entry: Any) -> bool:
@@ -7283,7 +7556,7 @@ def plan_adoption(
                     entry["env"] = {"MCP_BRIDGE_STATE_DIR": str(state_dir)}
                 table[name] = entry
                 lines.append("%s: adds %s (this bridge: %s)" % (label, name, " ".join(command)))
-            changes.append(FileChange(found.source.path, found.data, _rewritten(found, table)))
+            changes.append(FileChange(found.source.path, found.data, _rewritten(found, table), found.stamp))
     if conflicts:
         raise AdoptError(
             "%s. Rename or remove one of each, then run adopt again. Nothing was changed."
@@ -7299,15 +7572,17 @@ def plan_adoption(
             after = (json.dumps({"mcpServers": table}, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
             changes.append(FileChange(own_path, None, after))
         else:
-            changes.append(FileChange(own_path, existing.data, _rewritten(existing, table)))
+            changes.append(FileChange(own_path, existing.data, _rewritten(existing, table), existing.stamp))
     return changes, lines
 
 
 def apply_adoption(changes: Sequence[FileChange], state_dir: Path, clients: Sequence[str]) -> Path:
     """Back up, then write, every change; returns the backup folder. Refuses, writing
-    nothing, when a file changed since it was read (its client may be running)."""
+    nothing, when a file changed since it was read (its client may be running). The
+    bridge's servers file is written first: if a client's file then cannot be written, or
+    changed meanwhile, what was written is put back, so no server is ever in neither."""
     for change in changes:
-        if _read_bytes(change.path) != change.before:
+        if not unchanged_since_read(change):
             raise AdoptError(
                 "%s changed while adopt was reading it (quit its client first); run adopt again. "
                 "Nothing was changed." % change.path
@@ -7326,15 +7601,39 @@ def apply_adoption(changes: Sequence[FileChange], state_dir: Path, clients: Sequ
         )
     manifest = _AdoptManifest(clients=list(clients), created=datetime.now(UTC).isoformat(), files=files)
     _write_atomically(folder / ADOPT_MANIFEST, manifest.model_dump_json(indent=2).encode("utf-8"))
-    for change in changes:  # symlinked configs (dotfiles) are written through the link
-        try:
-            _write_atomically(change.path.resolve(), change.after)
-        except OSError as exc:
-            raise AdoptError(
-                "could not write %s (%s); `%s %s --undo` restores what was written."
-                % (change.path, exc.strerror or exc, SERVER_NAME, ADOPT_COMMAND)
-            ) from None
+    own = state_dir / SERVERS_FILE
+    written: list[FileChange] = []
+    for change in sorted(changes, key=lambda change: change.path != own):  # stable: own first
+        try:  # symlinked configs (dotfiles) are written through the link
+            _write_atomically(change.path.resolve(), change.after, expect=change)
+        except (OSError, ConfigChangedError) as exc:
+            if isinstance(exc, ConfigChangedError):
+                what = str(exc)
+            else:
+                what = "could not write %s (%s)" % (change.path, exc.strerror or exc)
+            not_restored = _put_back(written)
+            if not_restored:
+                raise AdoptError(
+                    "%s, and could not put back %s; `%s %s --undo` restores them from %s."
+                    % (what, ", ".join(not_restored), SERVER_NAME, ADOPT_COMMAND, folder)
+                ) from None
+            shutil.rmtree(folder, ignore_errors=True)  # no adopt happened: nothing for --undo
+            raise AdoptError("%s. Nothing was changed." % what) from None
+        written.append(change)
     return folder
+
+
+def _put_back(written: Sequence[FileChange]) -> list[str]:
+    """Restore files adopt wrote (newest first), each only while it still holds what adopt
+    wrote; returns those that could not be."""
+    failed = []
+    for change in reversed(written):
+        target = change.path.resolve() if change.before is not None else change.path
+        try:
+            _write_atomically(target, change.before, expect=FileChange(change.path, change.after, None))
+        except (OSError, AdoptError):
+            failed.append(str(change.path))
+    return failed
 
 
 def plan_undo(state_dir: Path, clients: Sequence[str], force: bool) -> tuple[Path, list[FileChange]]:
@@ -7381,7 +7680,8 @@ def plan_undo(state_dir: Path, clients: Sequence[str], force: bool) -> tuple[Pat
 
 def apply_undo(folder: Path, changes: Sequence[FileChange]) -> None:
     for change in changes:
-        _write_atomically(change.path.resolve() if change.after is not None else change.path, change.after)
+        target = change.path.resolve() if change.after is not None else change.path
+        _write_atomically(target, change.after, expect=change)
     folder.rename(folder.with_name(folder.name + _UNDONE))
 
 
@@ -7527,6 +7827,42 @@ def adopt_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     except OSError as exc:  # a folder that cannot be created, a disk that is full
         print(prefix + "%s: %s" % (exc.filename or type(exc).__name__, exc.strerror or exc), file=sys.stderr)
         return 1
+    return 0
+
+
+# --- the doctor subcommand ------------------------------------------------------------
+# `mcp-server-code-execution-mode doctor [server flags]`: what the bridge would find if it
+# started here (this working directory, these settings), starting nothing: the config
+# files it reads, the servers it offers, the project servers found but not trusted and
+# every other problem, each with what to do. The report goes to stdout.
+
+DOCTOR_COMMAND = "doctor"
+
+
+def doctor_report(config: BridgeConfig, discovery: DiscoveryResult) -> str:
+    lines = ["MCP_BRIDGE_PROJECT_SERVERS=%s (working directory %s)" % (config.project_servers, Path.cwd())]
+    lines += ["Config files read:", *("  %s" % label for label in discovery.sources or ["(none)"])]
+    rows = [("ALIAS", "NAME", "TRANSPORT", "SOURCE")]
+    rows += [(spec.alias, shown_name(spec.name), spec.transport, spec.source) for spec in discovery.servers]
+    lines += ["MCP servers offered (none is started until code uses it):"]
+    lines += ["  " + row for row in _table(rows).splitlines()] if discovery.servers else ["  (none)"]
+    if discovery.untrusted:
+        lines.append("Found but not trusted, not started: %s" % ", ".join(discovery.untrusted))
+    lines += ["Problems:", *("  " + printable(line) for line in discovery.problems or ["(none)"])]
+    return "\n".join(lines) + "\n"
+
+
+def doctor_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    """The ``doctor`` subcommand: 0 with the report, 2 for a bad setting."""
+    try:
+        config = load_config(argv, environ)  # the server's own flags and variables
+    except ConfigError as exc:
+        print("%s %s: %s" % (SERVER_NAME, DOCTOR_COMMAND, exc), file=sys.stderr)
+        return 2
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(encoding="utf-8")
+    sys.stdout.write(doctor_report(config, configured_servers(config, environ)))
+    sys.stdout.flush()
     return 0
 
 
@@ -7825,6 +8161,21 @@ def workspace_warning(config: BridgeConfig) -> str | None:
     )
 
 
+def configured_servers(config: BridgeConfig, environ: Mapping[str, str]) -> DiscoveryResult:
+    """The servers the bridge offers, found here, with every problem (policy ones too)."""
+    discovery = discover_servers(
+        home=Path.home(),
+        cwd=Path.cwd(),
+        platform=sys.platform,
+        environ=environ,
+        state_dir=config.state_dir,
+        explicit=config.servers_config,
+        clients=config.discover,
+        project_servers=config.project_servers,
+    )
+    return replace(discovery, problems=(*discovery.problems, *policy_problems(config, discovery.servers)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == [MEMORY_COMMAND]:
@@ -7833,6 +8184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return adopt_main(args[1:], os.environ)
     if args[:1] == [BUILD_IMAGE_COMMAND]:
         return build_image_main(args[1:], os.environ)
+    if args[:1] == [DOCTOR_COMMAND]:
+        return doctor_main(args[1:], os.environ)
     try:
         config = load_config(args, os.environ)
     except ConfigError as exc:
@@ -7841,18 +8194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=config.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    discovery = discover_servers(
-        home=Path.home(),
-        cwd=Path.cwd(),
-        platform=sys.platform,
-        environ=os.environ,
-        state_dir=config.state_dir,
-        explicit=config.servers_config,
-        clients=config.discover,
-    )
-    discovery = replace(
-        discovery, problems=(*discovery.problems, *policy_problems(config, discovery.servers))
-    )
+    discovery = configured_servers(config, os.environ)
     for problem in discovery.problems:
         logger.warning("MCP server configuration: %s", problem)
     if config.workspace is not None:

@@ -389,6 +389,95 @@ def test_a_symlinked_config_is_written_through_its_link(tmp_path: Path) -> None:
     assert json.loads(target.read_text()) == {"mcpServers": {"code-execution": BRIDGE_ENTRY}}
 
 
+# --- unusable files, write errors, a client writing meanwhile ----------------------------
+
+
+@pytest.mark.parametrize("kind", ["a link to /dev/zero", "a FIFO"])
+def test_adopt_refuses_a_config_that_is_not_a_regular_file(tmp_path: Path, kind: str) -> None:
+    home = tmp_path / "home"
+    config = claude_desktop_config(home)
+    config.parent.mkdir(parents=True)
+    if kind == "a FIFO":
+        os.mkfifo(config)
+    else:
+        config.symlink_to("/dev/zero")
+    before = snapshot(tmp_path)
+    # adopt()'s timeout is the hang detector: a plain read of either never ends.
+    message = refused(adopt(home, "--client", "claude-desktop"))
+    what = "a named pipe (FIFO)" if kind == "a FIFO" else "a character device"
+    assert message == "cannot read %s: it is %s, not a regular file. Nothing was changed." % (config, what)
+    assert snapshot(tmp_path) == before
+
+
+def test_when_the_bridges_file_cannot_be_written_the_clients_file_is_left_as_it_was(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    config = write_json(claude_desktop_config(home), {"mcpServers": {"a": {"command": "a"}}})
+    original = config.read_bytes()
+    # Root may write anywhere chmod forbids; nobody can create a file under a regular file.
+    (tmp_path / "a-file").write_text("")
+    (home / "MCPs").mkdir()
+    (home / "MCPs" / "servers.json").symlink_to(tmp_path / "a-file" / "servers.json")
+    before = snapshot(tmp_path)
+    message = refused(adopt(home, "--client", "claude-desktop"))
+    assert message.startswith("could not write %s (Not a directory)" % (home / "MCPs" / "servers.json"))
+    assert config.read_bytes() == original  # before the fix: rewritten, its servers in neither file
+    assert snapshot(tmp_path) == before  # no backup left for an adopt that did not happen
+    assert not (home / "MCPs" / "backups").exists() or not any((home / "MCPs" / "backups").iterdir())
+
+
+def test_a_client_writing_its_config_while_adopt_writes_is_not_overwritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "home"
+    config = write_json(claude_desktop_config(home), {"mcpServers": {"a": {"command": "a"}}})
+    monkeypatch.setenv("HOME", str(home))
+    real_write = bridge._write_atomically
+    clients_write = b'{"mcpServers": {"a": {"command": "a"}, "added-by-the-client": {"command": "b"}}}\n'
+
+    wrote: list[bool] = []
+
+    def client_writes_first(path: Path, data: bytes | None, **kwargs: Any) -> None:
+        if not wrote:  # once: as adopt writes its first file (a backup), after it read them all
+            wrote.append(True)
+            config.write_bytes(clients_write)
+        real_write(path, data, **kwargs)
+
+    monkeypatch.setattr(bridge, "_write_atomically", client_writes_first)
+    status = bridge.adopt_main(["--client", "claude-desktop"], {"HOME": str(home)})
+    message = capsys.readouterr().err.strip()
+    assert status == 1, message
+    assert config.read_bytes() == clients_write  # before the fix: adopt's version replaced it
+    assert message == (
+        PREFIX + "%s changed while adopt was writing it (quit its client first, then run adopt again), so it "
+        "was not overwritten. Nothing was changed." % config
+    )
+    assert not (home / "MCPs" / "servers.json").exists()  # written first, then put back
+    assert not any((home / "MCPs" / "backups").iterdir())
+
+
+def test_write_atomically_refuses_to_replace_a_file_changed_since_it_was_read(tmp_path: Path) -> None:
+    path = write_json(tmp_path / "config.json", {"v": 1})
+    data, status = bridge.read_config_bytes(path)
+    read = bridge.FileChange(path, data, b"adopt's", bridge._stamp(status))
+
+    path.write_bytes(data.replace(b"1", b"2"))  # same length, other bytes
+    with pytest.raises(bridge.ConfigChangedError):
+        bridge._write_atomically(path, read.after, expect=read)
+    assert path.read_bytes() == data.replace(b"1", b"2")
+
+    path.write_bytes(data)
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns + 1_000_000_000))  # the same bytes, rewritten
+    with pytest.raises(bridge.ConfigChangedError):
+        bridge._write_atomically(path, read.after, expect=read)
+    with pytest.raises(bridge.ConfigChangedError):
+        bridge._write_atomically(path, None, expect=read)  # a removal is checked too
+    assert path.read_bytes() == data and [p.name for p in tmp_path.iterdir()] == ["config.json"]
+
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))
+    bridge._write_atomically(path, read.after, expect=read)  # unchanged: replaced
+    assert path.read_bytes() == b"adopt's"
+
+
 # --- undo, listing, several clients ------------------------------------------------------
 
 
@@ -486,7 +575,9 @@ def readme_snippets() -> dict[str, tuple[str, str]]:
 
 
 def assert_discovered_as_the_bridge(home: Path, cwd: Path) -> None:
-    found = bridge.discover_servers(home, cwd, "linux", {}, home / "MCPs", None, self_markers=())
+    found = bridge.discover_servers(  # "all": a snippet pasted in a project file is read as in a user's
+        home, cwd, "linux", {}, home / "MCPs", None, self_markers=(), project_servers="all"
+    )
     assert found.problems == (), found.problems
     (spec,) = found.servers
     assert spec.name == "code-execution" and spec.transport == "stdio"

@@ -3,7 +3,10 @@ aliases, on real files in a fake home and project directory."""
 
 from __future__ import annotations
 
+import ast
 import json
+import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import FrozenInstanceError, dataclass
 from pathlib import Path
@@ -12,7 +15,9 @@ from typing import Any
 import pytest
 
 from mcp_server_code_execution_mode import (
+    MAX_CONFIG_FILE_BYTES,
     DiscoveryResult,
+    ProjectServers,
     ServerSpec,
     config_sources,
     discover_servers,
@@ -20,6 +25,7 @@ from mcp_server_code_execution_mode import (
     sanitize_alias,
     strip_jsonc,
 )
+from tests.conftest import Engine, bridge_client, console_script, proxy_env, run_cell
 
 
 @dataclass(frozen=True)
@@ -35,8 +41,17 @@ class Host:
         platform: str = "linux",
         environ: Mapping[str, str] | None = None,
         explicit: Path | None = None,
+        project_servers: ProjectServers = "all",  # these tests are about reading the files
     ) -> DiscoveryResult:
-        return discover_servers(self.home, self.cwd, platform, environ or {}, self.state_dir, explicit)
+        return discover_servers(
+            self.home,
+            self.cwd,
+            platform,
+            environ or {},
+            self.state_dir,
+            explicit,
+            project_servers=project_servers,
+        )
 
 
 @pytest.fixture
@@ -511,7 +526,7 @@ def test_malformed_files_are_reported_and_other_files_still_load(host: Host) -> 
         assert "%s: cannot be used: " % path in problems
     assert "the top level is not an object" in problems
     assert "mcpServers is not an object" in problems
-    assert "Is a directory" in problems
+    assert "it is a directory, not a regular file" in problems
 
 
 def test_a_malformed_claude_json_is_reported_once_though_two_sources_read_it(host: Host) -> None:
@@ -665,3 +680,211 @@ def test_launches_self_ignores_paths_that_merely_contain_the_name(argv: list[str
     from mcp_server_code_execution_mode import SELF_MARKERS, launches_self
 
     assert not launches_self(argv, SELF_MARKERS)
+
+
+# --- project servers: started only where their client records the user's trust -------
+
+
+def claude_project(host: Host, folder: Path | None = None, **settings: Any) -> Path:
+    """~/.claude.json as Claude Code writes it, with `settings` for the folder (default: cwd)."""
+    return write(host.home / ".claude.json", {"projects": {str(folder or host.cwd): settings}})
+
+
+def not_trusted(result: DiscoveryResult) -> dict[str, str]:
+    """name -> its "found but not trusted" problem line."""
+    lines = [line for line in result.problems if " is found but not trusted: " in line]
+    assert len(lines) == len(result.untrusted), result
+    return dict(zip(result.untrusted, lines, strict=True))
+
+
+def test_a_project_mcp_json_is_not_started_until_claude_code_records_trust(host: Host) -> None:
+    path = write(host.cwd / ".mcp.json", {"mcpServers": {"evil": stdio("sh", "-c", "id > marker")}})
+    result = host.discover(project_servers="trusted")
+    assert result.servers == ()
+    line = not_trusted(result)["evil"]
+    assert line.startswith("%s: not started: evil is found but not trusted: " % path)
+    assert "trust dialog has not been accepted" in line and "run `claude` in %s" % host.cwd in line
+    assert "MCP_BRIDGE_PROJECT_SERVERS=all" in line
+
+    claude_project(host, hasTrustDialogAccepted=False, disabledMcpjsonServers=["evil"])
+    assert (
+        "rejected it (disabledMcpjsonServers)"
+        in not_trusted(host.discover(project_servers="trusted"))["evil"]
+    )
+
+    claude_project(host, hasTrustDialogAccepted=True)  # trusted, but this server never approved
+    assert "has not been approved" in not_trusted(host.discover(project_servers="trusted"))["evil"]
+
+    claude_project(
+        host, hasTrustDialogAccepted=True, enabledMcpjsonServers=["evil"], disabledMcpjsonServers=[]
+    )
+    assert only(host.discover(project_servers="trusted")).name == "evil"
+
+    claude_project(host, hasTrustDialogAccepted=True, enableAllProjectMcpServers=True)
+    assert only(host.discover(project_servers="trusted")).name == "evil"
+
+    # Rejected wins over approved, wherever each is written.
+    claude_project(host, hasTrustDialogAccepted=True, enableAllProjectMcpServers=True)
+    write(host.home / ".claude/settings.json", {"disabledMcpjsonServers": ["evil"]})
+    assert "evil" in not_trusted(host.discover(project_servers="trusted"))
+
+
+def test_claude_code_trust_of_a_parent_folder_and_approvals_in_settings_files_count(host: Host) -> None:
+    write(host.cwd / ".mcp.json", {"mcpServers": {"a": stdio("a"), "b": stdio("b"), "c": stdio("c")}})
+    claude_project(host, host.cwd.parent, hasTrustDialogAccepted=True)
+    write(host.home / ".claude/settings.json", {"enabledMcpjsonServers": ["a"]})
+    write(host.cwd / ".claude/settings.local.json", {"enabledMcpjsonServers": ["b"]})
+    result = host.discover(project_servers="trusted")
+    assert [spec.name for spec in result.servers] == ["a", "b"]
+    assert list(not_trusted(result)) == ["c"]
+
+
+def test_a_repository_cannot_approve_its_own_servers_in_an_untrusted_folder(host: Host) -> None:
+    write(host.cwd / ".mcp.json", {"mcpServers": {"evil": stdio("evil")}})
+    write(host.cwd / ".claude/settings.json", {"enableAllProjectMcpServers": True})
+    write(host.cwd / ".claude/settings.local.json", {"enabledMcpjsonServers": ["evil"]})
+    assert "trust dialog" in not_trusted(host.discover(project_servers="trusted"))["evil"]
+
+
+def test_cursor_and_vscode_project_servers_are_not_started_under_trusted(host: Host) -> None:
+    cursor = write(host.cwd / ".cursor/mcp.json", {"mcpServers": {"c": stdio("c")}})
+    vscode = write(host.cwd / ".vscode/mcp.json", {"servers": {"v": stdio("v")}})
+    claude_project(host, hasTrustDialogAccepted=True, enableAllProjectMcpServers=True)  # Claude Code's only
+    result = host.discover(project_servers="trusted")
+    assert result.servers == ()
+    lines = not_trusted(result)
+    assert lines["c"].startswith("%s: not started: c is found but not trusted: Cursor keeps" % cursor)
+    assert lines["v"].startswith("%s: not started: v is found but not trusted: VS Code keeps" % vscode)
+    assert str(host.state_dir / "servers.json") in lines["c"]
+    assert {spec.name for spec in host.discover(project_servers="all").servers} == {"c", "v"}
+
+
+def test_claude_code_local_scope_servers_are_the_users_own_and_start(host: Host) -> None:
+    claude_project(host, hasTrustDialogAccepted=False, mcpServers={"mine": stdio("m")})
+    assert only(host.discover(project_servers="trusted")).name == "mine"
+    assert only(host.discover(project_servers="none")).name == "mine"
+
+
+def test_an_untrusted_project_server_does_not_hide_the_users_server_of_that_name(host: Host) -> None:
+    write(host.home / ".cursor/mcp.json", {"mcpServers": {"github": stdio("users-own")}})
+    write(host.cwd / ".mcp.json", {"mcpServers": {"github": stdio("the-repositorys")}})
+    result = host.discover(project_servers="trusted")
+    assert [spec.command for spec in result.servers] == ["users-own"]
+    assert list(not_trusted(result)) == ["github"]
+    assert [spec.command for spec in host.discover(project_servers="all").servers] == ["the-repositorys"]
+
+
+def test_a_project_entry_that_launches_this_bridge_is_skipped_as_such_not_as_untrusted(host: Host) -> None:
+    path = write(
+        host.cwd / ".mcp.json",
+        {"mcpServers": {"code-execution": stdio("uvx", "mcp-server-code-execution-mode")}},
+    )
+    result = host.discover(project_servers="trusted")
+    assert (result.servers, result.untrusted) == ((), ())
+    assert result.problems == ("%s: skipped code-execution: it launches this bridge itself" % path,)
+
+
+def test_none_leaves_the_project_files_unread(host: Host) -> None:
+    for path in (host.cwd / ".mcp.json", host.cwd / ".cursor/mcp.json"):
+        write(path, {"mcpServers": {path.parent.name: stdio("x")}})
+    assert host.discover(project_servers="none") == DiscoveryResult((), (), ())
+
+
+def test_a_hostile_server_name_is_shown_escaped_and_bounded(host: Host) -> None:
+    name = "\x1b]0;owned\x07\x1b[2J" + "x" * 500
+    write(host.cwd / ".mcp.json", {"mcpServers": {name: stdio("x")}})
+    result = host.discover(project_servers="trusted")
+    (shown,) = result.untrusted
+    assert "\x1b" not in shown and "\x07" not in shown and shown.startswith("\\x1b]0;owned\\x07")
+    assert len(shown) < 150 and not any("\x1b" in line for line in result.problems)
+
+
+# --- reading config files: only regular files, bounded --------------------------------
+
+
+def test_a_config_that_is_a_link_to_dev_zero_or_a_fifo_is_a_problem_and_others_still_load(
+    host: Host,
+) -> None:
+    import os
+
+    zero = host.home / ".cursor/mcp.json"
+    zero.parent.mkdir(parents=True)
+    zero.symlink_to("/dev/zero")
+    fifo = host.home / ".gemini/settings.json"
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)
+    huge = write(host.home / ".codeium/windsurf/mcp_config.json", "")
+    os.truncate(huge, MAX_CONFIG_FILE_BYTES + 1)  # sparse: no real disk use
+    write(host.home / ".claude.json", {"mcpServers": {"good": stdio("g")}})
+    # In a process of its own, bounded: a FIFO read without O_NONBLOCK hangs, /dev/zero grows forever.
+    script = (
+        "import json, sys; from pathlib import Path; import mcp_server_code_execution_mode as m; "
+        "r = m.discover_servers(Path(sys.argv[1]), Path(sys.argv[2]), 'linux', {}, Path(sys.argv[3]), None); "
+        "print(json.dumps([[s.name for s in r.servers], r.problems]))"
+    )
+    argv = [sys.executable, "-c", script, str(host.home), str(host.cwd), str(host.state_dir)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+    names, lines = json.loads(done.stdout)
+    assert names == ["good"]
+    problems = "\n".join(lines)
+    assert "%s: cannot be used: it is a character device, not a regular file" % zero in problems
+    assert "%s: cannot be used: it is a named pipe (FIFO), not a regular file" % fifo in problems
+    assert "%s: cannot be used: it is larger than 128 MiB" % huge in problems
+
+
+# --- the acceptance test: a hostile repository's .mcp.json and a real bridge ----------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", ["untrusted", "approved", "all"])
+async def test_a_repositorys_mcp_json_runs_on_the_host_only_once_trusted(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path, case: str
+) -> None:
+    project, marker, home = tmp_path / "repo", tmp_path / "MARKER", tmp_path / "home"
+    write(project / ".mcp.json", {"mcpServers": {"evil": stdio("sh", "-c", "id > %s" % marker)}})
+    approved = case == "approved"
+    approval = {"enabledMcpjsonServers" if approved else "disabledMcpjsonServers": ["evil"]}
+    write(
+        home / ".claude.json", {"projects": {str(project): {"hasTrustDialogAccepted": approved, **approval}}}
+    )
+    settings = {"MCP_BRIDGE_PROJECT_SERVERS": "all"} if case == "all" else {}
+    env = proxy_env(proxy_engine, state_dir, home, MCP_BRIDGE_SERVER_START_TIMEOUT="10", **settings)
+    async with bridge_client(env, cwd=project) as client:
+        seen = await run_cell(
+            client,
+            """
+            from mcp import runtime
+            runtime.search_tool_docs("anything")
+            {
+                "servers": runtime.list_servers(),
+                "problems": runtime.discovered_servers(detailed=True)["problems"],
+                "summary": runtime.capability_summary(),
+            }
+            """,
+        )
+    assert seen["status"] == "ok", seen
+    value = ast.literal_eval(seen["value"])
+    if case == "untrusted":
+        assert not marker.exists()  # before the fix: `id` had run, as the user
+        assert value["servers"] == []
+        (line,) = [line for line in value["problems"] if "evil is found but not trusted" in line]
+        assert "rejected it (disabledMcpjsonServers)" in line and "MCP_BRIDGE_PROJECT_SERVERS=all" in line
+        assert "not trusted, so not started: evil" in value["summary"]
+    else:
+        assert marker.read_text().startswith("uid="), seen  # it ran, as the user
+        assert value["servers"] == ["evil"]
+    doctor = subprocess.run(
+        [console_script(), "doctor"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    offered, problems = doctor.stdout.split("\nProblems:\n")
+    if case == "untrusted":
+        assert "Found but not trusted, not started: evil" in offered
+        assert line in problems
+    else:
+        assert "evil" in offered and "not trusted" not in doctor.stdout
