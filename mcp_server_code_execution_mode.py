@@ -690,7 +690,8 @@ OPTIONS: tuple[Option, ...] = (
         "http_max_connections",
         "MCP_BRIDGE_HTTP_MAX_CONNECTIONS",
         _positive_int,
-        "HTTP connections open at once; one more is answered 503 at once",
+        "HTTP connections open at once; one more closes the slowest unfinished request, or is "
+        "answered 503 at once when all are serving requests",
     ),
 )
 
@@ -6598,9 +6599,13 @@ def bound_host_names(config: BridgeConfig) -> tuple[list[str], list[str]]:
 class GuardedH11Protocol(uvicorn.protocols.http.h11_impl.H11Protocol):
     """uvicorn's h11 protocol with the two guards uvicorn lacks (slowloris): a request
     (headers and body) must arrive within ``request_timeout`` seconds of its first byte (or
-    of the connection), and a connection over ``max_connections`` is answered 503 at once
-    and closed. uvicorn's own timeout only covers the wait between requests. Configure a
-    subclass with ``configured()``; uvicorn makes one instance per connection."""
+    of the connection), and at most ``max_connections`` connections are open. A connection
+    over that makes room by closing the one whose unfinished request began longest ago (a
+    real client sends its request within milliseconds, a slowloris never finishes one), so
+    slow connections cannot lock real clients out; when every connection is serving a
+    request, the new one is answered 503 at once and closed. uvicorn's own timeout only
+    covers the wait between requests. Configure a subclass with ``configured()``; uvicorn
+    makes one instance per connection."""
 
     request_timeout: ClassVar[float] = 10.0
     max_connections: ClassVar[int] = 256
@@ -6615,12 +6620,31 @@ class GuardedH11Protocol(uvicorn.protocols.http.h11_impl.H11Protocol):
 
     def connection_made(self, transport: Any) -> None:
         self._deadline: Any = None
+        self._request_began = 0.0
         super().connection_made(transport)
         seconds = self.request_timeout
-        if len(self.connections) > self.max_connections:
+        if len(self.connections) > self.max_connections and not self._close_slowest():
             self.app = refuse_busy_connection  # answers its request, whatever it is
             seconds = min(seconds, REFUSED_CONNECTION_SECONDS)
         self._arm(seconds)
+
+    def _close_slowest(self) -> bool:
+        """Close the open connection whose unfinished request began first; False if every
+        other connection has sent its whole request (or is closing already)."""
+        waiting = [
+            other
+            for other in self.connections
+            if isinstance(other, GuardedH11Protocol)
+            and other is not self
+            and other._deadline is not None
+            and not other.transport.is_closing()
+        ]
+        if not waiting:
+            return False
+        slowest = min(waiting, key=lambda other: other._request_began)
+        logger.info("closing the slowest of %d HTTP connections to make room", len(self.connections))
+        slowest._close_unfinished()
+        return True
 
     def data_received(self, data: bytes) -> None:
         if self._deadline is None and self.conn.their_state is h11.IDLE:
@@ -6640,17 +6664,24 @@ class GuardedH11Protocol(uvicorn.protocols.http.h11_impl.H11Protocol):
         if self._deadline is not None:
             self._deadline.cancel()
         self._deadline = self.loop.call_later(seconds, self._too_slow)
+        self._request_began = self.loop.time()
 
     def _too_slow(self) -> None:
         self._deadline = None
         if self.transport.is_closing() or self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):
             return
+        logger.info("closing an HTTP connection that sent no whole request in %gs", self.request_timeout)
+        self._close_unfinished()
+
+    def _close_unfinished(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         if self.conn.their_state is h11.IDLE and self.conn.our_state is h11.IDLE:
             # No request yet, so h11 has nothing to answer; the status line tells a real client why.
             self.transport.write(
                 b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
             )
-        logger.info("closing an HTTP connection that sent no whole request in %gs", self.request_timeout)
         self.transport.close()
 
 

@@ -662,29 +662,67 @@ def raw_get(port: int, path: str) -> bytes:
         return answer
 
 
-async def test_slow_connections_are_cut_off_and_one_too_many_is_refused_at_once(
+def event_stream(port: int, session_id: str) -> socket.socket:
+    """A whole request that stays in flight: an MCP session's GET event stream, open."""
+    connection = socket.create_connection(("127.0.0.1", port), timeout=5)
+    connection.sendall(
+        (
+            "GET /mcp HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer %s\r\n"
+            "Accept: text/event-stream\r\nMcp-Session-Id: %s\r\nMcp-Protocol-Version: 2025-06-18\r\n\r\n"
+            % (port, ALICE, session_id)
+        ).encode()
+    )
+    assert connection.recv(4096).startswith(b"HTTP/1.1 200 ")
+    return connection
+
+
+async def test_slow_connections_make_room_for_real_clients_and_are_cut_off(
     first_engine: Engine, state_dir: Path
 ) -> None:
     guarded = http_bridge(
-        first_engine, state_dir, prewarm="0", http_request_timeout="1", http_max_connections="4"
+        first_engine, state_dir, prewarm="0", http_request_timeout="3", http_max_connections="4"
     )
     async with guarded as running:
         port = int(running.base.rsplit(":", 1)[1])
         slow = await anyio.to_thread.run_sync(slow_connections, port, 4)
         try:
-            asked = time.monotonic()
-            refused = await anyio.to_thread.run_sync(raw_get, port, "/health")
-            assert time.monotonic() - asked < 5, "one connection too many must be refused at once"
-            assert refused.startswith(b"HTTP/1.1 503 "), refused
-            assert b"MCP_BRIDGE_HTTP_MAX_CONNECTIONS" in refused, refused
-            took = await anyio.to_thread.run_sync(trickle_until_closed, slow, 10.0)
-            assert took < 10  # hang detector; they are closed about 1 s after they opened
+            asked = time.monotonic()  # one more: the slowest makes room, the real client is served
+            served = await anyio.to_thread.run_sync(raw_get, port, "/health")
+            assert time.monotonic() - asked < 2, "a real client must not wait for the slow ones"
+            assert served.startswith(b"HTTP/1.1 200 "), served
+            slow[0].settimeout(5)
+            assert slow[0].recv(4096).startswith(b"HTTP/1.1 408 ")  # the oldest unfinished request
+            took = await anyio.to_thread.run_sync(trickle_until_closed, slow[1:], 10.0)
+            assert took < 10  # hang detector; they are closed about 3 s after they opened
         finally:
             for connection in slow:
                 connection.close()
-        assert (await running.health())["status"] == "ok"  # a normal client is served again
-        async with http_client(running.url, ALICE) as alice:
-            assert (await alice.list_tools()).tools[0].name == "run_python"
+
+        # Every connection serving a whole request: one more is refused at once, and clearly.
+        async with httpx2.AsyncClient(timeout=10, headers={"Connection": "close"}) as http:
+            as_alice = {**ACCEPT, "Authorization": "Bearer " + ALICE, "Connection": "close"}
+            opened = [await http.post(running.url, json=INITIALIZE, headers=as_alice) for _ in range(4)]
+        streams = [
+            await anyio.to_thread.run_sync(event_stream, port, answer.headers["mcp-session-id"])
+            for answer in opened
+        ]
+        try:
+            asked = time.monotonic()
+            refused = await anyio.to_thread.run_sync(raw_get, port, "/health")
+            assert time.monotonic() - asked < 2, "one connection too many must be refused at once"
+            assert refused.startswith(b"HTTP/1.1 503 "), refused
+            assert b"MCP_BRIDGE_HTTP_MAX_CONNECTIONS" in refused, refused
+        finally:
+            for stream in streams:
+                stream.close()
+        with anyio.fail_after(10):  # the streams' ends reach the bridge: a normal client is served again
+            while True:
+                try:
+                    async with http_client(running.url, ALICE) as alice:
+                        assert (await alice.list_tools()).tools[0].name == "run_python"
+                    break
+                except* (httpx2.HTTPStatusError, MCPError):
+                    await anyio.sleep(0.2)
 
 
 async def test_running_code_counts_toward_the_calls_a_principal_may_have(
