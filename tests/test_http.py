@@ -597,7 +597,7 @@ async def test_one_principal_cannot_use_up_the_mcp_sessions_of_all(
     first_engine: Engine, state_dir: Path
 ) -> None:
     capped = http_bridge(
-        first_engine, state_dir, prewarm="0", max_mcp_sessions_per_principal="3", mcp_session_idle_timeout="2"
+        first_engine, state_dir, prewarm="0", max_mcp_sessions_per_principal="3", mcp_session_idle_timeout="5"
     )
     async with capped as running, httpx2.AsyncClient(timeout=10) as http:
         as_alice = {**ACCEPT, "Authorization": "Bearer " + ALICE}
@@ -609,9 +609,9 @@ async def test_one_principal_cannot_use_up_the_mcp_sessions_of_all(
         assert (await running.health())["mcp_sessions"] == 3
 
         async with http_client(running.url, BOB) as bob:  # bob is not locked out by alice's flood
+            assert (await running.health())["mcp_sessions"] == 4  # (within alice's 5 s of idleness)
             assert value(await call(bob, "'bob runs'")) == "bob runs"
-            assert (await running.health())["mcp_sessions"] == 4
-            with anyio.fail_after(20):  # alice's sessions, idle for 2 s, are closed; bob's is in use
+            with anyio.fail_after(30):  # alice's sessions, idle for 5 s, are closed; bob's is in use
                 while (await running.health())["mcp_sessions"] > 1:
                     await anyio.sleep(0.2)
             assert value(await call(bob, "'still here'")) == "still here"
@@ -688,7 +688,7 @@ async def test_slow_connections_make_room_for_real_clients_and_are_cut_off(
         try:
             asked = time.monotonic()  # one more: the slowest makes room, the real client is served
             served = await anyio.to_thread.run_sync(raw_get, port, "/health")
-            assert time.monotonic() - asked < 2, "a real client must not wait for the slow ones"
+            assert time.monotonic() - asked < 5, "a real client must not wait for the slow ones"
             assert served.startswith(b"HTTP/1.1 200 "), served
             slow[0].settimeout(5)
             assert slow[0].recv(4096).startswith(b"HTTP/1.1 408 ")  # the oldest unfinished request
@@ -709,7 +709,7 @@ async def test_slow_connections_make_room_for_real_clients_and_are_cut_off(
         try:
             asked = time.monotonic()
             refused = await anyio.to_thread.run_sync(raw_get, port, "/health")
-            assert time.monotonic() - asked < 2, "one connection too many must be refused at once"
+            assert time.monotonic() - asked < 5, "one connection too many must be refused at once"
             assert refused.startswith(b"HTTP/1.1 503 "), refused
             assert b"MCP_BRIDGE_HTTP_MAX_CONNECTIONS" in refused, refused
         finally:
