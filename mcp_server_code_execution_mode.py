@@ -70,9 +70,11 @@ from typing import Any, ClassVar, Literal
 
 import anyio
 import anyio.abc
+import h11
 import mcp_types as types
 import toon_format
 import uvicorn
+import uvicorn.protocols.http.h11_impl
 from mcp.client.session import ClientSession
 from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
@@ -83,7 +85,7 @@ from mcp.server.auth.provider import AccessToken, TokenVerifier
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
-from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError as McpProtocolError
@@ -284,6 +286,10 @@ class BridgeConfig:
     auth_tokens: AuthTokens | None = None
     max_calls_per_principal: int = 8
     max_total_sessions: int = 32
+    max_mcp_sessions_per_principal: int = 16
+    mcp_session_idle_timeout: float = 300.0
+    http_request_timeout: float = 10.0
+    http_max_connections: int = 256
 
 
 class ConfigError(Exception):
@@ -672,6 +678,32 @@ OPTIONS: tuple[Option, ...] = (
         "MCP_BRIDGE_MAX_TOTAL_SESSIONS",
         _positive_int,
         "sandboxes alive at once over HTTP, all principals together",
+    ),
+    Option(
+        "max_mcp_sessions_per_principal",
+        "MCP_BRIDGE_MAX_MCP_SESSIONS_PER_PRINCIPAL",
+        _positive_int,
+        "MCP sessions (initialize handshakes) one HTTP principal may hold open at once",
+    ),
+    Option(
+        "mcp_session_idle_timeout",
+        "MCP_BRIDGE_MCP_SESSION_IDLE_TIMEOUT",
+        _positive_float,
+        "close an HTTP MCP session after this many seconds without a request (its client "
+        "initializes again); its sandboxes keep their own MCP_BRIDGE_IDLE_TIMEOUT",
+    ),
+    Option(
+        "http_request_timeout",
+        "MCP_BRIDGE_HTTP_REQUEST_TIMEOUT",
+        _positive_float,
+        "seconds an HTTP client has to send a whole request (headers and body); slower ones are cut off",
+    ),
+    Option(
+        "http_max_connections",
+        "MCP_BRIDGE_HTTP_MAX_CONNECTIONS",
+        _positive_int,
+        "HTTP connections open at once; one more closes the slowest unfinished request, or is "
+        "answered 503 at once when all are serving requests",
     ),
 )
 
@@ -5683,6 +5715,11 @@ class SessionManager:
                         )
 
     @property
+    def running_unattended(self) -> bool:
+        """Code an earlier call left running ("still running") that no call waits for now."""
+        return self.running is not None and not self.running.finished.is_set() and not self.active_calls
+
+    @property
     def dormant(self) -> bool:
         """No sandbox, no call, no code left running and nothing unreported: forgetting
         this manager loses nothing but its name (and why its last sandbox ended)."""
@@ -6408,11 +6445,29 @@ class Principals:
     ) -> ExecutionOutcome:
         """One run_python call of ``principal``, in its own session ``session``."""
         if self.http:
-            if principal.calls >= self.config.max_calls_per_principal:
+            # Code left running after a "still running" answer counts as a call in flight:
+            # otherwise one principal could keep every session busy with no call open.
+            # A call to such a session takes its place (it waits for that code first).
+            running = [
+                name for name, manager in principal.sessions.managers.items() if manager.running_unattended
+            ]
+            if (
+                session not in running
+                and principal.calls + len(running) >= self.config.max_calls_per_principal
+            ):
                 raise TooManyCallsError(
-                    "Your code was not run: %d run_python calls of yours are already in flight, the most "
+                    "Your code was not run: %d run_python calls of yours are already in flight%s, the most "
                     "this bridge allows at once (MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL). Wait for one to "
-                    "finish, then call again." % principal.calls
+                    "finish, then call again%s."
+                    % (
+                        principal.calls + len(running),
+                        " or still running code (sessions %s)" % ", ".join(sorted(running))
+                        if running
+                        else "",
+                        "; call one of those sessions to wait for its result, or with reset: true to stop it"
+                        if running
+                        else "",
+                    )
                 )
             if session not in principal.sessions.managers:
                 self._make_room(session)
@@ -6688,6 +6743,185 @@ HEALTH_PATH = "/health"
 HTTP_GRACEFUL_SECONDS = 1  # after a stop signal, for responses still being written
 LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
 LOOPBACK_ORIGINS = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
+# A connection over MCP_BRIDGE_HTTP_MAX_CONNECTIONS gets this long to send the request
+# its 503 answers; it must not hold a file descriptor for a whole request timeout.
+REFUSED_CONNECTION_SECONDS = 1.0
+
+
+class TooManyMcpSessionsError(BridgeError):
+    """An HTTP principal holds MCP_BRIDGE_MAX_MCP_SESSIONS_PER_PRINCIPAL MCP sessions and sent
+    another initialize."""
+
+
+class PrincipalSessionManager(StreamableHTTPSessionManager):
+    """The SDK's session manager with a cap on each principal's MCP sessions. The SDK's
+    own cap is global: one token could fill it with initialize requests and lock every
+    other principal out. Admission is decided here, under the SDK's creation lock, so
+    parallel initializes of one principal cannot overshoot; the SDK's global limit is set
+    to the per-principal cap times the number of principals, so it is never reached first."""
+
+    def __init__(self, app: Server[BridgeState], config: BridgeConfig, **settings: Any) -> None:
+        principals = len(config.auth_tokens.principals) if config.auth_tokens is not None else 1
+        super().__init__(
+            app,
+            session_idle_timeout=config.mcp_session_idle_timeout,
+            max_sessions=config.max_mcp_sessions_per_principal * principals,
+            **settings,
+        )
+        self.config = config
+
+    def _admit_session(self, requestor: Any) -> Any:
+        if requestor is not None:
+            held = self.sessions_of(requestor["client_id"])
+            if held >= self.config.max_mcp_sessions_per_principal:
+                raise TooManyMcpSessionsError(
+                    "No new MCP session: this token's principal already holds %d open MCP sessions, the "
+                    "most this bridge allows (MCP_BRIDGE_MAX_MCP_SESSIONS_PER_PRINCIPAL). Reuse an open "
+                    "session (send its Mcp-Session-Id), end the ones you no longer use (HTTP DELETE with "
+                    "their Mcp-Session-Id), or wait: a session without a request for %g seconds is closed "
+                    "(MCP_BRIDGE_MCP_SESSION_IDLE_TIMEOUT)." % (held, self.config.mcp_session_idle_timeout)
+                )
+        return super()._admit_session(requestor)
+
+    def sessions_of(self, principal: str) -> int:
+        return sum(1 for owner in self._session_owners.values() if owner["client_id"] == principal)
+
+    @property
+    def open_sessions(self) -> int:
+        return len(self._server_instances)
+
+
+class SessionCapApp:
+    """The session manager's ASGI app, answering an initialize over the principal's cap
+    with 429 and a JSON-RPC error that says which cap and what to do."""
+
+    def __init__(self, manager: PrincipalSessionManager) -> None:
+        self.manager = manager
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await self.manager.asgi_app(scope, receive, send)
+        except TooManyMcpSessionsError as exc:  # raised before any response was started
+            body = types.JSONRPCError(
+                jsonrpc="2.0", id=None, error=types.ErrorData(code=types.INVALID_REQUEST, message=str(exc))
+            )
+            response = Response(
+                body.model_dump_json(by_alias=True, exclude_unset=True),
+                status_code=429,
+                media_type="application/json",
+                headers={"Retry-After": "%d" % math.ceil(self.manager.config.mcp_session_idle_timeout)},
+            )
+            await response(scope, receive, send)
+
+
+def bound_host_names(config: BridgeConfig) -> tuple[list[str], list[str]]:
+    """The Host and Origin headers of requests to the address the bridge listens on, beside
+    the usual loopback names: a client of --host 127.0.0.2 sends Host: 127.0.0.2:PORT."""
+    host = config.host.lower()
+    if ":" in host and not host.startswith("["):
+        host = "[%s]" % host
+    hosts = ["%s:%d" % (host, config.port)] + ([host] if config.port == 80 else [])
+    return LOOPBACK_HOSTS + hosts, LOOPBACK_ORIGINS + ["http://" + name for name in hosts]
+
+
+class GuardedH11Protocol(uvicorn.protocols.http.h11_impl.H11Protocol):
+    """uvicorn's h11 protocol with the two guards uvicorn lacks (slowloris): a request
+    (headers and body) must arrive within ``request_timeout`` seconds of its first byte (or
+    of the connection), and at most ``max_connections`` connections are open. A connection
+    over that makes room by closing the one whose unfinished request began longest ago (a
+    real client sends its request within milliseconds, a slowloris never finishes one), so
+    slow connections cannot lock real clients out; when every connection is serving a
+    request, the new one is answered 503 at once and closed. uvicorn's own timeout only
+    covers the wait between requests. Configure a subclass with ``configured()``; uvicorn
+    makes one instance per connection."""
+
+    request_timeout: ClassVar[float] = 10.0
+    max_connections: ClassVar[int] = 256
+
+    @classmethod
+    def configured(cls, config: BridgeConfig) -> type[GuardedH11Protocol]:
+        settings = {
+            "request_timeout": config.http_request_timeout,
+            "max_connections": config.http_max_connections,
+        }
+        return type("GuardedH11Protocol", (cls,), settings)
+
+    def connection_made(self, transport: Any) -> None:
+        self._deadline: Any = None
+        self._request_began = 0.0
+        super().connection_made(transport)
+        seconds = self.request_timeout
+        if len(self.connections) > self.max_connections and not self._close_slowest():
+            self.app = refuse_busy_connection  # answers its request, whatever it is
+            seconds = min(seconds, REFUSED_CONNECTION_SECONDS)
+        self._arm(seconds)
+
+    def _close_slowest(self) -> bool:
+        """Close the open connection whose unfinished request began first; False if every
+        other connection has sent its whole request (or is closing already)."""
+        waiting = [
+            other
+            for other in self.connections
+            if isinstance(other, GuardedH11Protocol)
+            and other is not self
+            and other._deadline is not None
+            and not other.transport.is_closing()
+        ]
+        if not waiting:
+            return False
+        slowest = min(waiting, key=lambda other: other._request_began)
+        logger.info("closing the slowest of %d HTTP connections to make room", len(self.connections))
+        slowest._close_unfinished()
+        return True
+
+    def data_received(self, data: bytes) -> None:
+        if self._deadline is None and self.conn.their_state is h11.IDLE:
+            self._arm(self.request_timeout)  # the next request on a kept-alive connection begins
+        super().data_received(data)
+        if self.conn.their_state not in (h11.IDLE, h11.SEND_BODY) and self._deadline is not None:
+            self._deadline.cancel()  # the whole request has arrived: the app's time is not ours
+            self._deadline = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        super().connection_lost(exc)
+
+    def _arm(self, seconds: float) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline = self.loop.call_later(seconds, self._too_slow)
+        self._request_began = self.loop.time()
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing() or self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):
+            return
+        logger.info("closing an HTTP connection that sent no whole request in %gs", self.request_timeout)
+        self._close_unfinished()
+
+    def _close_unfinished(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        if self.conn.their_state is h11.IDLE and self.conn.our_state is h11.IDLE:
+            # No request yet, so h11 has nothing to answer; the status line tells a real client why.
+            self.transport.write(
+                b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+            )
+        self.transport.close()
+
+
+async def refuse_busy_connection(scope: Any, receive: Any, send: Any) -> None:
+    """The ASGI answer on a connection over MCP_BRIDGE_HTTP_MAX_CONNECTIONS."""
+    response = Response(
+        "The bridge has MCP_BRIDGE_HTTP_MAX_CONNECTIONS connections open, the most it allows; try "
+        "again in a moment, or reuse an open connection.\n",
+        status_code=503,
+        headers={"Connection": "close", "Retry-After": "1"},
+    )
+    await response(scope, receive, send)
 
 
 class TokenFileVerifier(TokenVerifier):
@@ -6715,19 +6949,18 @@ class LocalPrincipalBackend(AuthenticationBackend):
 
 def http_app(
     server: Server[BridgeState], config: BridgeConfig, principals: Callable[[], Principals | None]
-) -> tuple[Starlette, StreamableHTTPSessionManager]:
+) -> tuple[Starlette, PrincipalSessionManager]:
     """The ASGI app (/mcp behind bearer auth, /health open) and the session manager whose
     run() holds the server's lifespan."""
     security = None
     if config.auth_tokens is None:
         # Without tokens, a web page could reach the loopback port through DNS rebinding:
         # only local Host and Origin headers are let in (the SDK's own default for loopback).
+        hosts, origins = bound_host_names(config)
         security = TransportSecuritySettings(
-            enable_dns_rebinding_protection=True,
-            allowed_hosts=LOOPBACK_HOSTS,
-            allowed_origins=LOOPBACK_ORIGINS,
+            enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
         )
-    manager = StreamableHTTPSessionManager(app=server, security_settings=security)
+    manager = PrincipalSessionManager(server, config, security_settings=security)
     backend: AuthenticationBackend = (
         LocalPrincipalBackend()
         if config.auth_tokens is None
@@ -6736,11 +6969,13 @@ def http_app(
 
     async def health(request: Request) -> Response:
         found = principals()
-        return JSONResponse(found.health() if found is not None else {"status": "starting"})
+        if found is None:
+            return JSONResponse({"status": "starting"})
+        return JSONResponse({**found.health(), "mcp_sessions": manager.open_sessions})
 
     routes = [
         # 401 with `WWW-Authenticate: Bearer` for a request without a valid token.
-        Route(MCP_PATH, endpoint=RequireAuthMiddleware(StreamableHTTPASGIApp(manager), required_scopes=[])),
+        Route(MCP_PATH, endpoint=RequireAuthMiddleware(SessionCapApp(manager), required_scopes=[])),
         Route(HEALTH_PATH, endpoint=health, methods=["GET"]),
     ]
     app = Starlette(routes=routes, middleware=[Middleware(AuthenticationMiddleware, backend=backend)])
@@ -6786,6 +7021,7 @@ async def serve_http(config: BridgeConfig, discovery: DiscoveryResult, listener:
         access_log=False,
         lifespan="off",
         timeout_graceful_shutdown=HTTP_GRACEFUL_SECONDS,
+        http=GuardedH11Protocol.configured(config),
     )
     http_server = _UvicornServer(uvicorn_config)
     if config.auth_tokens is None:

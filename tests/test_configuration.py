@@ -72,6 +72,10 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "MCP_BRIDGE_AUTH_TOKENS": (str(AUTH_TOKENS), bridge.AuthTokens(AUTH_TOKENS, AUTH_DIGESTS)),
     "MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL": ("2", 2),
     "MCP_BRIDGE_MAX_TOTAL_SESSIONS": ("100", 100),
+    "MCP_BRIDGE_MAX_MCP_SESSIONS_PER_PRINCIPAL": ("4", 4),
+    "MCP_BRIDGE_MCP_SESSION_IDLE_TIMEOUT": ("60", 60.0),
+    "MCP_BRIDGE_HTTP_REQUEST_TIMEOUT": ("2.5", 2.5),
+    "MCP_BRIDGE_HTTP_MAX_CONNECTIONS": ("64", 64),
 }
 
 
@@ -221,6 +225,10 @@ def test_help_and_readme_show_the_same_defaults() -> None:
         ("MCP_BRIDGE_AUTH_TOKENS", "/no/such/tokens"),
         ("MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL", "0"),
         ("MCP_BRIDGE_MAX_TOTAL_SESSIONS", "none"),
+        ("MCP_BRIDGE_MAX_MCP_SESSIONS_PER_PRINCIPAL", "0"),
+        ("MCP_BRIDGE_MCP_SESSION_IDLE_TIMEOUT", "0"),
+        ("MCP_BRIDGE_HTTP_REQUEST_TIMEOUT", "inf"),
+        ("MCP_BRIDGE_HTTP_MAX_CONNECTIONS", "-1"),
     ],
 )
 def test_invalid_environment_value_raises_config_error_naming_the_variable(env: str, raw: str) -> None:

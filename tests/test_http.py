@@ -253,11 +253,18 @@ class HttpBridge:
 
 @asynccontextmanager
 async def http_bridge(
-    engine: Engine, state_dir: Path, *args: str, tokens: dict[str, str] | None = TOKENS, **env: str
+    engine: Engine,
+    state_dir: Path,
+    *args: str,
+    tokens: dict[str, str] | None = TOKENS,
+    listen: str = "127.0.0.1",
+    **env: str,
 ) -> AsyncIterator[HttpBridge]:
-    """The bridge as a process on a free loopback port, ready once /health answers. On
-    leaving: SIGTERM, a clean exit within seconds, and not one container of it left."""
+    """The bridge as a process on a free loopback port (of ``listen``), ready once /health
+    answers. On leaving: SIGTERM, a clean exit within seconds, and not one container of it left."""
     port = free_port()
+    if listen != "127.0.0.1":
+        args = ("--host", listen, *args)
     overrides = {"MCP_BRIDGE_" + name.upper(): setting for name, setting in env.items()}
     if tokens is not None:
         path = state_dir.parent / "tokens"
@@ -277,7 +284,7 @@ async def http_bridge(
             stdin=subprocess.DEVNULL,
             stderr=stderr,
         )
-    running = HttpBridge(process, "http://127.0.0.1:%d" % port, log)
+    running = HttpBridge(process, "http://%s:%d" % (listen, port), log)
     try:
         with anyio.fail_after(30):
             while True:
@@ -324,6 +331,20 @@ async def call(client: ClientSession, code: str, session: str | None = None) -> 
     raw = result.structured_content
     view = structured(result) if isinstance(raw, dict) else None
     return {"view": view, "text": text_of(result), "is_error": result.is_error}
+
+
+# A raw initialize request: what a client (or a flood of them) sends to open an MCP session.
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    },
+}
+ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
 
 def value(result: dict[str, Any]) -> Any:
@@ -380,23 +401,13 @@ async def test_principals_keep_their_state_and_see_nothing_of_each_other(
         assert (state_dir / "principals" / "alice" / "user_tools" / "memory.sqlite3").is_file()
         assert not (state_dir / "user_tools").exists()  # the stdio store stays untouched
 
-        assert await running.health() == {"status": "ok", "principals": 2, "sessions": 4}
+        assert await running.health() == {"status": "ok", "principals": 2, "sessions": 4, "mcp_sessions": 2}
 
 
 async def test_no_token_or_a_wrong_token_gets_401_and_no_session_crosses_principals(
     engine: Engine, state_dir: Path
 ) -> None:
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "t", "version": "1"},
-        },
-    }
-    accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    initialize, accept = INITIALIZE, ACCEPT
     async with http_bridge(engine, state_dir) as running, httpx2.AsyncClient(timeout=10) as http:
         for headers in ({}, {"Authorization": "Bearer " + ALICE + "x"}, {"Authorization": "Basic " + ALICE}):
             refused = await http.post(running.url, json=initialize, headers={**accept, **headers})
@@ -417,7 +428,7 @@ async def test_no_token_or_a_wrong_token_gets_401_and_no_session_crosses_princip
         as_bob = {**accept, "Authorization": "Bearer " + BOB, "Mcp-Session-Id": session_id}
         stolen = await http.post(running.url, json=listing, headers=as_bob)
         assert stolen.status_code == 404  # alice's MCP session is not bob's, even with its id
-        assert await running.health() == {"status": "ok", "principals": 0, "sessions": 0}
+        assert await running.health() == {"status": "ok", "principals": 0, "sessions": 0, "mcp_sessions": 1}
 
 
 def test_a_non_loopback_address_without_tokens_refuses_to_start(tmp_path: Path) -> None:
@@ -487,7 +498,8 @@ async def test_twenty_clients_of_twenty_calls_each_get_their_own_results(
         for number in range(20):
             expected = [[number]] + [[index + 1, number * 1000 + index, number] for index in range(1, 20)]
             assert results[number] == expected, number
-        assert await running.health() == {"status": "ok", "principals": 4, "sessions": 20}
+        health = await running.health()
+        assert (health["principals"], health["sessions"]) == (4, 20), health
     assert time.monotonic() - started < 90
 
 
@@ -515,7 +527,7 @@ async def test_caps_are_clear_errors_and_idle_sessions_are_reaped(
         total = await call(bob, "2", session="b2")
         assert total["is_error"] and "MCP_BRIDGE_MAX_TOTAL_SESSIONS" in total["text"], total
         assert "a1" not in total["text"] and "alice" not in total["text"]
-        assert await running.health() == {"status": "ok", "principals": 2, "sessions": 3}
+        assert await running.health() == {"status": "ok", "principals": 2, "sessions": 3, "mcp_sessions": 2}
 
         async with anyio.create_task_group() as group:
             for session in ("a1", "a2"):
@@ -530,7 +542,7 @@ async def test_caps_are_clear_errors_and_idle_sessions_are_reaped(
         with anyio.fail_after(30):  # idle for 3 s: every sandbox stopped, no container left
             while (await running.health())["sessions"]:
                 await anyio.sleep(0.5)
-        assert await running.health() == {"status": "ok", "principals": 0, "sessions": 0}
+        assert await running.health() == {"status": "ok", "principals": 0, "sessions": 0, "mcp_sessions": 2}
         assert first_engine.containers(running_only=False, owner_pid=running.process.pid) == []
         again = await call(alice, "'back'", session="a1")
         assert value(again) == "back" and "without a call" in " ".join(again["view"]["notices"])
@@ -576,3 +588,182 @@ async def test_a_stop_signal_answers_calls_in_flight_and_removes_every_principal
         assert results and results[0]["is_error"] and "shutting down" in results[0]["text"], results
     # http_bridge's exit checked the exit status, the time and that no container is left.
     assert "Traceback" not in running.log.read_text()
+
+
+# --- co-tenants: what one caller must not take from the others (issue 16) -----------------
+
+
+async def test_one_principal_cannot_use_up_the_mcp_sessions_of_all(
+    first_engine: Engine, state_dir: Path
+) -> None:
+    capped = http_bridge(
+        first_engine, state_dir, prewarm="0", max_mcp_sessions_per_principal="3", mcp_session_idle_timeout="5"
+    )
+    async with capped as running, httpx2.AsyncClient(timeout=10) as http:
+        as_alice = {**ACCEPT, "Authorization": "Bearer " + ALICE}
+        answers = [await http.post(running.url, json=INITIALIZE, headers=as_alice) for _ in range(8)]
+        assert [answer.status_code for answer in answers] == [200] * 3 + [429] * 5, answers
+        refused = answers[-1].json()["error"]["message"]
+        assert "already holds 3 open MCP sessions" in refused, refused
+        assert "MCP_BRIDGE_MAX_MCP_SESSIONS_PER_PRINCIPAL" in refused and "DELETE" in refused, refused
+        assert (await running.health())["mcp_sessions"] == 3
+
+        async with http_client(running.url, BOB) as bob:  # bob is not locked out by alice's flood
+            assert (await running.health())["mcp_sessions"] == 4  # (within alice's 5 s of idleness)
+            assert value(await call(bob, "'bob runs'")) == "bob runs"
+            with anyio.fail_after(30):  # alice's sessions, idle for 5 s, are closed; bob's is in use
+                while (await running.health())["mcp_sessions"] > 1:
+                    await anyio.sleep(0.2)
+            assert value(await call(bob, "'still here'")) == "still here"
+        again = await http.post(running.url, json=INITIALIZE, headers=as_alice)
+        assert again.status_code == 200, again.text
+
+
+def slow_connections(port: int, count: int) -> list[socket.socket]:
+    """Slowloris: connections that send a request line and one header, and no more yet."""
+    opened = []
+    for _ in range(count):
+        connection = socket.create_connection(("127.0.0.1", port), timeout=5)
+        connection.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        opened.append(connection)
+    return opened
+
+
+def trickle_until_closed(connections: list[socket.socket], within: float) -> float:
+    """Send each connection one more header line every 0.2 s until the bridge closes it;
+    how long that took. AssertionError if some are still open after ``within`` seconds."""
+    started, open_ = time.monotonic(), list(connections)
+    while open_ and time.monotonic() - started < within:
+        for connection in list(open_):
+            try:
+                connection.sendall(b"X-Slow: 1\r\n")
+                connection.settimeout(0.01)
+                connection.recv(4096)  # an answer (408) or the end of the stream: the bridge closed it
+            except TimeoutError:
+                continue  # still open
+            except OSError:  # reset: closed too
+                pass
+            open_.remove(connection)
+            connection.close()
+        time.sleep(0.2)
+    assert not open_, "%d slow connections still open after %gs" % (len(open_), within)
+    return time.monotonic() - started
+
+
+def raw_get(port: int, path: str) -> bytes:
+    """A whole GET request on a new connection; the bridge's answer, up to its close."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as connection:
+        connection.sendall(
+            b"GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nConnection: close\r\n\r\n" % (path.encode(), port)
+        )
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+        return answer
+
+
+def event_stream(port: int, session_id: str) -> socket.socket:
+    """A whole request that stays in flight: an MCP session's GET event stream, open."""
+    connection = socket.create_connection(("127.0.0.1", port), timeout=5)
+    connection.sendall(
+        (
+            "GET /mcp HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer %s\r\n"
+            "Accept: text/event-stream\r\nMcp-Session-Id: %s\r\nMcp-Protocol-Version: 2025-06-18\r\n\r\n"
+            % (port, ALICE, session_id)
+        ).encode()
+    )
+    assert connection.recv(4096).startswith(b"HTTP/1.1 200 ")
+    return connection
+
+
+async def test_slow_connections_make_room_for_real_clients_and_are_cut_off(
+    first_engine: Engine, state_dir: Path
+) -> None:
+    guarded = http_bridge(
+        first_engine, state_dir, prewarm="0", http_request_timeout="3", http_max_connections="4"
+    )
+    async with guarded as running:
+        port = int(running.base.rsplit(":", 1)[1])
+        slow = await anyio.to_thread.run_sync(slow_connections, port, 4)
+        try:
+            asked = time.monotonic()  # one more: the slowest makes room, the real client is served
+            served = await anyio.to_thread.run_sync(raw_get, port, "/health")
+            assert time.monotonic() - asked < 5, "a real client must not wait for the slow ones"
+            assert served.startswith(b"HTTP/1.1 200 "), served
+            slow[0].settimeout(5)
+            assert slow[0].recv(4096).startswith(b"HTTP/1.1 408 ")  # the oldest unfinished request
+            took = await anyio.to_thread.run_sync(trickle_until_closed, slow[1:], 10.0)
+            assert took < 10  # hang detector; they are closed about 3 s after they opened
+        finally:
+            for connection in slow:
+                connection.close()
+
+        # Every connection serving a whole request: one more is refused at once, and clearly.
+        async with httpx2.AsyncClient(timeout=10, headers={"Connection": "close"}) as http:
+            as_alice = {**ACCEPT, "Authorization": "Bearer " + ALICE, "Connection": "close"}
+            opened = [await http.post(running.url, json=INITIALIZE, headers=as_alice) for _ in range(4)]
+        streams = [
+            await anyio.to_thread.run_sync(event_stream, port, answer.headers["mcp-session-id"])
+            for answer in opened
+        ]
+        try:
+            asked = time.monotonic()
+            refused = await anyio.to_thread.run_sync(raw_get, port, "/health")
+            assert time.monotonic() - asked < 5, "one connection too many must be refused at once"
+            assert refused.startswith(b"HTTP/1.1 503 "), refused
+            assert b"MCP_BRIDGE_HTTP_MAX_CONNECTIONS" in refused, refused
+        finally:
+            for stream in streams:
+                stream.close()
+        with anyio.fail_after(10):  # the streams' ends reach the bridge: a normal client is served again
+            while True:
+                try:
+                    async with http_client(running.url, ALICE) as alice:
+                        assert (await alice.list_tools()).tools[0].name == "run_python"
+                    break
+                except* (httpx2.HTTPStatusError, MCPError):
+                    await anyio.sleep(0.2)
+
+
+async def test_running_code_counts_toward_the_calls_a_principal_may_have(
+    first_engine: Engine, state_dir: Path
+) -> None:
+    capped = http_bridge(
+        first_engine,
+        state_dir,
+        prewarm="0",
+        respond_after="1",
+        max_calls_per_principal="2",
+        max_total_sessions="3",
+    )
+    async with (
+        capped as running,
+        http_client(running.url, ALICE) as alice,
+        http_client(running.url, BOB) as bob,
+    ):
+        for session in ("a1", "a2"):  # answered "still running"; no call of alice's is in flight
+            started = await call(alice, "import time; time.sleep(120)", session=session)
+            assert started["view"]["status"] == "running", started
+        over = await call(alice, "1", session="a3")
+        assert over["is_error"] and "MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL" in over["text"], over
+        assert "still running code (sessions a1, a2)" in over["text"], over
+        assert "reset: true" in over["text"], over
+        waited = await call(alice, "1", session="a1")  # her own running code: she may wait for it
+        assert waited["view"]["status"] == "running" and not waited["is_error"], waited
+        assert value(await call(bob, "'bob still runs'", session="b1")) == "bob still runs"
+        assert (await running.health())["sessions"] == 3
+
+
+async def test_a_loopback_address_other_than_127_0_0_1_serves_requests(
+    first_engine: Engine, state_dir: Path
+) -> None:
+    async with (
+        http_bridge(first_engine, state_dir, tokens=None, listen="127.0.0.2", prewarm="0") as running,
+        http_client(running.url, None) as local,
+    ):
+        assert (await local.list_tools()).tools[0].name == "run_python"
+        manual = await local.read_resource(bridge.CAPABILITIES_URI)
+        assert "run_python sandbox manual" in manual.contents[0].text  # type: ignore[union-attr]
+        async with httpx2.AsyncClient(timeout=10) as http:  # other Host names are still refused
+            rebound = await http.post(running.url, json={}, headers={"Host": "attacker.example:80"})
+        assert rebound.status_code in (400, 421), rebound.text
