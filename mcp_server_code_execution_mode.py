@@ -269,6 +269,7 @@ class BridgeConfig:
     discover: bool = True
     max_memory_bytes: int = 1024 * 1024
     max_memory_total_bytes: int = 100 * 1024 * 1024
+    max_memories: int = 10_000
     max_images: int = 10
     max_image_bytes: int = 2 * 1024 * 1024
     max_attachment_bytes: int = 5_000_000
@@ -590,7 +591,13 @@ OPTIONS: tuple[Option, ...] = (
         "max_memory_total_bytes",
         "MCP_BRIDGE_MAX_MEMORY_TOTAL_BYTES",
         _positive_int,
-        "largest total of all memories (values and metadata), bytes of JSON",
+        "largest total of all memories (keys, values, metadata and 256 bytes each), bytes of JSON",
+    ),
+    Option(
+        "max_memories",
+        "MCP_BRIDGE_MAX_MEMORIES",
+        _positive_int,
+        "most memories the store holds (save_memory of a new key beyond it is refused)",
     ),
     Option(
         "max_tool_result_bytes",
@@ -3530,16 +3537,39 @@ def search_tools(
 MEMORY_DIRNAME = "user_tools"
 MEMORY_FILENAME = "memory.sqlite3"
 MAX_MEMORY_KEY_CHARS = 200
-_MEMORY_SCHEMA = """
-CREATE TABLE IF NOT EXISTS memories (
+# What one memory costs on disk beyond its key, value and metadata (its row, its key again
+# in the primary-key index, page slack): measured at about 270 bytes with 200-byte keys.
+# The total cap counts it, so many small memories cannot fill the disk past the cap.
+MEMORY_ENTRY_OVERHEAD = 256
+# Values and metadata nested deeper than this are refused at save: every answer that
+# carries them (load_memory, list_memories) is JSON-encoded again, and Python's encoder
+# gives up (RecursionError) near 1000 levels.
+MAX_MEMORY_DEPTH = 100
+# list_memories() is answered a page at a time: at most MEMORY_PAGE_ENTRIES entries, and
+# entries of at most this many bytes (keys and metadata; a larger single entry is a page of
+# its own), so no answer nears the frame cap however many memories there are.
+MEMORY_PAGE_ENTRIES = mcp_sandbox_kernel.MEMORY_PAGE_ENTRIES
+MEMORY_PAGE_BYTES = 4 * 1024 * 1024
+# Schema versions (PRAGMA user_version): 1 added "generation", a number drawn from one
+# store-wide counter on every write, so it never repeats for a key, even one deleted and
+# saved again (whose version starts from 1 again). update_memory commits only if the
+# generation it read is still the key's: its condition cannot be met by an ABA.
+MEMORY_SCHEMA_VERSION = 1
+_MEMORY_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS memories (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL,
     metadata TEXT,
     version INTEGER NOT NULL,
     size INTEGER NOT NULL,
     created REAL NOT NULL,
-    updated REAL NOT NULL
-)"""
+    updated REAL NOT NULL,
+    generation INTEGER NOT NULL DEFAULT 0
+)""",
+    "CREATE TABLE IF NOT EXISTS memory_generation "
+    "(id INTEGER PRIMARY KEY CHECK (id = 1), last INTEGER NOT NULL)",
+    "INSERT OR IGNORE INTO memory_generation (id, last) VALUES (1, 0)",
+)
 
 
 class MemoryStoreError(BridgeError):
@@ -3555,8 +3585,24 @@ def validate_memory_key(key: str) -> str:
     return key
 
 
+def check_memory_depth(value: Any, what: str) -> None:
+    """MemoryStoreError if ``value`` nests lists and objects deeper than MAX_MEMORY_DEPTH;
+    walked with a stack of its own, so no depth makes the check itself fail."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth >= MAX_MEMORY_DEPTH:
+                raise MemoryStoreError(
+                    "The %s nests lists and objects deeper than %d levels, the most a memory may hold; "
+                    "flatten it (e.g. store the deep part as a JSON string)." % (what, MAX_MEMORY_DEPTH)
+                )
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+
+
 def memory_json(value: Any, what: str) -> str:
     """``value`` as the JSON text the store keeps; MemoryStoreError if it cannot be."""
+    check_memory_depth(value, what)
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
         text.encode("utf-8")
@@ -3576,10 +3622,17 @@ class MemoryStore:
     """The memory table. Every method is blocking (call it in a worker thread) and opens
     its own connection, so it is safe from any thread and any process."""
 
-    def __init__(self, directory: Path, max_value_bytes: int, max_total_bytes: int) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        max_value_bytes: int,
+        max_total_bytes: int,
+        max_entries: int = BridgeConfig.max_memories,
+    ) -> None:
         self.path = directory / MEMORY_FILENAME
         self.max_value_bytes = max_value_bytes
         self.max_total_bytes = max_total_bytes
+        self.max_entries = max_entries
 
     @contextmanager
     def _transaction(self, write: bool) -> Iterator[sqlite3.Connection]:
@@ -3613,7 +3666,8 @@ class MemoryStore:
             try:
                 if connection.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                     connection.execute("PRAGMA journal_mode=WAL")  # once per file: it is persistent
-                connection.execute(_MEMORY_SCHEMA)
+                if connection.execute("PRAGMA user_version").fetchone()[0] < MEMORY_SCHEMA_VERSION:
+                    self._migrate(connection)
                 connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 return connection
             except sqlite3.OperationalError as exc:
@@ -3624,6 +3678,35 @@ class MemoryStore:
             except sqlite3.Error as exc:
                 connection.close()
                 raise self._unusable(exc) from None
+
+    @staticmethod
+    def _migrate(connection: sqlite3.Connection) -> None:
+        """Create the tables, or bring a file of an earlier schema up to date in place, in
+        one transaction (another bridge may be doing the same: the second finds it done).
+        Rows from before generations each get their own (their rowid), and the counter
+        starts above them all."""
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            if connection.execute("PRAGMA user_version").fetchone()[0] < MEMORY_SCHEMA_VERSION:
+                connection.execute(_MEMORY_SCHEMA[0])
+                columns = {row[1] for row in connection.execute("PRAGMA table_info(memories)")}
+                if "generation" not in columns:
+                    connection.execute(
+                        "ALTER TABLE memories ADD COLUMN generation INTEGER NOT NULL DEFAULT 0"
+                    )
+                for statement in _MEMORY_SCHEMA[1:]:
+                    connection.execute(statement)
+                connection.execute("UPDATE memories SET generation = rowid WHERE generation = 0")
+                connection.execute(
+                    "UPDATE memory_generation SET last = MAX(last, (SELECT COALESCE(MAX(generation), 0) "
+                    "FROM memories))"
+                )
+                connection.execute("PRAGMA user_version = %d" % MEMORY_SCHEMA_VERSION)
+            connection.execute("COMMIT")
+        except BaseException:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            raise
 
     def _unusable(self, exc: BaseException) -> MemoryStoreError:
         # Reported, never replaced: the file may hold the user's only copy.
@@ -3660,23 +3743,37 @@ class MemoryStore:
         row = db.execute("SELECT version, metadata FROM memories WHERE key = ?", (key,)).fetchone()
         # metadata=None keeps the entry's metadata (the upsert below), so it counts too.
         size = self._entry_size(text, meta if meta is not None or row is None else row[1])
-        others = db.execute("SELECT COALESCE(SUM(size), 0) FROM memories WHERE key != ?", (key,)).fetchone()[
-            0
-        ]
-        if others + size > self.max_total_bytes:
+        count, others = db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(size + length(CAST(key AS BLOB))), 0) FROM memories "
+            "WHERE key != ?",
+            (key,),
+        ).fetchone()
+        if row is None and count >= self.max_entries:
             raise MemoryStoreError(
-                "Storing %d bytes (value and metadata) would take the memory store over its %d-byte total "
-                "(MCP_BRIDGE_MAX_MEMORY_TOTAL_BYTES; the other memories hold %d bytes); delete memories "
-                "you no longer need." % (size, self.max_total_bytes, others)
+                "There are already %d memories, the most the store holds (MCP_BRIDGE_MAX_MEMORIES); "
+                "delete_memory() the ones you no longer need (list_memories() names them), or keep "
+                "related values together under one key." % count
+            )
+        # A memory takes its key, value, metadata and bookkeeping on disk: all count.
+        others += count * MEMORY_ENTRY_OVERHEAD
+        needed = size + len(key.encode("utf-8")) + MEMORY_ENTRY_OVERHEAD
+        if others + needed > self.max_total_bytes:
+            raise MemoryStoreError(
+                "Storing %d bytes (value and metadata; %d with its key and %d bytes of bookkeeping) would "
+                "take the memory store over its %d-byte total (MCP_BRIDGE_MAX_MEMORY_TOTAL_BYTES; the other "
+                "%d memories hold %d bytes, keys and bookkeeping included); delete memories you no longer "
+                "need." % (size, needed, MEMORY_ENTRY_OVERHEAD, self.max_total_bytes, count, others)
             )
         now = time.time()
         version = (row[0] if row else 0) + 1
+        db.execute("UPDATE memory_generation SET last = last + 1")
+        generation = db.execute("SELECT last FROM memory_generation").fetchone()[0]
         db.execute(
-            "INSERT INTO memories (key, value, metadata, version, size, created, updated) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
+            "INSERT INTO memories (key, value, metadata, version, size, created, updated, generation) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
             "metadata = COALESCE(excluded.metadata, memories.metadata), version = excluded.version, "
-            "size = excluded.size, updated = excluded.updated",
-            (key, text, meta, version, size, now, now),
+            "size = excluded.size, updated = excluded.updated, generation = excluded.generation",
+            (key, text, meta, version, size, now, now, generation),
         )
         return int(version)
 
@@ -3689,26 +3786,29 @@ class MemoryStore:
         return info
 
     def load(self, key: str) -> dict[str, Any]:
-        """{"found": bool, "value": ..., "version": int (0 when not found)}"""
+        """{"found": bool, "value": ..., "version": int, "generation": int} (0 and 0 when not
+        found); "generation" is what put_if compares."""
         with self._transaction(write=False) as db:
             row = db.execute(
-                "SELECT value, version FROM memories WHERE key = ?", (validate_memory_key(key),)
+                "SELECT value, version, generation FROM memories WHERE key = ?", (validate_memory_key(key),)
             ).fetchone()
         if row is None:
-            return {"found": False, "value": None, "version": 0}
-        return {"found": True, "value": json.loads(row[0]), "version": row[1]}
+            return {"found": False, "value": None, "version": 0, "generation": 0}
+        return {"found": True, "value": json.loads(row[0]), "version": row[1], "generation": row[2]}
 
-    def put_if(self, key: str, value: Any, version: int) -> dict[str, Any]:
-        """Write ``value`` only if the key is still at ``version`` (0: still absent): the
-        commit half of update_memory, whose function runs in the sandbox in between."""
+    def put_if(self, key: str, value: Any, generation: int) -> dict[str, Any]:
+        """Write ``value`` only if the key is still at ``generation`` (0: still absent), as
+        load read it: the commit half of update_memory, whose function runs in the sandbox
+        in between. Generations never repeat, so a delete and a new save in between (whose
+        version may be the same again) still makes the write fail."""
         text, meta = self._encode(value, None)
         with self._transaction(write=True) as db:
             row = db.execute(
-                "SELECT version FROM memories WHERE key = ?", (validate_memory_key(key),)
+                "SELECT generation FROM memories WHERE key = ?", (validate_memory_key(key),)
             ).fetchone()
             current = row[0] if row else 0
-            if current != version:
-                return {"ok": False, "version": current}
+            if current != generation:
+                return {"ok": False, "generation": current}
             return {"ok": True, "version": self._write(db, key, text, meta)}
 
     def delete(self, key: str) -> bool:
@@ -3723,6 +3823,23 @@ class MemoryStore:
         """Every memory's info; ``value_sizes``: with "value_size", the bytes of its value's
         JSON alone ("size" counts the metadata too, as the caps do)."""
         return self._infos("ORDER BY key", (), value_sizes=value_sizes)
+
+    def page(self, after: str | None = None, limit: int = MEMORY_PAGE_ENTRIES) -> dict[str, Any]:
+        """{"memories": the infos of the keys after ``after`` in key order, at most ``limit``
+        of them and about MEMORY_PAGE_BYTES of keys and metadata (at least one), "more":
+        whether keys follow}: what list_memories() asks for, one bounded answer at a time."""
+        after = after or ""
+        infos = self._infos(
+            "WHERE key IN (SELECT key FROM (SELECT key, ROW_NUMBER() OVER w AS n, "
+            "SUM(length(CAST(key AS BLOB)) + COALESCE(length(CAST(metadata AS BLOB)), 0)) OVER w AS running "
+            "FROM memories WHERE key > ? "
+            "WINDOW w AS (ORDER BY key)) WHERE n <= ? AND (n = 1 OR running <= ?)) ORDER BY key",
+            (after, min(limit, MEMORY_PAGE_ENTRIES), MEMORY_PAGE_BYTES),
+        )
+        last = infos[-1]["key"] if infos else after
+        with self._transaction(write=False) as db:
+            more = db.execute("SELECT 1 FROM memories WHERE key > ? LIMIT 1", (last,)).fetchone() is not None
+        return {"memories": infos, "more": more}
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """Every memory, its value first, then its info, read in one transaction: a
@@ -3921,11 +4038,16 @@ class MemorySaveParams(_SandboxParams):
 class MemoryPutIfParams(_SandboxParams):
     key: str = _MemoryKey
     value: Any = None
-    version: int = Field(ge=0)
+    generation: int = Field(ge=0)  # as memory_load answered it (MemoryStore.put_if)
 
 
 class MemoryListParams(_SandboxParams):
     pass
+
+
+class MemoryPageParams(_SandboxParams):
+    after: str | None = Field(default=None, max_length=MAX_MEMORY_KEY_CHARS)
+    limit: int = Field(default=MEMORY_PAGE_ENTRIES, ge=1, le=MEMORY_PAGE_ENTRIES)
 
 
 class ProgressParams(_SandboxParams):
@@ -4014,7 +4136,7 @@ class HostAPI:
             "memory_put_if": (MemoryPutIfParams, self.memory_put_if),
             "memory_delete": (MemoryKeyParams, self.memory_delete),
             "memory_info": (MemoryKeyParams, self.memory_info),
-            "memory_list": (MemoryListParams, self.memory_list),
+            "memory_list": (MemoryPageParams, self.memory_list),
             "tool_save": (ToolSaveParams, self.tool_save),
             "tool_list": (MemoryListParams, self.tool_list),
             "tool_delete": (ToolNameParams, self.tool_delete),
@@ -4024,7 +4146,9 @@ class HostAPI:
         self.tool_pattern_problems: list[str] = []  # found as servers list their tools
         store_dir = store_dir or config.state_dir / MEMORY_DIRNAME
         self.saved_tools = SavedTools(store_dir)
-        self.memory = MemoryStore(store_dir, config.max_memory_bytes, config.max_memory_total_bytes)
+        self.memory = MemoryStore(
+            store_dir, config.max_memory_bytes, config.max_memory_total_bytes, config.max_memories
+        )
         # SQLite is blocking: one worker thread at a time per bridge (other bridges share
         # the file through SQLite's own locking).
         self._memory_limiter = anyio.CapacityLimiter(1)
@@ -4218,8 +4342,8 @@ class HostAPI:
     async def memory_load(self, key: str) -> Any:
         return await self._in_store(self.memory.load, key)
 
-    async def memory_put_if(self, key: str, value: Any, version: int) -> Any:
-        return await self._in_store(self.memory.put_if, key, value, version)
+    async def memory_put_if(self, key: str, value: Any, generation: int) -> Any:
+        return await self._in_store(self.memory.put_if, key, value, generation)
 
     async def memory_delete(self, key: str) -> Any:
         return await self._in_store(self.memory.delete, key)
@@ -4227,8 +4351,8 @@ class HostAPI:
     async def memory_info(self, key: str) -> Any:
         return await self._in_store(self.memory.info, key)
 
-    async def memory_list(self) -> Any:
-        return await self._in_store(self.memory.entries)
+    async def memory_list(self, after: str | None = None, limit: int = MEMORY_PAGE_ENTRIES) -> Any:
+        return await self._in_store(self.memory.page, after, limit)
 
     async def tool_save(self, name: str, source: str) -> Any:
         return await self._in_store(self.saved_tools.save, name, source)
@@ -4865,8 +4989,10 @@ class SandboxSession:
         try:
             try:
                 await self.send(response)
-            except (ProtocolError, TypeError, ValueError) as exc:
-                message = "the answer could not be sent into the sandbox: %s" % exc
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                raise
+            except Exception as exc:  # too large, or not encodable (RecursionError): still one answer
+                message = "the answer could not be sent into the sandbox: %s: %s" % (type(exc).__name__, exc)
                 await self.send(
                     {
                         "type": "response",
@@ -6737,7 +6863,10 @@ def memory_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         return 2
     logging.basicConfig(level=config.log_level, stream=sys.stderr, format="%(levelname)s: %(message)s")
     store = MemoryStore(
-        config.state_dir / MEMORY_DIRNAME, config.max_memory_bytes, config.max_memory_total_bytes
+        config.state_dir / MEMORY_DIRNAME,
+        config.max_memory_bytes,
+        config.max_memory_total_bytes,
+        config.max_memories,
     )
     tools = SavedTools(config.state_dir / MEMORY_DIRNAME)
     if isinstance(sys.stdout, io.TextIOWrapper):

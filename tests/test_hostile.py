@@ -772,6 +772,11 @@ class FakeHost:
             return "x" * (2 << 20)  # an answer larger than a frame
         if method == "unserializable":
             return {"value": object()}
+        if method == "deep":  # encoding it raises RecursionError, whatever the Python
+            value: Any = []
+            for _ in range(100_000):
+                value = [value]
+            return value
         return {"served": method}
 
 
@@ -838,6 +843,20 @@ async def test_the_bridge_rejects_hostile_frames_without_the_supervisor(tmp_path
     assert session.malformed_frames == 12
     assert session.in_flight == 0 and session.request_bytes == 0 and session.requests == {}
     assert session.pending is not None and session.pending.result is None  # no frame ended the call
+
+
+async def test_an_answer_that_cannot_be_encoded_still_gets_one_error_answer(tmp_path: Path) -> None:
+    session, stdin = direct_session(tmp_path)
+    async with anyio.create_task_group() as group:
+        session.task_group = group
+        await session._dispatch({"type": "request", "id": "deep", "method": "deep", "params": {}}, 100)
+        await session._dispatch({"type": "request", "id": "after", "method": "other", "params": {}}, 100)
+        sent = await answers(stdin, 2)  # at once: the code waiting for it must not wait its timeout
+        group.cancel_scope.cancel()
+    message = sent["deep"]["error"]["message"]
+    assert message.startswith("the answer could not be sent into the sandbox: RecursionError"), message
+    assert sent["after"]["result"] == {"served": "other"}
+    assert session.in_flight == 0 and session.requests == {}
 
 
 @pytest.mark.parametrize(
