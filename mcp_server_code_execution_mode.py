@@ -5120,6 +5120,8 @@ class SandboxSession:
             with anyio.move_on_after(10):
                 await self.exited.wait()
 
+    MAX_CRASH_REASON_CHARS = 1000
+
     def _outcome(self, pending: PendingExecute, timeout: float, timed_out: bool) -> ExecutionOutcome:
         result = pending.result or {}
         status = result.get("status")
@@ -5169,6 +5171,7 @@ class SandboxSession:
             )
         elif status in ("crashed", "killed"):
             reason = str((outcome.error or {}).get("message") or "the Python process running the code ended")
+            reason = reason[: self.MAX_CRASH_REASON_CHARS]  # the supervisor's word, from the sandbox
             outcome.status, outcome.state_kept, outcome.error = "crashed", False, None
             outcome.detail = (
                 "%s%s. Variables, imports and functions are gone; files in /tmp and /workspace were kept, "
@@ -5738,10 +5741,21 @@ class Sessions:
 PART_LABELS = {"stdout": "stdout", "stderr": "stderr", "traceback": "the traceback", "value": "the value"}
 
 
+# Whatever the kernel says (its result frame is the sandbox's word, and code may patch the
+# kernel), the notices and the error message take at most these shares of the budget, and
+# what they take is left out of the budget of the rest: the whole result stays within it.
+NOTICES_SHARE = 4  # notices: at most a quarter of the budget
+ERROR_MESSAGE_SHARE = 10  # the error's message (its traceback says it too): a tenth
+MAX_VALUE_JSON_DEPTH = 64  # as the kernel's plain_json: deeper data is shown as its repr
+
+
 @dataclass
 class FittedOutput:
     text: dict[str, str]  # part -> what the result shows of it
     cut: dict[str, dict[str, Any]]  # part -> {"characters": cut, "file": the whole, if saved}
+    notices: list[str] = field(default_factory=list)  # the notices as the result shows them
+    error: dict[str, str] | None = None  # type, message (fitted) and traceback (fitted)
+    value_json: bool = False  # whether the value is shown as JSON data (it fits what is left)
 
 
 def shown_error(outcome: ExecutionOutcome) -> str:
@@ -5762,7 +5776,72 @@ def shares(sizes: dict[str, int], budget: int) -> dict[str, int]:
     return keep
 
 
+def fit_notices(notices: Sequence[str], room: int) -> list[str]:
+    """The notices in order while they fit ``room`` characters; the one that crosses it
+    keeps its head and a marker, and a last line counts those left out."""
+    kept: list[str] = []
+    for number, notice in enumerate(notices):
+        if len(notice) <= room:
+            kept.append(notice)
+            room -= len(notice) + 1
+            continue
+        marker = mcp_sandbox_kernel.cut_marker(len(notice) - max(room, 0), "a notice", room)
+        partly = room > len(marker) + 10
+        if partly:
+            kept.append(notice[: room - len(marker) - 1] + " " + marker)
+        left = len(notices) - number - partly
+        if left:
+            kept.append("(%d more notice(s) left out: over the output budget)" % left)
+        break
+    return kept
+
+
+def json_fits(value: Any, room: int) -> bool:
+    """Whether ``value`` (decoded JSON) is at most MAX_VALUE_JSON_DEPTH deep and its JSON
+    text at most ``room`` characters; walked without recursion, stopping once it is over."""
+    size, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_VALUE_JSON_DEPTH or size > room:
+            return False
+        if isinstance(item, dict):
+            size += 2 + 2 * len(item)
+            for key, child in item.items():
+                size += len(key) + 2
+                stack.append((child, depth + 1))
+        elif isinstance(item, list):
+            size += 2 + len(item)
+            stack.extend((child, depth + 1) for child in item)
+        else:
+            size += len(item) + 2 if isinstance(item, str) else 8
+    return size <= room and len(json.dumps(value, ensure_ascii=False)) <= room
+
+
+def fit_error(error: Mapping[str, Any] | None, budget: int) -> dict[str, str] | None:
+    """The error's type and message, the message cut to its share (the traceback is fitted
+    with the other parts); fields the kernel should not send are left out."""
+    if error is None:
+        return None
+    message, room = str(error.get("message", "")), budget // ERROR_MESSAGE_SHARE
+    if len(message) > room:
+        marker = mcp_sandbox_kernel.cut_marker(len(message) - room, "the message", budget)
+        message = message[: max(room - len(marker) - 1, 0)] + " " + marker
+    fitted = {"type": str(error.get("type", ""))[: mcp_sandbox_kernel.MAX_NAME_CHARS], "message": message}
+    traceback = error.get("traceback")
+    if isinstance(traceback, str):  # shown when the status shows no traceback (fit_output)
+        if len(traceback) > room:
+            marker = mcp_sandbox_kernel.cut_marker(len(traceback) - room, "the traceback", budget)
+            traceback = marker + "\n" + traceback[len(traceback) - room :]
+        fitted["traceback"] = traceback
+    return fitted
+
+
 def fit_output(outcome: ExecutionOutcome, budget: int) -> FittedOutput:
+    notices = fit_notices(outcome.notices, budget // NOTICES_SHARE)
+    error = fit_error(outcome.error, budget)
+    whole = budget  # what the markers name
+    budget -= sum(len(notice) + 1 for notice in notices) + len(error["message"] if error else "")
+    budget = max(budget, 0)
     parts = {
         "stdout": outcome.stdout,
         "stderr": outcome.stderr,
@@ -5771,17 +5850,23 @@ def fit_output(outcome: ExecutionOutcome, budget: int) -> FittedOutput:
     }
     cuts = {name: outcome.cuts.get(name) or OutputCut() for name in parts}
     keep = shares({name: len(parts[name]) + len(cuts[name].tail) for name in parts}, budget)
-    fitted = FittedOutput(text={}, cut={})
+    fitted = FittedOutput(text={}, cut={}, notices=notices, error=error)
     for name, head in parts.items():
         cut = cuts[name]
         shown_head, count, shown_tail = keep_ends(head, cut.count, cut.tail, keep[name])
         if not count:
             fitted.text[name] = shown_head
             continue
-        marker = mcp_sandbox_kernel.cut_marker(count, PART_LABELS[name], budget, cut.file)
+        marker = mcp_sandbox_kernel.cut_marker(count, PART_LABELS[name], whole, cut.file)
         newline = "\n" if shown_head and not shown_head.endswith("\n") else ""
         fitted.text[name] = shown_head + newline + marker + "\n" + shown_tail
         fitted.cut[name] = {"characters": count, **({"file": cut.file} if cut.file else {})}
+    if outcome.value_json is not None and "value" not in fitted.cut:
+        # The JSON stands in for the value's repr: it gets what the other parts left.
+        room = budget - sum(len(text) for name, text in fitted.text.items() if name != "value")
+        fitted.value_json = json_fits(outcome.value_json, room)
+    if error is not None and fitted.error is not None:
+        fitted.error["traceback"] = fitted.text["traceback"] or error.get("traceback", "")
     return fitted
 
 
@@ -5808,22 +5893,20 @@ def structured_result(outcome: ExecutionOutcome, fitted: FittedOutput) -> dict[s
     for name in ("stdout", "stderr"):
         if fitted.text[name]:
             data[name] = fitted.text[name]
-    if outcome.value_json is not None and "value" not in fitted.cut:
+    if fitted.value_json:
         data["value"] = outcome.value_json
     elif outcome.value is not None:
         data["value_repr"] = fitted.text["value"]
-    if outcome.error is not None:
-        data["error"] = dict(
-            outcome.error, traceback=fitted.text["traceback"] or outcome.error.get("traceback", "")
-        )
+    if fitted.error is not None:
+        data["error"] = fitted.error
     if fitted.cut:
         data["truncated"] = fitted.cut
     if not outcome.state_kept:
         data["state_kept"] = False
     if outcome.detail:
         data["detail"] = outcome.detail
-    if outcome.notices:
-        data["notices"] = outcome.notices
+    if fitted.notices:
+        data["notices"] = fitted.notices
     if outcome.session != DEFAULT_SESSION:  # a trivial result stays small
         data["session"] = outcome.session
     data["duration_seconds"] = round(outcome.duration, 3)
@@ -5856,7 +5939,7 @@ def render_blocks(outcome: ExecutionOutcome, fitted: FittedOutput) -> list[str]:
     if outcome.value is not None:
         output.append(shown["value"])
     blocks = [
-        "\n".join("[session] " + notice for notice in outcome.notices),
+        "\n".join("[session] " + notice for notice in fitted.notices),
         "\n".join(output),
         "[%s] %s" % (outcome.status, outcome.detail) if outcome.detail else "",
     ]

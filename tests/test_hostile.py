@@ -34,6 +34,8 @@ from mcp_sandbox_kernel import FrameDecoder
 from tests.conftest import (
     REPO,
     Engine,
+    bridge_client,
+    bridge_env,
     bridge_pids,
     claude_desktop_home,
     console_script,
@@ -1017,3 +1019,41 @@ async def test_the_kernels_reason_for_stopping_reaches_the_model_from_the_reader
     text = text_of(bridge.render_outcome(outcome, config))
     assert "the kernel reported: kernel stopped: the channel broke (simulated)" in text, text
     assert "exited unexpectedly" not in text
+
+
+# Code that patches the kernel's executor so its result frame carries far more than any
+# budget: 8 MB of notices, a 3 MB error message and traceback, 3 MB of "JSON value" behind
+# a short repr. The supervisor passes each on as it is (within the frame cap).
+INFLATED_RESULT_CELL = """
+channel = runtime.call_tool.__self__._requests.channel
+send = channel.send
+def inflate(frame):
+    if frame.get("type") == "result":
+        channel.send = send
+        frame.update(
+            status="error", value="short", json=["y" * 1000] * 3000,
+            error={"type": "Boom", "message": "m" * 3_000_000, "traceback": "t" * 3_000_000,
+                   "extra": "x" * 10**6},
+            notices=["n" * 1_000_000] * 8,
+        )
+    send(frame)
+channel.send = inflate
+"""
+
+
+async def test_a_patched_kernel_cannot_pass_the_output_budget(engine: Engine, state_dir: Path) -> None:
+    budget = bridge.BridgeConfig().max_output_chars
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        result = await client.call_tool("run_python", {"code": INFLATED_RESULT_CELL})
+        text = text_of(result)
+        structured = json.dumps(result.structured_content, ensure_ascii=False)
+        after = await run_cell(client, "1 + 1")
+    # Within the one budget (markers and the bridge's own lines aside), whatever the kernel said.
+    assert len(text) < budget + 1000, len(text)
+    assert len(structured) < budget + 2000, len(structured)
+    assert "characters of a notice cut" in text and "more notice(s) left out" in text, text[:300]
+    data = result.structured_content
+    assert data is not None and "characters of the message cut" in data["error"]["message"]
+    assert set(data["error"]) == {"type", "message", "traceback"} and "value" not in data
+    assert data["value_repr"] == "short"
+    assert after["value"] == "2" and not after["is_error"], after  # the bridge is fine
