@@ -6011,8 +6011,68 @@ def tool_result(
     return types.CallToolResult(content=content, structured_content=structured, is_error=is_error)
 
 
-def render_outcome(outcome: ExecutionOutcome, config: BridgeConfig) -> types.CallToolResult:
+# --- results over HTTP ----------------------------------------------------------------
+# The SDK's own streamable HTTP client reads a result as one server-sent event and gives
+# up on an event over 1 MiB ("Server-sent event exceeded the 1048576 byte limit"), after
+# the code has run; other clients built on such readers do the same. Over HTTP a result's
+# JSON is kept under this (the margin holds the JSON-RPC envelope and the notes): images
+# and files that would pass it are left out, each with a note naming where it stays.
+HTTP_MAX_RESULT_BYTES = 1024 * 1024 - 64 * 1024
+
+
+def _json_size(item: BaseModel) -> int:
+    return len(item.model_dump_json(by_alias=True, exclude_none=True))
+
+
+def keep_within(parts: Sequence[ExecutionOutcome], config: BridgeConfig, limit: int) -> None:
+    """Leave out of ``parts`` the images and files (in order, the later ones first to go)
+    that would take the rendered result over ``limit`` bytes of JSON, each with a notice."""
+    bare = [replace(part, images=[], attachments=[], earlier=None) for part in parts]
+    if len(bare) == 2:
+        bare[1].earlier = bare[0]
+    used = _json_size(_render(bare, config)) + 2048  # the notes this may add
+    for part in parts:
+        kept_images: list[tuple[str, str]] = []
+        for number, (mime_type, data) in enumerate(part.images, 1):
+            size = len(data) + len(mime_type) + 64
+            if used + size <= limit:
+                kept_images.append((mime_type, data))
+                used += size
+            else:
+                part.notices.append(
+                    "Image %d (%d bytes of base64) was left out: over HTTP a result is kept under %d bytes, "
+                    "what common clients accept. Show a smaller image (fewer pixels, a lower dpi), or fewer "
+                    "per call." % (number, len(data), limit)
+                )
+        kept_files: list[types.EmbeddedResource] = []
+        for number, attachment in enumerate(part.attachments, 1):
+            size = _json_size(attachment)
+            if used + size <= limit:
+                kept_files.append(attachment)
+                used += size
+                continue
+            uri = str(attachment.resource.uri)
+            where = urllib.parse.unquote(uri[len("file://") :]) if uri.startswith("file://") else uri
+            part.notices.append(
+                "File %d (%s, %d bytes as sent) was left out: too large for this transport (over HTTP a "
+                "result is kept under %d bytes, what common clients accept). It stays in the sandbox at %s: "
+                "read or send a part of it, or compress it." % (number, where, size, limit, where)
+            )
+        part.images, part.attachments = kept_images, kept_files
+
+
+def render_outcome(
+    outcome: ExecutionOutcome, config: BridgeConfig, max_result_bytes: int | None = None
+) -> types.CallToolResult:
+    """``max_result_bytes``: the most the result's JSON may take (over HTTP, see keep_within)."""
     parts = [outcome] if outcome.earlier is None else [outcome.earlier, outcome]
+    if max_result_bytes is not None and any(part.images or part.attachments for part in parts):
+        keep_within(parts, config, max_result_bytes)
+    return _render(parts, config)
+
+
+def _render(parts: Sequence[ExecutionOutcome], config: BridgeConfig) -> types.CallToolResult:
+    outcome = parts[-1]
     fitted = [fit_output(part, config.max_output_chars // len(parts)) for part in parts]  # one budget
     blocks = []
     for part, fit in zip(parts, fitted, strict=True):
@@ -6522,7 +6582,8 @@ def build_server(
                 request.reset,  # type: ignore[attr-defined]
                 progress,
             )
-            return render_outcome(outcome, config)
+            http = config.transport == "http"
+            return render_outcome(outcome, config, HTTP_MAX_RESULT_BYTES if http else None)
         except BridgeError as exc:
             return render_error(exc)
         except (

@@ -576,3 +576,46 @@ async def test_a_stop_signal_answers_calls_in_flight_and_removes_every_principal
         assert results and results[0]["is_error"] and "shutting down" in results[0]["text"], results
     # http_bridge's exit checked the exit status, the time and that no container is left.
     assert "Traceback" not in running.log.read_text()
+
+
+async def test_large_attachments_and_notices_still_arrive_through_the_sdk_client(
+    engine: Engine, state_dir: Path
+) -> None:
+    # The SDK's client drops a server-sent event over 1 MiB: an 800 KB file (within the
+    # 5 MB attachment cap) is left out with a note, the small one still comes.
+    async with http_bridge(engine, state_dir) as running, http_client(running.url, ALICE) as alice:
+        result = await alice.call_tool(
+            "run_python",
+            {
+                "code": textwrap.dedent(
+                    """
+                    import os
+                    open("/tmp/big.bin", "wb").write(os.urandom(800_000))
+                    open("/tmp/small.txt", "w").write("hello")
+                    runtime.attach("/tmp/big.bin")
+                    runtime.attach("/tmp/small.txt")
+                    """
+                )
+            },
+        )
+        files = [block for block in result.content if isinstance(block, bridge.types.EmbeddedResource)]
+        assert [str(block.resource.uri) for block in files] == ["file:///tmp/small.txt"], result.content
+        text = text_of(result)
+        assert "File 1 (/tmp/big.bin" in text and "too large for this transport" in text, text
+        assert "stays in the sandbox at /tmp/big.bin" in text and str(bridge.HTTP_MAX_RESULT_BYTES) in text
+        # 1.6 MB of notices from a kernel patched from inside: cut to the budget, and delivered.
+        noisy = await call(
+            alice,
+            """
+            channel = runtime.call_tool.__self__._requests.channel
+            send = channel.send
+            def inflate(frame):
+                if frame.get("type") == "result":
+                    channel.send = send
+                    frame["notices"] = ["n" * 200_000] * 8
+                send(frame)
+            channel.send = inflate
+            """,
+        )
+        assert "more notice(s) left out" in noisy["text"] and len(noisy["text"]) < 30_000, noisy["text"][:200]
+        assert value(await call(alice, "1 + 1")) == 2
