@@ -24,6 +24,7 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
@@ -598,7 +599,7 @@ async def test_large_attachments_and_notices_still_arrive_through_the_sdk_client
                 )
             },
         )
-        files = [block for block in result.content if isinstance(block, bridge.types.EmbeddedResource)]
+        files = [block for block in result.content if isinstance(block, types.EmbeddedResource)]
         assert [str(block.resource.uri) for block in files] == ["file:///tmp/small.txt"], result.content
         text = text_of(result)
         assert "File 1 (/tmp/big.bin" in text and "too large for this transport" in text, text
