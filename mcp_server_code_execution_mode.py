@@ -6066,9 +6066,19 @@ def render_outcome(
 ) -> types.CallToolResult:
     """``max_result_bytes``: the most the result's JSON may take (over HTTP, see keep_within)."""
     parts = [outcome] if outcome.earlier is None else [outcome.earlier, outcome]
-    if max_result_bytes is not None and any(part.images or part.attachments for part in parts):
+    if max_result_bytes is None:
+        return _render(parts, config)
+    if any(part.images or part.attachments for part in parts):
         keep_within(parts, config, max_result_bytes)
-    return _render(parts, config)
+    result = _render(parts, config)
+    for _ in range(3):  # the text alone is over only with a large MCP_BRIDGE_MAX_OUTPUT
+        size = _json_size(result)
+        if size <= max_result_bytes:
+            break
+        smaller = max(1000, config.max_output_chars * max_result_bytes // size // 2)
+        config = replace(config, max_output_chars=smaller)
+        result = _render(parts, config)
+    return result
 
 
 def _render(parts: Sequence[ExecutionOutcome], config: BridgeConfig) -> types.CallToolResult:
