@@ -1743,9 +1743,29 @@ class SandboxRuntime:
         return self._host("memory_info", {"key": key}, "get_memory_info(%r)" % (key,))
 
     @deferrable
-    def list_memories(self) -> Any:
-        """Every saved key with its metadata, size and timestamps."""
-        return self._host("memory_list", {}, "list_memories()")
+    def list_memories(self, after: str | None = None, limit: int | None = None) -> Any:
+        """Saved keys with their metadata, size and timestamps, in key order: every one, or
+        the first ``limit`` after the key ``after`` (for the part that follows, call again
+        with ``after`` = the last key you got). The host answers MEMORY_PAGE_ENTRIES at most
+        at a time; this asks for the pages in turn."""
+        if limit is not None and (type(limit) is not int or limit < 0):
+            raise ValueError("list_memories: limit must be a whole number >= 0 or None, not %r" % (limit,))
+
+        def run() -> Any:
+            entries: list[Any] = []
+            while (params := _next_memory_page(after, limit, entries)) is not None:
+                if not _take_memory_page(entries, self._requests.call("memory_list", params)):
+                    break
+            return entries
+
+        async def run_async() -> Any:
+            entries: list[Any] = []
+            while (params := _next_memory_page(after, limit, entries)) is not None:
+                if not _take_memory_page(entries, await self._requests.call_async("memory_list", params)):
+                    break
+            return entries
+
+        return self._now_or_deferred(run, run_async, "list_memories()")
 
     @deferrable
     def update_memory(self, key: str, fn: Callable[[Any], Any], default: Any = None) -> Any:
@@ -1764,7 +1784,7 @@ class SandboxRuntime:
             current = self._requests.call("memory_load", {"key": key})
             value = fn(current["value"] if current["found"] else default)
             _require_json(value, "update_memory: the new value")
-            params = {"key": key, "value": value, "version": current["version"]}
+            params = {"key": key, "value": value, "generation": current["generation"]}
             if self._requests.call("memory_put_if", params)["ok"]:
                 return value
             time.sleep(_backoff(attempt))
@@ -1775,7 +1795,7 @@ class SandboxRuntime:
             current = await self._requests.call_async("memory_load", {"key": key})
             value = fn(current["value"] if current["found"] else default)
             _require_json(value, "update_memory: the new value")
-            params = {"key": key, "value": value, "version": current["version"]}
+            params = {"key": key, "value": value, "generation": current["generation"]}
             if (await self._requests.call_async("memory_put_if", params))["ok"]:
                 return value
             await asyncio.sleep(_backoff(attempt))
@@ -1819,6 +1839,23 @@ def _hit(hit: Any) -> Any:
 
 
 UPDATE_MEMORY_ATTEMPTS = 100
+MEMORY_PAGE_ENTRIES = 1000  # the most memories the host lists in one answer (also by size)
+
+
+def _next_memory_page(after: str | None, limit: int | None, entries: list[Any]) -> dict[str, Any] | None:
+    """The params of list_memories' next request, or None when ``limit`` entries are in."""
+    left = MEMORY_PAGE_ENTRIES if limit is None else limit - len(entries)
+    if left <= 0:
+        return None
+    return {"after": entries[-1]["key"] if entries else after, "limit": min(left, MEMORY_PAGE_ENTRIES)}
+
+
+def _take_memory_page(entries: list[Any], page: dict[str, Any]) -> bool:
+    """Add a page to ``entries``; whether more follow."""
+    entries.extend(page["memories"])
+    return bool(page["more"] and page["memories"])
+
+
 _CONTENDED = "update_memory(%r): other writers changed the value on each of %d attempts; try again"
 MEMORY_HELPERS = (
     "save_memory", "load_memory", "update_memory", "list_memories", "delete_memory", "memory_exists",
@@ -1907,6 +1944,8 @@ def _backoff(attempt: int) -> float:
 def _require_json(value: Any, what: str) -> None:
     try:
         json.dumps(value, allow_nan=False)
+    except RecursionError:
+        raise ValueError("%s is nested too deeply to be sent to the host as JSON" % what) from None
     except (TypeError, ValueError) as exc:
         raise TypeError(
             "%s must be JSON (dict, list, str, int, float, bool or None): %s" % (what, exc)

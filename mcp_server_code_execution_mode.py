@@ -275,6 +275,7 @@ class BridgeConfig:
     project_servers: ProjectServers = "trusted"
     max_memory_bytes: int = 1024 * 1024
     max_memory_total_bytes: int = 100 * 1024 * 1024
+    max_memories: int = 10_000
     max_images: int = 10
     max_image_bytes: int = 2 * 1024 * 1024
     max_attachment_bytes: int = 5_000_000
@@ -608,7 +609,13 @@ OPTIONS: tuple[Option, ...] = (
         "max_memory_total_bytes",
         "MCP_BRIDGE_MAX_MEMORY_TOTAL_BYTES",
         _positive_int,
-        "largest total of all memories (values and metadata), bytes of JSON",
+        "largest total of all memories (keys, values, metadata and 256 bytes each), bytes of JSON",
+    ),
+    Option(
+        "max_memories",
+        "MCP_BRIDGE_MAX_MEMORIES",
+        _positive_int,
+        "most memories the store holds (save_memory of a new key beyond it is refused)",
     ),
     Option(
         "max_tool_result_bytes",
@@ -3785,16 +3792,39 @@ def search_tools(
 MEMORY_DIRNAME = "user_tools"
 MEMORY_FILENAME = "memory.sqlite3"
 MAX_MEMORY_KEY_CHARS = 200
-_MEMORY_SCHEMA = """
-CREATE TABLE IF NOT EXISTS memories (
+# What one memory costs on disk beyond its key, value and metadata (its row, its key again
+# in the primary-key index, page slack): measured at about 270 bytes with 200-byte keys.
+# The total cap counts it, so many small memories cannot fill the disk past the cap.
+MEMORY_ENTRY_OVERHEAD = 256
+# Values and metadata nested deeper than this are refused at save: every answer that
+# carries them (load_memory, list_memories) is JSON-encoded again, and Python's encoder
+# gives up (RecursionError) near 1000 levels.
+MAX_MEMORY_DEPTH = 100
+# list_memories() is answered a page at a time: at most MEMORY_PAGE_ENTRIES entries, and
+# entries of at most this many bytes (keys and metadata; a larger single entry is a page of
+# its own), so no answer nears the frame cap however many memories there are.
+MEMORY_PAGE_ENTRIES = mcp_sandbox_kernel.MEMORY_PAGE_ENTRIES
+MEMORY_PAGE_BYTES = 4 * 1024 * 1024
+# Schema versions (PRAGMA user_version): 1 added "generation", a number drawn from one
+# store-wide counter on every write, so it never repeats for a key, even one deleted and
+# saved again (whose version starts from 1 again). update_memory commits only if the
+# generation it read is still the key's: its condition cannot be met by an ABA.
+MEMORY_SCHEMA_VERSION = 1
+_MEMORY_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS memories (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL,
     metadata TEXT,
     version INTEGER NOT NULL,
     size INTEGER NOT NULL,
     created REAL NOT NULL,
-    updated REAL NOT NULL
-)"""
+    updated REAL NOT NULL,
+    generation INTEGER NOT NULL DEFAULT 0
+)""",
+    "CREATE TABLE IF NOT EXISTS memory_generation "
+    "(id INTEGER PRIMARY KEY CHECK (id = 1), last INTEGER NOT NULL)",
+    "INSERT OR IGNORE INTO memory_generation (id, last) VALUES (1, 0)",
+)
 
 
 class MemoryStoreError(BridgeError):
@@ -3810,8 +3840,24 @@ def validate_memory_key(key: str) -> str:
     return key
 
 
+def check_memory_depth(value: Any, what: str) -> None:
+    """MemoryStoreError if ``value`` nests lists and objects deeper than MAX_MEMORY_DEPTH;
+    walked with a stack of its own, so no depth makes the check itself fail."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth >= MAX_MEMORY_DEPTH:
+                raise MemoryStoreError(
+                    "The %s nests lists and objects deeper than %d levels, the most a memory may hold; "
+                    "flatten it (e.g. store the deep part as a JSON string)." % (what, MAX_MEMORY_DEPTH)
+                )
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+
+
 def memory_json(value: Any, what: str) -> str:
     """``value`` as the JSON text the store keeps; MemoryStoreError if it cannot be."""
+    check_memory_depth(value, what)
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
         text.encode("utf-8")
@@ -3831,10 +3877,17 @@ class MemoryStore:
     """The memory table. Every method is blocking (call it in a worker thread) and opens
     its own connection, so it is safe from any thread and any process."""
 
-    def __init__(self, directory: Path, max_value_bytes: int, max_total_bytes: int) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        max_value_bytes: int,
+        max_total_bytes: int,
+        max_entries: int = BridgeConfig.max_memories,
+    ) -> None:
         self.path = directory / MEMORY_FILENAME
         self.max_value_bytes = max_value_bytes
         self.max_total_bytes = max_total_bytes
+        self.max_entries = max_entries
 
     @contextmanager
     def _transaction(self, write: bool) -> Iterator[sqlite3.Connection]:
@@ -3868,7 +3921,8 @@ class MemoryStore:
             try:
                 if connection.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                     connection.execute("PRAGMA journal_mode=WAL")  # once per file: it is persistent
-                connection.execute(_MEMORY_SCHEMA)
+                if connection.execute("PRAGMA user_version").fetchone()[0] < MEMORY_SCHEMA_VERSION:
+                    self._migrate(connection)
                 connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 return connection
             except sqlite3.OperationalError as exc:
@@ -3879,6 +3933,35 @@ class MemoryStore:
             except sqlite3.Error as exc:
                 connection.close()
                 raise self._unusable(exc) from None
+
+    @staticmethod
+    def _migrate(connection: sqlite3.Connection) -> None:
+        """Create the tables, or bring a file of an earlier schema up to date in place, in
+        one transaction (another bridge may be doing the same: the second finds it done).
+        Rows from before generations each get their own (their rowid), and the counter
+        starts above them all."""
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            if connection.execute("PRAGMA user_version").fetchone()[0] < MEMORY_SCHEMA_VERSION:
+                connection.execute(_MEMORY_SCHEMA[0])
+                columns = {row[1] for row in connection.execute("PRAGMA table_info(memories)")}
+                if "generation" not in columns:
+                    connection.execute(
+                        "ALTER TABLE memories ADD COLUMN generation INTEGER NOT NULL DEFAULT 0"
+                    )
+                for statement in _MEMORY_SCHEMA[1:]:
+                    connection.execute(statement)
+                connection.execute("UPDATE memories SET generation = rowid WHERE generation = 0")
+                connection.execute(
+                    "UPDATE memory_generation SET last = MAX(last, (SELECT COALESCE(MAX(generation), 0) "
+                    "FROM memories))"
+                )
+                connection.execute("PRAGMA user_version = %d" % MEMORY_SCHEMA_VERSION)
+            connection.execute("COMMIT")
+        except BaseException:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            raise
 
     def _unusable(self, exc: BaseException) -> MemoryStoreError:
         # Reported, never replaced: the file may hold the user's only copy.
@@ -3915,23 +3998,37 @@ class MemoryStore:
         row = db.execute("SELECT version, metadata FROM memories WHERE key = ?", (key,)).fetchone()
         # metadata=None keeps the entry's metadata (the upsert below), so it counts too.
         size = self._entry_size(text, meta if meta is not None or row is None else row[1])
-        others = db.execute("SELECT COALESCE(SUM(size), 0) FROM memories WHERE key != ?", (key,)).fetchone()[
-            0
-        ]
-        if others + size > self.max_total_bytes:
+        count, others = db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(size + length(CAST(key AS BLOB))), 0) FROM memories "
+            "WHERE key != ?",
+            (key,),
+        ).fetchone()
+        if row is None and count >= self.max_entries:
             raise MemoryStoreError(
-                "Storing %d bytes (value and metadata) would take the memory store over its %d-byte total "
-                "(MCP_BRIDGE_MAX_MEMORY_TOTAL_BYTES; the other memories hold %d bytes); delete memories "
-                "you no longer need." % (size, self.max_total_bytes, others)
+                "There are already %d memories, the most the store holds (MCP_BRIDGE_MAX_MEMORIES); "
+                "delete_memory() the ones you no longer need (list_memories() names them), or keep "
+                "related values together under one key." % count
+            )
+        # A memory takes its key, value, metadata and bookkeeping on disk: all count.
+        others += count * MEMORY_ENTRY_OVERHEAD
+        needed = size + len(key.encode("utf-8")) + MEMORY_ENTRY_OVERHEAD
+        if others + needed > self.max_total_bytes:
+            raise MemoryStoreError(
+                "Storing %d bytes (value and metadata; %d with its key and %d bytes of bookkeeping) would "
+                "take the memory store over its %d-byte total (MCP_BRIDGE_MAX_MEMORY_TOTAL_BYTES; the other "
+                "%d memories hold %d bytes, keys and bookkeeping included); delete memories you no longer "
+                "need." % (size, needed, MEMORY_ENTRY_OVERHEAD, self.max_total_bytes, count, others)
             )
         now = time.time()
         version = (row[0] if row else 0) + 1
+        db.execute("UPDATE memory_generation SET last = last + 1")
+        generation = db.execute("SELECT last FROM memory_generation").fetchone()[0]
         db.execute(
-            "INSERT INTO memories (key, value, metadata, version, size, created, updated) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
+            "INSERT INTO memories (key, value, metadata, version, size, created, updated, generation) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
             "metadata = COALESCE(excluded.metadata, memories.metadata), version = excluded.version, "
-            "size = excluded.size, updated = excluded.updated",
-            (key, text, meta, version, size, now, now),
+            "size = excluded.size, updated = excluded.updated, generation = excluded.generation",
+            (key, text, meta, version, size, now, now, generation),
         )
         return int(version)
 
@@ -3944,26 +4041,29 @@ class MemoryStore:
         return info
 
     def load(self, key: str) -> dict[str, Any]:
-        """{"found": bool, "value": ..., "version": int (0 when not found)}"""
+        """{"found": bool, "value": ..., "version": int, "generation": int} (0 and 0 when not
+        found); "generation" is what put_if compares."""
         with self._transaction(write=False) as db:
             row = db.execute(
-                "SELECT value, version FROM memories WHERE key = ?", (validate_memory_key(key),)
+                "SELECT value, version, generation FROM memories WHERE key = ?", (validate_memory_key(key),)
             ).fetchone()
         if row is None:
-            return {"found": False, "value": None, "version": 0}
-        return {"found": True, "value": json.loads(row[0]), "version": row[1]}
+            return {"found": False, "value": None, "version": 0, "generation": 0}
+        return {"found": True, "value": json.loads(row[0]), "version": row[1], "generation": row[2]}
 
-    def put_if(self, key: str, value: Any, version: int) -> dict[str, Any]:
-        """Write ``value`` only if the key is still at ``version`` (0: still absent): the
-        commit half of update_memory, whose function runs in the sandbox in between."""
+    def put_if(self, key: str, value: Any, generation: int) -> dict[str, Any]:
+        """Write ``value`` only if the key is still at ``generation`` (0: still absent), as
+        load read it: the commit half of update_memory, whose function runs in the sandbox
+        in between. Generations never repeat, so a delete and a new save in between (whose
+        version may be the same again) still makes the write fail."""
         text, meta = self._encode(value, None)
         with self._transaction(write=True) as db:
             row = db.execute(
-                "SELECT version FROM memories WHERE key = ?", (validate_memory_key(key),)
+                "SELECT generation FROM memories WHERE key = ?", (validate_memory_key(key),)
             ).fetchone()
             current = row[0] if row else 0
-            if current != version:
-                return {"ok": False, "version": current}
+            if current != generation:
+                return {"ok": False, "generation": current}
             return {"ok": True, "version": self._write(db, key, text, meta)}
 
     def delete(self, key: str) -> bool:
@@ -3978,6 +4078,23 @@ class MemoryStore:
         """Every memory's info; ``value_sizes``: with "value_size", the bytes of its value's
         JSON alone ("size" counts the metadata too, as the caps do)."""
         return self._infos("ORDER BY key", (), value_sizes=value_sizes)
+
+    def page(self, after: str | None = None, limit: int = MEMORY_PAGE_ENTRIES) -> dict[str, Any]:
+        """{"memories": the infos of the keys after ``after`` in key order, at most ``limit``
+        of them and about MEMORY_PAGE_BYTES of keys and metadata (at least one), "more":
+        whether keys follow}: what list_memories() asks for, one bounded answer at a time."""
+        after = after or ""
+        infos = self._infos(
+            "WHERE key IN (SELECT key FROM (SELECT key, ROW_NUMBER() OVER w AS n, "
+            "SUM(length(CAST(key AS BLOB)) + COALESCE(length(CAST(metadata AS BLOB)), 0)) OVER w AS running "
+            "FROM memories WHERE key > ? "
+            "WINDOW w AS (ORDER BY key)) WHERE n <= ? AND (n = 1 OR running <= ?)) ORDER BY key",
+            (after, min(limit, MEMORY_PAGE_ENTRIES), MEMORY_PAGE_BYTES),
+        )
+        last = infos[-1]["key"] if infos else after
+        with self._transaction(write=False) as db:
+            more = db.execute("SELECT 1 FROM memories WHERE key > ? LIMIT 1", (last,)).fetchone() is not None
+        return {"memories": infos, "more": more}
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """Every memory, its value first, then its info, read in one transaction: a
@@ -4176,11 +4293,16 @@ class MemorySaveParams(_SandboxParams):
 class MemoryPutIfParams(_SandboxParams):
     key: str = _MemoryKey
     value: Any = None
-    version: int = Field(ge=0)
+    generation: int = Field(ge=0)  # as memory_load answered it (MemoryStore.put_if)
 
 
 class MemoryListParams(_SandboxParams):
     pass
+
+
+class MemoryPageParams(_SandboxParams):
+    after: str | None = Field(default=None, max_length=MAX_MEMORY_KEY_CHARS)
+    limit: int = Field(default=MEMORY_PAGE_ENTRIES, ge=1, le=MEMORY_PAGE_ENTRIES)
 
 
 class ProgressParams(_SandboxParams):
@@ -4269,7 +4391,7 @@ class HostAPI:
             "memory_put_if": (MemoryPutIfParams, self.memory_put_if),
             "memory_delete": (MemoryKeyParams, self.memory_delete),
             "memory_info": (MemoryKeyParams, self.memory_info),
-            "memory_list": (MemoryListParams, self.memory_list),
+            "memory_list": (MemoryPageParams, self.memory_list),
             "tool_save": (ToolSaveParams, self.tool_save),
             "tool_list": (MemoryListParams, self.tool_list),
             "tool_delete": (ToolNameParams, self.tool_delete),
@@ -4279,7 +4401,9 @@ class HostAPI:
         self.tool_pattern_problems: list[str] = []  # found as servers list their tools
         store_dir = store_dir or config.state_dir / MEMORY_DIRNAME
         self.saved_tools = SavedTools(store_dir)
-        self.memory = MemoryStore(store_dir, config.max_memory_bytes, config.max_memory_total_bytes)
+        self.memory = MemoryStore(
+            store_dir, config.max_memory_bytes, config.max_memory_total_bytes, config.max_memories
+        )
         # SQLite is blocking: one worker thread at a time per bridge (other bridges share
         # the file through SQLite's own locking).
         self._memory_limiter = anyio.CapacityLimiter(1)
@@ -4473,8 +4597,8 @@ class HostAPI:
     async def memory_load(self, key: str) -> Any:
         return await self._in_store(self.memory.load, key)
 
-    async def memory_put_if(self, key: str, value: Any, version: int) -> Any:
-        return await self._in_store(self.memory.put_if, key, value, version)
+    async def memory_put_if(self, key: str, value: Any, generation: int) -> Any:
+        return await self._in_store(self.memory.put_if, key, value, generation)
 
     async def memory_delete(self, key: str) -> Any:
         return await self._in_store(self.memory.delete, key)
@@ -4482,8 +4606,8 @@ class HostAPI:
     async def memory_info(self, key: str) -> Any:
         return await self._in_store(self.memory.info, key)
 
-    async def memory_list(self) -> Any:
-        return await self._in_store(self.memory.entries)
+    async def memory_list(self, after: str | None = None, limit: int = MEMORY_PAGE_ENTRIES) -> Any:
+        return await self._in_store(self.memory.page, after, limit)
 
     async def tool_save(self, name: str, source: str) -> Any:
         return await self._in_store(self.saved_tools.save, name, source)
@@ -5125,8 +5249,10 @@ class SandboxSession:
         try:
             try:
                 await self.send(response)
-            except (ProtocolError, TypeError, ValueError) as exc:
-                message = "the answer could not be sent into the sandbox: %s" % exc
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                raise
+            except Exception as exc:  # too large, or not encodable (RecursionError): still one answer
+                message = "the answer could not be sent into the sandbox: %s: %s" % (type(exc).__name__, exc)
                 await self.send(
                     {
                         "type": "response",
@@ -5254,6 +5380,8 @@ class SandboxSession:
             with anyio.move_on_after(10):
                 await self.exited.wait()
 
+    MAX_CRASH_REASON_CHARS = 1000
+
     def _outcome(self, pending: PendingExecute, timeout: float, timed_out: bool) -> ExecutionOutcome:
         result = pending.result or {}
         status = result.get("status")
@@ -5303,6 +5431,7 @@ class SandboxSession:
             )
         elif status in ("crashed", "killed"):
             reason = str((outcome.error or {}).get("message") or "the Python process running the code ended")
+            reason = reason[: self.MAX_CRASH_REASON_CHARS]  # the supervisor's word, from the sandbox
             outcome.status, outcome.state_kept, outcome.error = "crashed", False, None
             outcome.detail = (
                 "%s%s. Variables, imports and functions are gone; files in /tmp and /workspace were kept, "
@@ -5877,10 +6006,21 @@ class Sessions:
 PART_LABELS = {"stdout": "stdout", "stderr": "stderr", "traceback": "the traceback", "value": "the value"}
 
 
+# Whatever the kernel says (its result frame is the sandbox's word, and code may patch the
+# kernel), the notices and the error message take at most these shares of the budget, and
+# what they take is left out of the budget of the rest: the whole result stays within it.
+NOTICES_SHARE = 4  # notices: at most a quarter of the budget
+ERROR_MESSAGE_SHARE = 10  # the error's message (its traceback says it too): a tenth
+MAX_VALUE_JSON_DEPTH = 64  # as the kernel's plain_json: deeper data is shown as its repr
+
+
 @dataclass
 class FittedOutput:
     text: dict[str, str]  # part -> what the result shows of it
     cut: dict[str, dict[str, Any]]  # part -> {"characters": cut, "file": the whole, if saved}
+    notices: list[str] = field(default_factory=list)  # the notices as the result shows them
+    error: dict[str, str] | None = None  # type, message (fitted) and traceback (fitted)
+    value_json: bool = False  # whether the value is shown as JSON data (it fits what is left)
 
 
 def shown_error(outcome: ExecutionOutcome) -> str:
@@ -5901,7 +6041,72 @@ def shares(sizes: dict[str, int], budget: int) -> dict[str, int]:
     return keep
 
 
+def fit_notices(notices: Sequence[str], room: int) -> list[str]:
+    """The notices in order while they fit ``room`` characters; the one that crosses it
+    keeps its head and a marker, and a last line counts those left out."""
+    kept: list[str] = []
+    for number, notice in enumerate(notices):
+        if len(notice) <= room:
+            kept.append(notice)
+            room -= len(notice) + 1
+            continue
+        marker = mcp_sandbox_kernel.cut_marker(len(notice) - max(room, 0), "a notice", room)
+        partly = room > len(marker) + 10
+        if partly:
+            kept.append(notice[: room - len(marker) - 1] + " " + marker)
+        left = len(notices) - number - partly
+        if left:
+            kept.append("(%d more notice(s) left out: over the output budget)" % left)
+        break
+    return kept
+
+
+def json_fits(value: Any, room: int) -> bool:
+    """Whether ``value`` (decoded JSON) is at most MAX_VALUE_JSON_DEPTH deep and its JSON
+    text at most ``room`` characters; walked without recursion, stopping once it is over."""
+    size, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_VALUE_JSON_DEPTH or size > room:
+            return False
+        if isinstance(item, dict):
+            size += 2 + 2 * len(item)
+            for key, child in item.items():
+                size += len(key) + 2
+                stack.append((child, depth + 1))
+        elif isinstance(item, list):
+            size += 2 + len(item)
+            stack.extend((child, depth + 1) for child in item)
+        else:
+            size += len(item) + 2 if isinstance(item, str) else 8
+    return size <= room and len(json.dumps(value, ensure_ascii=False)) <= room
+
+
+def fit_error(error: Mapping[str, Any] | None, budget: int) -> dict[str, str] | None:
+    """The error's type and message, the message cut to its share (the traceback is fitted
+    with the other parts); fields the kernel should not send are left out."""
+    if error is None:
+        return None
+    message, room = str(error.get("message", "")), budget // ERROR_MESSAGE_SHARE
+    if len(message) > room:
+        marker = mcp_sandbox_kernel.cut_marker(len(message) - room, "the message", budget)
+        message = message[: max(room - len(marker) - 1, 0)] + " " + marker
+    fitted = {"type": str(error.get("type", ""))[: mcp_sandbox_kernel.MAX_NAME_CHARS], "message": message}
+    traceback = error.get("traceback")
+    if isinstance(traceback, str):  # shown when the status shows no traceback (fit_output)
+        if len(traceback) > room:
+            marker = mcp_sandbox_kernel.cut_marker(len(traceback) - room, "the traceback", budget)
+            traceback = marker + "\n" + traceback[len(traceback) - room :]
+        fitted["traceback"] = traceback
+    return fitted
+
+
 def fit_output(outcome: ExecutionOutcome, budget: int) -> FittedOutput:
+    notices = fit_notices(outcome.notices, budget // NOTICES_SHARE)
+    error = fit_error(outcome.error, budget)
+    whole = budget  # what the markers name
+    budget -= sum(len(notice) + 1 for notice in notices) + len(error["message"] if error else "")
+    budget = max(budget, 0)
     parts = {
         "stdout": outcome.stdout,
         "stderr": outcome.stderr,
@@ -5910,17 +6115,23 @@ def fit_output(outcome: ExecutionOutcome, budget: int) -> FittedOutput:
     }
     cuts = {name: outcome.cuts.get(name) or OutputCut() for name in parts}
     keep = shares({name: len(parts[name]) + len(cuts[name].tail) for name in parts}, budget)
-    fitted = FittedOutput(text={}, cut={})
+    fitted = FittedOutput(text={}, cut={}, notices=notices, error=error)
     for name, head in parts.items():
         cut = cuts[name]
         shown_head, count, shown_tail = keep_ends(head, cut.count, cut.tail, keep[name])
         if not count:
             fitted.text[name] = shown_head
             continue
-        marker = mcp_sandbox_kernel.cut_marker(count, PART_LABELS[name], budget, cut.file)
+        marker = mcp_sandbox_kernel.cut_marker(count, PART_LABELS[name], whole, cut.file)
         newline = "\n" if shown_head and not shown_head.endswith("\n") else ""
         fitted.text[name] = shown_head + newline + marker + "\n" + shown_tail
         fitted.cut[name] = {"characters": count, **({"file": cut.file} if cut.file else {})}
+    if outcome.value_json is not None and "value" not in fitted.cut:
+        # The JSON stands in for the value's repr: it gets what the other parts left.
+        room = budget - sum(len(text) for name, text in fitted.text.items() if name != "value")
+        fitted.value_json = json_fits(outcome.value_json, room)
+    if error is not None and fitted.error is not None:
+        fitted.error["traceback"] = fitted.text["traceback"] or error.get("traceback", "")
     return fitted
 
 
@@ -5947,22 +6158,20 @@ def structured_result(outcome: ExecutionOutcome, fitted: FittedOutput) -> dict[s
     for name in ("stdout", "stderr"):
         if fitted.text[name]:
             data[name] = fitted.text[name]
-    if outcome.value_json is not None and "value" not in fitted.cut:
+    if fitted.value_json:
         data["value"] = outcome.value_json
     elif outcome.value is not None:
         data["value_repr"] = fitted.text["value"]
-    if outcome.error is not None:
-        data["error"] = dict(
-            outcome.error, traceback=fitted.text["traceback"] or outcome.error.get("traceback", "")
-        )
+    if fitted.error is not None:
+        data["error"] = fitted.error
     if fitted.cut:
         data["truncated"] = fitted.cut
     if not outcome.state_kept:
         data["state_kept"] = False
     if outcome.detail:
         data["detail"] = outcome.detail
-    if outcome.notices:
-        data["notices"] = outcome.notices
+    if fitted.notices:
+        data["notices"] = fitted.notices
     if outcome.session != DEFAULT_SESSION:  # a trivial result stays small
         data["session"] = outcome.session
     data["duration_seconds"] = round(outcome.duration, 3)
@@ -5995,7 +6204,7 @@ def render_blocks(outcome: ExecutionOutcome, fitted: FittedOutput) -> list[str]:
     if outcome.value is not None:
         output.append(shown["value"])
     blocks = [
-        "\n".join("[session] " + notice for notice in outcome.notices),
+        "\n".join("[session] " + notice for notice in fitted.notices),
         "\n".join(output),
         "[%s] %s" % (outcome.status, outcome.detail) if outcome.detail else "",
     ]
@@ -6067,8 +6276,78 @@ def tool_result(
     return types.CallToolResult(content=content, structured_content=structured, is_error=is_error)
 
 
-def render_outcome(outcome: ExecutionOutcome, config: BridgeConfig) -> types.CallToolResult:
+# --- results over HTTP ----------------------------------------------------------------
+# The SDK's own streamable HTTP client reads a result as one server-sent event and gives
+# up on an event over 1 MiB ("Server-sent event exceeded the 1048576 byte limit"), after
+# the code has run; other clients built on such readers do the same. Over HTTP a result's
+# JSON is kept under this (the margin holds the JSON-RPC envelope and the notes): images
+# and files that would pass it are left out, each with a note naming where it stays.
+HTTP_MAX_RESULT_BYTES = 1024 * 1024 - 64 * 1024
+
+
+def _json_size(item: BaseModel) -> int:
+    return len(item.model_dump_json(by_alias=True, exclude_none=True))
+
+
+def keep_within(parts: Sequence[ExecutionOutcome], config: BridgeConfig, limit: int) -> None:
+    """Leave out of ``parts`` the images and files (in order, the later ones first to go)
+    that would take the rendered result over ``limit`` bytes of JSON, each with a notice."""
+    bare = [replace(part, images=[], attachments=[], earlier=None) for part in parts]
+    if len(bare) == 2:
+        bare[1].earlier = bare[0]
+    used = _json_size(_render(bare, config)) + 2048  # the notes this may add
+    for part in parts:
+        kept_images: list[tuple[str, str]] = []
+        for number, (mime_type, data) in enumerate(part.images, 1):
+            size = len(data) + len(mime_type) + 64
+            if used + size <= limit:
+                kept_images.append((mime_type, data))
+                used += size
+            else:
+                part.notices.append(
+                    "Image %d (%d bytes of base64) was left out: over HTTP a result is kept under %d bytes, "
+                    "what common clients accept. Show a smaller image (fewer pixels, a lower dpi), or fewer "
+                    "per call." % (number, len(data), limit)
+                )
+        kept_files: list[types.EmbeddedResource] = []
+        for number, attachment in enumerate(part.attachments, 1):
+            size = _json_size(attachment)
+            if used + size <= limit:
+                kept_files.append(attachment)
+                used += size
+                continue
+            uri = str(attachment.resource.uri)
+            where = urllib.parse.unquote(uri[len("file://") :]) if uri.startswith("file://") else uri
+            part.notices.append(
+                "File %d (%s, %d bytes as sent) was left out: too large for this transport (over HTTP a "
+                "result is kept under %d bytes, what common clients accept). It stays in the sandbox at %s: "
+                "read or send a part of it, or compress it." % (number, where, size, limit, where)
+            )
+        part.images, part.attachments = kept_images, kept_files
+
+
+def render_outcome(
+    outcome: ExecutionOutcome, config: BridgeConfig, max_result_bytes: int | None = None
+) -> types.CallToolResult:
+    """``max_result_bytes``: the most the result's JSON may take (over HTTP, see keep_within)."""
     parts = [outcome] if outcome.earlier is None else [outcome.earlier, outcome]
+    if max_result_bytes is None:
+        return _render(parts, config)
+    if any(part.images or part.attachments for part in parts):
+        keep_within(parts, config, max_result_bytes)
+    result = _render(parts, config)
+    for _ in range(3):  # the text alone is over only with a large MCP_BRIDGE_MAX_OUTPUT
+        size = _json_size(result)
+        if size <= max_result_bytes:
+            break
+        smaller = max(1000, config.max_output_chars * max_result_bytes // size // 2)
+        config = replace(config, max_output_chars=smaller)
+        result = _render(parts, config)
+    return result
+
+
+def _render(parts: Sequence[ExecutionOutcome], config: BridgeConfig) -> types.CallToolResult:
+    outcome = parts[-1]
     fitted = [fit_output(part, config.max_output_chars // len(parts)) for part in parts]  # one budget
     blocks = []
     for part, fit in zip(parts, fitted, strict=True):
@@ -6596,7 +6875,8 @@ def build_server(
                 request.reset,  # type: ignore[attr-defined]
                 progress,
             )
-            return render_outcome(outcome, config)
+            http = config.transport == "http"
+            return render_outcome(outcome, config, HTTP_MAX_RESULT_BYTES if http else None)
         except BridgeError as exc:
             return render_error(exc)
         except (
@@ -7201,7 +7481,10 @@ def memory_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         return 2
     logging.basicConfig(level=config.log_level, stream=sys.stderr, format="%(levelname)s: %(message)s")
     store = MemoryStore(
-        config.state_dir / MEMORY_DIRNAME, config.max_memory_bytes, config.max_memory_total_bytes
+        config.state_dir / MEMORY_DIRNAME,
+        config.max_memory_bytes,
+        config.max_memory_total_bytes,
+        config.max_memories,
     )
     tools = SavedTools(config.state_dir / MEMORY_DIRNAME)
     if isinstance(sys.stdout, io.TextIOWrapper):

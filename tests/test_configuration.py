@@ -65,6 +65,7 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "MCP_BRIDGE_DISCOVER": ("0", False),
     "MCP_BRIDGE_PROJECT_SERVERS": ("all", "all"),
     "MCP_BRIDGE_MAX_MEMORY_TOTAL_BYTES": ("1_000_000", 1_000_000),
+    "MCP_BRIDGE_MAX_MEMORIES": ("50", 50),
     "MCP_BRIDGE_WORKSPACE": (str(TESTS_DIR) + ":ro", bridge.Workspace(TESTS_DIR, read_only=True)),
     "MCP_BRIDGE_TRANSPORT": ("http", "http"),
     "MCP_BRIDGE_HOST": ("0.0.0.0", "0.0.0.0"),  # allowed here: the token file below is set too

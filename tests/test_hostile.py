@@ -34,6 +34,8 @@ from mcp_sandbox_kernel import FrameDecoder
 from tests.conftest import (
     REPO,
     Engine,
+    bridge_client,
+    bridge_env,
     bridge_pids,
     claude_desktop_home,
     console_script,
@@ -772,6 +774,11 @@ class FakeHost:
             return "x" * (2 << 20)  # an answer larger than a frame
         if method == "unserializable":
             return {"value": object()}
+        if method == "deep":  # encoding it raises RecursionError, whatever the Python
+            value: Any = []
+            for _ in range(100_000):
+                value = [value]
+            return value
         return {"served": method}
 
 
@@ -838,6 +845,20 @@ async def test_the_bridge_rejects_hostile_frames_without_the_supervisor(tmp_path
     assert session.malformed_frames == 12
     assert session.in_flight == 0 and session.request_bytes == 0 and session.requests == {}
     assert session.pending is not None and session.pending.result is None  # no frame ended the call
+
+
+async def test_an_answer_that_cannot_be_encoded_still_gets_one_error_answer(tmp_path: Path) -> None:
+    session, stdin = direct_session(tmp_path)
+    async with anyio.create_task_group() as group:
+        session.task_group = group
+        await session._dispatch({"type": "request", "id": "deep", "method": "deep", "params": {}}, 100)
+        await session._dispatch({"type": "request", "id": "after", "method": "other", "params": {}}, 100)
+        sent = await answers(stdin, 2)  # at once: the code waiting for it must not wait its timeout
+        group.cancel_scope.cancel()
+    message = sent["deep"]["error"]["message"]
+    assert message.startswith("the answer could not be sent into the sandbox: RecursionError"), message
+    assert sent["after"]["result"] == {"served": "other"}
+    assert session.in_flight == 0 and session.requests == {}
 
 
 @pytest.mark.parametrize(
@@ -998,3 +1019,41 @@ async def test_the_kernels_reason_for_stopping_reaches_the_model_from_the_reader
     text = text_of(bridge.render_outcome(outcome, config))
     assert "the kernel reported: kernel stopped: the channel broke (simulated)" in text, text
     assert "exited unexpectedly" not in text
+
+
+# Code that patches the kernel's executor so its result frame carries far more than any
+# budget: 8 MB of notices, a 3 MB error message and traceback, 3 MB of "JSON value" behind
+# a short repr. The supervisor passes each on as it is (within the frame cap).
+INFLATED_RESULT_CELL = """
+channel = runtime.call_tool.__self__._requests.channel
+send = channel.send
+def inflate(frame):
+    if frame.get("type") == "result":
+        channel.send = send
+        frame.update(
+            status="error", value="short", json=["y" * 1000] * 3000,
+            error={"type": "Boom", "message": "m" * 3_000_000, "traceback": "t" * 3_000_000,
+                   "extra": "x" * 10**6},
+            notices=["n" * 1_000_000] * 8,
+        )
+    send(frame)
+channel.send = inflate
+"""
+
+
+async def test_a_patched_kernel_cannot_pass_the_output_budget(engine: Engine, state_dir: Path) -> None:
+    budget = bridge.BridgeConfig().max_output_chars
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        result = await client.call_tool("run_python", {"code": INFLATED_RESULT_CELL})
+        text = text_of(result)
+        structured = json.dumps(result.structured_content, ensure_ascii=False)
+        after = await run_cell(client, "1 + 1")
+    # Within the one budget (markers and the bridge's own lines aside), whatever the kernel said.
+    assert len(text) < budget + 1000, len(text)
+    assert len(structured) < budget + 2000, len(structured)
+    assert "characters of a notice cut" in text and "more notice(s) left out" in text, text[:300]
+    data = result.structured_content
+    assert data is not None and "characters of the message cut" in data["error"]["message"]
+    assert set(data["error"]) == {"type", "message", "traceback"} and "value" not in data
+    assert data["value_repr"] == "short"
+    assert after["value"] == "2" and not after["is_error"], after  # the bridge is fine

@@ -24,6 +24,7 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
@@ -767,3 +768,46 @@ async def test_a_loopback_address_other_than_127_0_0_1_serves_requests(
         async with httpx2.AsyncClient(timeout=10) as http:  # other Host names are still refused
             rebound = await http.post(running.url, json={}, headers={"Host": "attacker.example:80"})
         assert rebound.status_code in (400, 421), rebound.text
+
+
+async def test_large_attachments_and_notices_still_arrive_through_the_sdk_client(
+    engine: Engine, state_dir: Path
+) -> None:
+    # The SDK's client drops a server-sent event over 1 MiB: an 800 KB file (within the
+    # 5 MB attachment cap) is left out with a note, the small one still comes.
+    async with http_bridge(engine, state_dir) as running, http_client(running.url, ALICE) as alice:
+        result = await alice.call_tool(
+            "run_python",
+            {
+                "code": textwrap.dedent(
+                    """
+                    import os
+                    open("/tmp/big.bin", "wb").write(os.urandom(800_000))
+                    open("/tmp/small.txt", "w").write("hello")
+                    runtime.attach("/tmp/big.bin")
+                    runtime.attach("/tmp/small.txt")
+                    """
+                )
+            },
+        )
+        files = [block for block in result.content if isinstance(block, types.EmbeddedResource)]
+        assert [str(block.resource.uri) for block in files] == ["file:///tmp/small.txt"], result.content
+        text = text_of(result)
+        assert "File 1 (/tmp/big.bin" in text and "too large for this transport" in text, text
+        assert "stays in the sandbox at /tmp/big.bin" in text and str(bridge.HTTP_MAX_RESULT_BYTES) in text
+        # 1.6 MB of notices from a kernel patched from inside: cut to the budget, and delivered.
+        noisy = await call(
+            alice,
+            """
+            channel = runtime.call_tool.__self__._requests.channel
+            send = channel.send
+            def inflate(frame):
+                if frame.get("type") == "result":
+                    channel.send = send
+                    frame["notices"] = ["n" * 200_000] * 8
+                send(frame)
+            channel.send = inflate
+            """,
+        )
+        assert "more notice(s) left out" in noisy["text"] and len(noisy["text"]) < 30_000, noisy["text"][:200]
+        assert value(await call(alice, "1 + 1")) == 2

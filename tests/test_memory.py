@@ -355,7 +355,7 @@ def attempt(call):
 
 async def test_metadata_counts_against_both_memory_caps(engine: Engine, state_dir: Path) -> None:
     env = bridge_env(
-        engine, state_dir, MCP_BRIDGE_MAX_MEMORY_BYTES="300", MCP_BRIDGE_MAX_MEMORY_TOTAL_BYTES="1000"
+        engine, state_dir, MCP_BRIDGE_MAX_MEMORY_BYTES="300", MCP_BRIDGE_MAX_MEMORY_TOTAL_BYTES="2800"
     )
     async with bridge_client(env) as client:
         await run_cell(client, ATTEMPT)
@@ -375,8 +375,9 @@ async def test_metadata_counts_against_both_memory_caps(engine: Engine, state_di
             assert "MCP_BRIDGE_MAX_MEMORY_BYTES" in outcome, outcome
         assert (u_value, deleted, entries) == ("a", True, [])
 
-        # Fill the store until the total cap refuses. Each entry is ~117 bytes of value and
-        # ~17 of metadata: counting only values, 8 would fit in 1000 bytes; counting both, 7.
+        # Fill the store until the total cap refuses. Each entry is 116 bytes of value, 19 of
+        # metadata, 2 of key and MEMORY_ENTRY_OVERHEAD (256): 393 bytes, so 7 fit in 2800
+        # (counting only values and metadata, 20 would).
         answer = await run_cell(
             client,
             """
@@ -395,13 +396,13 @@ async def test_metadata_counts_against_both_memory_caps(engine: Engine, state_di
         refusal, bigger, equal, keys, listed = eval(answer["value"])
         assert len(keys) == 7 and equal and listed == keys, answer
         for outcome in (refusal, bigger):
-            assert outcome.startswith("MCPError: Storing ") and "(value and metadata)" in outcome, outcome
+            assert outcome.startswith("MCPError: Storing ") and "(value and metadata;" in outcome, outcome
             assert "MCP_BRIDGE_MAX_MEMORY_TOTAL_BYTES" in outcome, outcome
         rows = store_rows(state_dir)
         assert [row[0] for row in rows] == keys  # no row for the refused key
         assert [row[3] for row in rows] == [1] * 7  # k0 was not rewritten
         assert all(row[4] == len(row[1].encode()) + len((row[2] or "").encode()) for row in rows)
-        assert sum(row[4] for row in rows) <= 1000
+        assert sum(row[4] + len(row[0]) + bridge.MEMORY_ENTRY_OVERHEAD for row in rows) <= 2800
 
 
 async def test_saved_tools_are_bounded_in_number(engine: Engine, state_dir: Path) -> None:
@@ -507,8 +508,10 @@ FORGED_STORE_REQUESTS = {
     "delete key=5": ("memory_delete", {"key": 5}),
     "info key=5": ("memory_info", {"key": 5}),
     "save key=5": ("memory_save", {"key": 5, "value": 1}),
-    "put_if negative version": ("memory_put_if", {"key": "kept", "value": 2, "version": -1}),
-    "put_if version as text": ("memory_put_if", {"key": "kept", "value": 2, "version": "1"}),
+    "put_if negative generation": ("memory_put_if", {"key": "kept", "value": 2, "generation": -1}),
+    "put_if generation as text": ("memory_put_if", {"key": "kept", "value": 2, "generation": "1"}),
+    "put_if version only": ("memory_put_if", {"key": "kept", "value": 2, "version": 1}),
+    "list limit=0": ("memory_list", {"limit": 0}),
     "save unknown field": ("memory_save", {"key": "x", "value": 1, "other": 1}),
     "tool_save name=1": ("tool_save", {"name": 1, "source": "def f():\n    return 1\n"}),
     "tool_save source=[]": ("tool_save", {"name": "f", "source": []}),
@@ -550,7 +553,7 @@ async def test_forged_store_requests_are_refused_and_change_nothing(engine: Engi
             timeout=60,
         )
         outcomes = eval(answer["value"])
-        bad_arguments = [name for name in FORGED_STORE_REQUESTS if "=" in name or "version" in name]
+        bad_arguments = [name for name in FORGED_STORE_REQUESTS if "=" in name or "put_if" in name]
         bad_arguments.append("save unknown field")
         for name in bad_arguments:
             assert outcomes[name].startswith("MCPError: Bad arguments for runtime."), (name, outcomes[name])
@@ -707,3 +710,156 @@ async def test_tools_list_stays_under_200_tokens_with_saved_tools_and_memories(
     assert [tool.name for tool in listing.tools] == ["run_python"]
     assert "saved_tool_" not in text and "memory-" not in text
     assert count_tokens(text) < 200, count_tokens(text)
+
+
+def memory_folder(state_dir: Path) -> Path:
+    return state_dir / bridge.MEMORY_DIRNAME
+
+
+def test_update_memory_commit_is_refused_after_a_delete_and_a_new_save(state_dir: Path) -> None:
+    store = bridge.MemoryStore(memory_folder(state_dir), 1024 * 1024, 100 * 1024 * 1024)
+    store.save("k", 1)
+    read = store.load("k")  # update_memory's read; its function runs in the sandbox now
+    store.delete("k")  # another writer deletes and saves anew: the version is 1 again (ABA)
+    store.save("k", 2)
+    assert store.load("k")["version"] == read["version"] == 1
+    assert store.put_if("k", 99, read["generation"])["ok"] is False
+    assert store.load("k")["value"] == 2
+    absent = store.load("new")  # read while absent, then saved by another writer
+    store.save("new", 1)
+    assert absent["generation"] == 0 and store.put_if("new", 5, absent["generation"])["ok"] is False
+    current = store.load("k")
+    assert store.put_if("k", 3, current["generation"]) == {"ok": True, "version": 2}
+    assert store.load("k")["value"] == 3 and store.load("k")["generation"] > current["generation"]
+
+
+OLD_MEMORY_SCHEMA = """
+CREATE TABLE memories (
+    key TEXT PRIMARY KEY, value TEXT NOT NULL, metadata TEXT, version INTEGER NOT NULL,
+    size INTEGER NOT NULL, created REAL NOT NULL, updated REAL NOT NULL
+)"""
+
+
+def test_a_store_from_before_generations_is_migrated_in_place(state_dir: Path) -> None:
+    folder = memory_folder(state_dir)
+    folder.mkdir()
+    database = sqlite3.connect(folder / bridge.MEMORY_FILENAME)
+    database.execute(OLD_MEMORY_SCHEMA)
+    database.executemany(
+        "INSERT INTO memories VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [("a", '"one"', '{"m":1}', 3, 12, 1.0, 2.0), ("b", "[2]", None, 1, 3, 1.0, 1.0)],
+    )
+    database.commit()
+    database.close()
+    store = bridge.MemoryStore(folder, 1024 * 1024, 100 * 1024 * 1024)
+    assert [(e["key"], e["metadata"], e["version"], e["size"]) for e in store.entries()] == [
+        ("a", {"m": 1}, 3, 12),
+        ("b", {}, 1, 3),
+    ]
+    a, b = store.load("a"), store.load("b")
+    assert (a["value"], b["value"]) == ("one", [2])
+    assert 0 < a["generation"] != b["generation"] > 0  # each its own, none "absent"
+    store.delete("b")
+    store.save("b", "again")  # version 1 again, as before the migration
+    assert store.put_if("b", "lost", b["generation"])["ok"] is False
+    assert store.put_if("a", "two", a["generation"])["ok"] is True
+    reopened = bridge.MemoryStore(folder, 1024 * 1024, 100 * 1024 * 1024)
+    assert {key: entry["value"] for key, entry in reopened.snapshot().items()} == {"a": "two", "b": "again"}
+    database = sqlite3.connect(folder / bridge.MEMORY_FILENAME)
+    assert database.execute("PRAGMA user_version").fetchone()[0] == bridge.MEMORY_SCHEMA_VERSION
+    database.close()
+
+
+def test_keys_and_a_per_entry_overhead_count_against_the_total(state_dir: Path) -> None:
+    store = bridge.MemoryStore(memory_folder(state_dir), 1024 * 1024, 20_000)
+    refusal = ""
+    for n in range(200):
+        try:
+            store.save(("k%03d" % n).ljust(bridge.MAX_MEMORY_KEY_CHARS, "x"), 1)
+        except bridge.MemoryStoreError as exc:
+            refusal = str(exc)
+            break
+    # Counting values alone, 20,000 one-byte memories would fit; each costs its key too.
+    assert n == 20_000 // (bridge.MAX_MEMORY_KEY_CHARS + 1 + bridge.MEMORY_ENTRY_OVERHEAD), n
+    assert "MCP_BRIDGE_MAX_MEMORY_TOTAL_BYTES" in refusal and "key" in refusal, refusal
+    assert len(store.entries()) == n
+
+
+def test_a_listing_page_is_bounded_in_bytes(state_dir: Path) -> None:
+    store = bridge.MemoryStore(memory_folder(state_dir), 1024 * 1024, 100 * 1024 * 1024)
+    pad = "x" * 200_000
+    for n in range(30):  # 6 MB of metadata: more than one page holds
+        store.save("k%02d" % n, n, metadata={"pad": pad})
+    first = store.page()
+    assert first["more"] and 1 <= len(first["memories"]) < 30
+    held = sum(
+        len(e["key"]) + len(json.dumps(e["metadata"], separators=(",", ":"))) for e in first["memories"]
+    )
+    assert held <= bridge.MEMORY_PAGE_BYTES
+    second = store.page(after=first["memories"][-1]["key"], limit=1000)
+    assert [e["key"] for e in first["memories"] + second["memories"]] == ["k%02d" % n for n in range(30)]
+    assert second["more"] is False and store.page(after="k29") == {"memories": [], "more": False}
+    assert [e["key"] for e in store.page(after="k03", limit=2)["memories"]] == ["k04", "k05"]
+
+
+def nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+async def test_memories_are_counted_paged_and_kept_shallow_through_the_sandbox(
+    engine: Engine, state_dir: Path
+) -> None:
+    store = bridge.MemoryStore(memory_folder(state_dir), 1024 * 1024, 100 * 1024 * 1024)
+    with store._transaction(write=True) as database:  # 2,400 memories at once: fast
+        for n in range(2400):
+            store._write(database, "m%05d" % n, json.dumps({"n": n}), '{"about":"m"}')
+    env = bridge_env(engine, state_dir, MCP_BRIDGE_MAX_MEMORIES="2402")
+    async with bridge_client(env) as client:
+        await run_cell(client, ATTEMPT)
+        answer = await run_cell(
+            client,
+            """
+            requests = runtime.call_tool.__self__._requests
+            everything = list_memories()
+            raw = requests.call("memory_list", {})
+            part = [entry["key"] for entry in list_memories(after="m01000", limit=5)]
+            deep_meta = attempt(lambda: save_memory("deep", 1, metadata={"a": NESTED}))
+            deep_value = attempt(lambda: save_memory("deep", NESTED))
+            calls = []
+            def bump(value):
+                calls.append(value)
+                if len(calls) == 1:  # another writer deletes the key and saves it anew meanwhile
+                    delete_memory("m00000")
+                    save_memory("m00000", {"n": 100})
+                return {"n": value["n"] + 1}
+            updated = update_memory("m00000", bump)
+            saves = [attempt(lambda: save_memory("new%d" % n, n)) for n in range(3)]
+            again = attempt(lambda: save_memory("m00001", "replaced"))
+            ([e["key"] for e in everything] == ["m%05d" % n for n in range(2400)],
+             everything[7]["metadata"], len(raw["memories"]), raw["more"], part, deep_meta, deep_value,
+             updated, calls, load_memory("m00000"), saves, again)
+            """.replace("NESTED", repr(nested(150))),
+            timeout=120,
+        )
+        assert not answer["is_error"], answer
+        (ordered, metadata, page, more, part, deep_meta, deep_value, updated, calls, value, saves, again) = (
+            eval(answer["value"])
+        )
+    assert ordered and metadata == {"about": "m"}
+    assert (page, more) == (sandbox_kernel.MEMORY_PAGE_ENTRIES, True)  # one bounded answer per request
+    assert part == ["m01001", "m01002", "m01003", "m01004", "m01005"]
+    for outcome in (deep_meta, deep_value):
+        assert outcome.startswith("MCPError: The ") and "deeper than %d levels" % bridge.MAX_MEMORY_DEPTH in (
+            outcome
+        ), outcome
+    # The delete-then-save in between made the first commit fail: fn ran again on the new value.
+    assert calls == [{"n": 0}, {"n": 100}] and updated == value == {"n": 101}
+    assert saves[:2] == ["accepted", "accepted"]
+    assert (
+        saves[2].startswith("MCPError: There are already 2402 memories")
+        and "MCP_BRIDGE_MAX_MEMORIES" in (saves[2])
+    ), saves
+    assert again == "accepted"  # replacing a memory needs no room for another

@@ -565,3 +565,14 @@ def test_output_that_mimics_the_bridges_lines_is_escaped_and_nothing_else() -> N
 def test_ordinary_output_is_shown_unchanged() -> None:
     plain = "1\n[INFO] starting\n[1, 2, 3]\n  [session] indented\nsession] no bracket\n"
     assert render_compact(ExecutionOutcome(status="ok", stdout=plain), CONFIG) == plain.rstrip("\n")
+
+
+def test_an_http_result_stays_under_the_transport_limit_even_with_a_large_output_budget() -> None:
+    # MCP_BRIDGE_MAX_OUTPUT of 3 million characters of quotes: 6 MB of JSON text per copy.
+    config = bridge.BridgeConfig(max_output_chars=3_000_000)
+    outcome = ExecutionOutcome(status="ok", stdout='"' * 3_000_000, notices=["n" * 500_000])
+    result = bridge.render_outcome(outcome, config, bridge.HTTP_MAX_RESULT_BYTES)
+    size = len(result.model_dump_json(by_alias=True, exclude_none=True))
+    assert size <= bridge.HTTP_MAX_RESULT_BYTES, size
+    assert "characters of stdout cut" in result.content[-1].text  # type: ignore[union-attr]
+    assert len(bridge.render_outcome(outcome, config).model_dump_json()) > 6_000_000  # stdio: as set
