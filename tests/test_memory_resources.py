@@ -200,7 +200,7 @@ async def test_many_large_saved_tools_list_right_repeatedly_and_in_parallel_with
     def no_parse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("a listing parsed a saved tool that had not changed")
 
-    monkeypatch.setattr(bridge.ast, "parse", no_parse)  # what listing must not do on its hot path
+    monkeypatch.setattr("ast.parse", no_parse)  # what listing must not do on its hot path
     expected = [bridge.CAPABILITIES_URI, *sorted(bridge.tool_uri("big_%d" % n) for n in range(24))]
     answers: list[list[types.Resource]] = []
     async with Client(in_memory_server(state_dir)) as client:
