@@ -191,6 +191,15 @@ def _is_attachment(item: Any) -> bool:
     )
 
 
+def _is_failed_tool(item: Any) -> bool:
+    return (
+        isinstance(item, dict)
+        and _is_name(item.get("name"))
+        and _is_name(item.get("digest"))
+        and _is_text(item.get("reason"))
+    )
+
+
 def _is_grace(value: Any) -> bool:
     return type(value) in (int, float) and 0 < value <= 3600
 
@@ -205,7 +214,14 @@ _ERROR_INFO = "null or an object with string fields type, message (and traceback
 FRAME_SCHEMAS: dict[str, dict[str, FieldRule]] = {
     # bridge -> kernel ("key" only as the very first line; see frame authentication)
     "key": {"key": FieldRule(lambda value: _is_text(value) and _is_hex(value, KEY_CHARS), "64 hex digits")},
-    "execute": {"id": _ID, "code": FieldRule(_is_text, "a string")},
+    "execute": {
+        "id": _ID,
+        "code": FieldRule(_is_text, "a string"),
+        # false: a fresh namespace starts without the saved tools (run_python's saved_tools)
+        "saved_tools": FieldRule(lambda value: isinstance(value, bool), "true or false", required=False),
+        # supervisor -> executor only: saved tools not to define (they failed in an earlier executor)
+        "skip": FieldRule(_is_texts, "a list of at most 100 strings", required=False),
+    },
     "interrupt": {"id": _ID, "grace": FieldRule(_is_grace, "a number of seconds (0-3600]", required=False)},
     "response": {
         "id": _ID,
@@ -241,6 +257,20 @@ FRAME_SCHEMAS: dict[str, dict[str, FieldRule]] = {
             "a list of at most 100 {uri, mime_type, text or blob} objects",
             required=False,
         ),
+        # supervisor -> bridge: saved tools whose definition killed or hung an executor
+        "failed_tools": FieldRule(
+            lambda value: _is_listed(value, _is_failed_tool),
+            "a list of at most 100 {name, digest, reason} objects",
+            required=False,
+        ),
+    },
+    # executor -> supervisor: the saved tool it defines now (null: done), so the supervisor
+    # can bound the time each takes and knows which one to blame if the process dies.
+    "loading": {
+        "tool": FieldRule(lambda value: value is None or _is_name(value), "null or a tool name"),
+        "digest": FieldRule(
+            lambda value: value is None or _is_name(value), "null or a digest", required=False
+        ),
     },
     "error": {
         "id": FieldRule(lambda value: value is None or is_frame_id(value), "null or an id", required=False),
@@ -262,7 +292,7 @@ RESULT_EXTRAS = ("json", "images", "attachments")
 BRIDGE_FRAME_TYPES = frozenset({"execute", "interrupt", "response"})
 KERNEL_FRAME_TYPES = frozenset({"hello", "stream", "result", "error", "request", "cancel"})
 SUPERVISOR_FRAME_TYPES = frozenset({"execute", "response"})
-EXECUTOR_FRAME_TYPES = frozenset({"hello", "result", "error", "request", "cancel"})
+EXECUTOR_FRAME_TYPES = frozenset({"hello", "result", "error", "request", "cancel", "loading"})
 
 
 def validate_frame(frame: Frame, accepted: frozenset[str]) -> Frame:
@@ -2238,6 +2268,12 @@ def install_sandbox_api(
 # executor process: runs the user's code
 # =============================================================================
 
+SAVED_TOOLS_SECONDS = 10.0  # defining the saved tools, in all; the rest are left out after it
+WITHOUT_SAVED_TOOLS = (
+    "This fresh session started without the saved tools; list_saved_tools() names them, "
+    "delete_tool(name) removes one, and a reset (without saved_tools: false) defines them."
+)
+
 
 class ExecutorProcess:
     """The child process that holds the user's namespace. It talks to the supervisor
@@ -2274,29 +2310,46 @@ class ExecutorProcess:
         self.tools_loaded = not config.get("saved_tools", False)
         self.reap_children = False  # set after an interrupt (see reap_killed_children)
 
-    def load_saved_tools(self) -> list[str]:
+    def load_saved_tools(self, skip: collections.abc.Collection[str] = ()) -> list[str]:
         """Define every saved tool in the namespace; one that fails (hand-edited into a
-        syntax error, a missing import) is reported and the others still load."""
-        notices: list[str] = []
+        syntax error, a missing import) is reported and the others still load. Before
+        each, the supervisor hears which (a "loading" frame): it kills a tool that takes
+        over SAVED_TOOL_SECONDS or ends the process, and starts the execute again in a
+        fresh executor with that tool in ``skip``. Past SAVED_TOOLS_SECONDS in all, the
+        rest are left out."""
         try:
-            tools = self.requests.call("tool_sources", {})
+            answer = self.requests.call("tool_sources", {})
         except MCPError as exc:
             return ["Saved tools could not be loaded: %s" % exc]
-        loaded = []
-        for tool in tools:
+        notices: list[str] = [str(notice) for notice in answer.get("skipped") or []]
+        loaded: list[str] = []
+        tools = [tool for tool in answer.get("tools") or [] if str(tool.get("name")) not in skip]
+        started = time.monotonic()
+        for number, tool in enumerate(tools):
             name, source = str(tool.get("name")), str(tool.get("source"))
+            if time.monotonic() - started > SAVED_TOOLS_SECONDS:
+                notices.append(
+                    "Saved tools took over %gs to define, so these were left out of this session: %s."
+                    % (SAVED_TOOLS_SECONDS, ", ".join(str(other.get("name")) for other in tools[number:]))
+                )
+                break
             filename = "%s%s>" % (SAVED_TOOL_PREFIX, name)
             linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+            self.channel.send({"type": "loading", "tool": name, "digest": str(tool.get("digest"))})
             try:
                 tree = ast.parse(source, filename, "exec")
                 tree = defer_awaited_calls(tree, self.executor.awaiting_functions)
                 exec(compile(tree, filename, "exec", dont_inherit=True), self.executor.namespace)
                 loaded.append(name)
-            except Exception as exc:
+            except KeyboardInterrupt:  # the call's timeout: the call is interrupted, not the tool
+                raise
+            except BaseException as exc:  # SystemExit too: a tool must not end the call
                 notices.append(
                     "Saved tool %s could not be loaded (%s: %s); fix %s or delete_tool(%r)."
                     % (name, type(exc).__name__, exc, tool.get("path"), name)
                 )
+            finally:  # a tool that ignored SIGINT must not make the call's code uninterruptible
+                signal.signal(signal.SIGINT, self._on_sigint)
         if loaded:
             notices.insert(0, "Saved tools defined in this fresh session: %s." % ", ".join(loaded))
         return notices
@@ -2402,7 +2455,12 @@ class ExecutorProcess:
             CURRENT_CALL.set(execute_id)  # inherited by the tasks and threads the cell starts
             if not self.tools_loaded:  # a fresh namespace: the saved tools first
                 self.tools_loaded = True
-                notices = self.load_saved_tools()
+                if frame.get("saved_tools", True):
+                    notices = self.load_saved_tools(frame.get("skip") or ())
+                else:
+                    notices = [WITHOUT_SAVED_TOOLS]
+                # The code starts now: the supervisor heeds no "loading" frame after this one.
+                self.channel.send({"type": "loading", "tool": None})
                 if notices:
                     result["notices"] = notices
             value = self.executor.run(code)
@@ -2478,6 +2536,12 @@ PR_SET_CHILD_SUBREAPER = 36
 DEFAULT_INTERRUPT_GRACE = 3.0
 EXECUTOR_START_TIMEOUT = 30.0
 MAX_QUEUED_EXECUTES = 16
+# A saved tool runs in every fresh executor before the code: one that ends the process or
+# will not finish must not take the session (and the delete_tool that would remove it) with
+# it. Each gets this long; the one that fails is blamed, and the execute starts again in a
+# fresh executor without it, at most MAX_FAILED_TOOLS times, then without any saved tool.
+SAVED_TOOL_SECONDS = 5.0
+MAX_FAILED_TOOLS = 5
 BACKGROUND_REFUSED = (
     "refused: the run_python call that started this thread or task has ended, so it can no longer "
     "call tools or the host. Do the work inside a call (await it, or join the thread before the "
@@ -2625,6 +2689,8 @@ class ExecutorHandle:
         self.python = ""
         self.retired = False  # set once the supervisor kills or has lost it
         self.last_words = ""  # the last error frame it sent, for the report if it dies
+        self.loading: tuple[str, str] | None = None  # (name, digest) of the saved tool it defines now
+        self.tools_done = False  # it said the code starts: no "loading" frame is heeded after that
 
     def sync_output(self) -> None:
         # Both markers first, then both waits: the pumps drain concurrently.
@@ -2680,6 +2746,9 @@ class Supervisor:
         self.pending_notices: list[str] = []  # for the next result
         self.ignored_frames = 0
         self.queued: collections.deque[Frame] = collections.deque()  # executes waiting their turn
+        self.running_frame: Frame | None = None  # the execute in flight, to start again if a tool fails
+        self.failed_tools: list[Frame] = []  # {name, digest, reason} of the saved tools it blamed
+        self.load_deadline: float | None = None  # when the saved tool being defined is killed
 
     # --- executor lifecycle ------------------------------------------------------------
     def start_executor(self) -> ExecutorHandle:
@@ -2762,8 +2831,13 @@ class Supervisor:
             if handle.retired:
                 return
             execute_id = self.running
+            blamed = execute_id is not None and self.blame_tool(
+                handle, "ended the Python process (%s)" % reason
+            )
         self.replace_executor(handle, reason)
-        if execute_id is not None:
+        if blamed:
+            self.restart_execute()
+        elif execute_id is not None:
             detail = "the Python process running the code %s" % reason
             self.finish(
                 execute_id, "crashed", error={"type": "ExecutorDied", "message": detail, "traceback": ""}
@@ -2821,6 +2895,7 @@ class Supervisor:
             if running is None or frame["id"] != running:
                 self.ignore_frame()  # forged, late or duplicate: exactly one result per execute
                 return
+            handle.tools_done, handle.loading = True, None
             if self.interrupted:  # every timeout: whatever else the code started dies now
                 kill_descendants(keep=frozenset({handle.pid}))
             handle.sync_output()
@@ -2844,6 +2919,66 @@ class Supervisor:
         elif kind == "error" and current:
             # Kept, not forwarded: the code can send these at will. They explain a crash.
             handle.last_words = str(frame["message"])[:500]
+        elif kind == "loading":
+            self.on_loading(handle, frame, running)
+
+    # --- saved tools that fail in a fresh executor -----------------------------------------
+    def on_loading(self, handle: ExecutorHandle, frame: Frame, running: Any) -> None:
+        """The executor defines a saved tool now (or, tool null, is done and the code starts)."""
+        with self.lock:
+            if running is None or handle.tools_done:
+                self.ignored_frames += 1  # only a fresh executor, before the code, loads tools
+                return
+            tool = frame["tool"]
+            handle.tools_done = tool is None
+            handle.loading = None if tool is None else (str(tool), str(frame.get("digest") or ""))
+            self.load_deadline = None if tool is None else time.monotonic() + SAVED_TOOL_SECONDS
+        self.tasks.put(None)  # wakes the control thread to watch the deadline
+
+    def blame_tool(self, handle: ExecutorHandle, reason: str) -> bool:
+        """Under the lock: record the saved tool ``handle`` was defining as failed; False if
+        it was defining none."""
+        if handle.loading is None:
+            return False
+        name, digest = handle.loading
+        handle.loading, self.load_deadline = None, None
+        self.failed_tools.append({"name": name, "digest": digest, "reason": reason})
+        return True
+
+    def kill_slow_tool(self) -> None:
+        """The saved tool being defined is past SAVED_TOOL_SECONDS: kill its executor and
+        start the execute again in a fresh one, without that tool."""
+        with self.lock:
+            old = self.child
+            due = self.load_deadline is not None and self.load_deadline <= time.monotonic()
+            if not due or self.running is None or old is None:
+                return
+            if not self.blame_tool(old, "took over %gs" % SAVED_TOOL_SECONDS):
+                return
+            old.retired = True
+        self.replace_executor(old, "a saved tool took too long to define")
+        self.restart_execute()
+
+    def restart_execute(self) -> None:
+        """Send the execute in flight again, to the fresh executor, skipping the saved tools
+        that failed (all of them once MAX_FAILED_TOOLS have): the code has not started."""
+        with self.lock:
+            frame, handle = dict(self.running_frame or {}), self.child
+            skip = [tool["name"] for tool in self.failed_tools]
+            if len(skip) >= MAX_FAILED_TOOLS:
+                frame["saved_tools"] = False
+                self.pending_notices.append(
+                    "%d saved tools failed to define, so this session starts without saved tools." % len(skip)
+                )
+            else:
+                frame["skip"] = skip
+        assert handle is not None
+        try:
+            handle.channel.send(frame)
+        except (ProtocolError, OSError) as exc:
+            self.finish(
+                frame["id"], "error", error={"type": "SandboxError", "message": str(exc), "traceback": ""}
+            )
 
     def forward_request(self, handle: ExecutorHandle, frame: Frame, running: Any) -> None:
         request_id = frame["id"]
@@ -2950,9 +3085,13 @@ class Supervisor:
             self.running, self.interrupted = execute_id, False
             self.output.reset()
             handle = self.child
+            self.running_frame = {"type": "execute", "id": execute_id, "code": frame["code"]}
+            if "saved_tools" in frame:
+                self.running_frame["saved_tools"] = frame["saved_tools"]
+            self.failed_tools, self.load_deadline = [], None
         assert handle is not None
         try:
-            handle.channel.send({"type": "execute", "id": execute_id, "code": frame["code"]})
+            handle.channel.send(self.running_frame)
         except (ProtocolError, OSError) as exc:
             self.finish(
                 execute_id, "error", error={"type": "SandboxError", "message": str(exc), "traceback": ""}
@@ -2996,7 +3135,10 @@ class Supervisor:
         the escalation of an interrupt whose grace period is over."""
         while True:
             with self.lock:
-                wait = None if self.escalation is None else max(0.0, self.escalation[0] - time.monotonic())
+                deadlines = [
+                    when for when in (self.escalation and self.escalation[0], self.load_deadline) if when
+                ]
+                wait = None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
             try:
                 task = self.tasks.get(timeout=wait)
             except queue.Empty:
@@ -3008,6 +3150,7 @@ class Supervisor:
                 due = self.escalation if self.escalation and self.escalation[0] <= time.monotonic() else None
             if due is not None:
                 self.escalate(due[1])
+            self.kill_slow_tool()
 
     def escalate(self, execute_id: Any) -> None:
         """The grace period is over and the code has not stopped: kill it all, start fresh."""
@@ -3016,6 +3159,7 @@ class Supervisor:
                 return
             old = self.child
             old.retired = True
+            self.blame_tool(old, "did not stop when the call's timeout interrupted it")
         started = time.monotonic()
         self.replace_executor(old, "timeout")
         message = (
@@ -3075,6 +3219,9 @@ class Supervisor:
             self.pending_notices = []
             if notices:
                 result["notices"] = notices
+            if self.failed_tools:  # for the bridge, which keeps them out of new sessions until changed
+                result["failed_tools"], self.failed_tools = self.failed_tools[:100], []
+            self.running_frame, self.load_deadline = None, None
             result.update(extra or {})
         try:
             self.channel.send(result)

@@ -54,6 +54,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
 import urllib.parse
@@ -92,6 +93,7 @@ from mcp.shared.exceptions import MCPError as McpProtocolError
 from mcp.shared.message import SessionMessage
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.json_schema import SkipJsonSchema
 from starlette.applications import Starlette
 from starlette.authentication import AuthCredentials, AuthenticationBackend, BaseUser
 from starlette.middleware import Middleware
@@ -4125,20 +4127,54 @@ class MemoryStore:
         return infos
 
 
+# CPython's parser keeps recursion bookkeeping that two threads parsing at once can upset
+# ("SystemError: AST constructor recursion depth mismatch"): saved tools are parsed one at
+# a time in the whole process, whichever principal's worker thread asks.
+_PARSE_LOCK = threading.Lock()
+
+
+def saved_tool_doc(source: str, filename: str = "<saved tool>") -> str:
+    """The first line of the docstring of the function ``source`` defines ("" if none),
+    with the parse that checks it: SyntaxError, ValueError, RecursionError or MemoryError
+    for source that compile() may accept but the parser cannot take back."""
+    with _PARSE_LOCK:
+        compile(source, filename, "exec", dont_inherit=True)
+        tree = ast.parse(source, filename)
+    definition = tree.body[0] if tree.body else None
+    doc = (
+        ast.get_docstring(definition)
+        if isinstance(definition, ast.FunctionDef | ast.AsyncFunctionDef)
+        else None
+    )
+    return (doc or "").strip().split("\n")[0]
+
+
+_UNPARSABLE = (SyntaxError, ValueError, RecursionError, MemoryError)
+
+
 class SavedTools:
     """Saved tools: one readable Python file per tool, ``STATE_DIR/user_tools/<name>.py``,
     that the user may open and edit; written atomically (a temporary file, then
     os.replace), so a reader never sees half a file. Blocking, like MemoryStore.
 
     Bounded, because every new session loads them all: at most MAX_TOOLS tools and
-    MAX_TOTAL_BYTES of source together (a save that would pass either is refused)."""
+    MAX_TOTAL_BYTES of source together (a save that would pass either is refused).
+
+    Parsed once, at save: what listing needs (the docstring's first line) goes to
+    ``.index/<name>.json`` with the file's size, mtime and digest, so a listing only
+    stats the files. A file changed by hand is parsed once more, then indexed again.
+    The index also holds a quarantine: the digest of a source whose definition killed
+    or hung a sandbox's Python process; that source is not sent to new sessions until
+    the file changes."""
 
     MAX_SOURCE_BYTES = 256 * 1024
     MAX_TOOLS = 1000
     MAX_TOTAL_BYTES = 10 * 1024 * 1024
+    INDEX_DIRNAME = ".index"
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+        self.index_dir = directory / self.INDEX_DIRNAME
 
     def path(self, name: str) -> Path:
         if not (name.isidentifier() and not keyword.iskeyword(name) and len(name) <= 100):
@@ -4152,21 +4188,33 @@ class SavedTools:
         data = source.encode("utf-8", "surrogatepass")
         if len(data) > self.MAX_SOURCE_BYTES:
             raise MemoryStoreError("The source of %s is over %d bytes." % (name, self.MAX_SOURCE_BYTES))
-        try:
-            compile(source, str(path), "exec", dont_inherit=True)
-        except (SyntaxError, ValueError) as exc:
-            raise MemoryStoreError("The source of %s does not compile: %s" % (name, exc)) from None
+        try:  # the parse every listing relies on: what it cannot read back is refused here
+            doc = saved_tool_doc(source, str(path))
+        except _UNPARSABLE as exc:
+            raise MemoryStoreError(
+                "The source of %s does not compile or cannot be parsed back (%s: %s); simplify it (a "
+                "very long or deeply nested expression) and save it again." % (name, type(exc).__name__, exc)
+            ) from None
         self._check_room(path, len(data))
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        temporary = path.with_name(".%s.%s.tmp" % (path.name, secrets.token_hex(4)))
+        data = data if data.endswith(b"\n") else data + b"\n"
         try:
-            temporary.write_bytes(data if data.endswith(b"\n") else data + b"\n")
-            os.replace(temporary, path)
+            self._write_atomically(path, data)
         except OSError as exc:
-            temporary.unlink(missing_ok=True)
             raise MemoryStoreError("Could not write %s: %s" % (path, exc)) from None
+        self._index(path, doc, hashlib.sha256(data).hexdigest())
         # "tools": every saved tool's name, so the kernel does not warn about calls to them.
         return {"name": name, "path": str(path), "tools": [other.stem for other in self._files()]}
+
+    @staticmethod
+    def _write_atomically(path: Path, data: bytes) -> None:
+        temporary = path.with_name(".%s.%s.tmp" % (path.name, secrets.token_hex(4)))
+        try:
+            temporary.write_bytes(data)
+            os.replace(temporary, path)
+        except OSError:
+            temporary.unlink(missing_ok=True)
+            raise
 
     def _files(self) -> list[Path]:
         if not self.directory.is_dir():
@@ -4193,40 +4241,133 @@ class SavedTools:
             )
 
     def delete(self, name: str) -> bool:
+        path = self.path(name)
+        with suppress(OSError):
+            (self.index_dir / (name + ".json")).unlink()
         try:
-            self.path(name).unlink()
+            path.unlink()
         except FileNotFoundError:
             return False
         return True
 
-    def sources(self) -> list[dict[str, str]]:
-        """Every saved tool's source, in name order; unreadable files are skipped (and logged)."""
-        tools = []
+    # --- the index: what listing needs, and the quarantine ------------------------------
+    def _read_index(self, name: str) -> dict[str, Any]:
+        try:
+            with (self.index_dir / (name + ".json")).open("rb") as file:
+                record = json.loads(file.read(64 * 1024))
+        except (OSError, ValueError):
+            return {}
+        return record if isinstance(record, dict) else {}
+
+    def _write_index(self, name: str, record: dict[str, Any]) -> None:
+        """Best effort: an index that cannot be written costs a parse at the next listing."""
+        try:
+            self.index_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._write_atomically(self.index_dir / (name + ".json"), json.dumps(record).encode("utf-8"))
+        except OSError as exc:
+            logger.warning("saved tool index %s cannot be written: %s", self.index_dir, exc)
+
+    def _index(self, path: Path, doc: str, digest: str | None = None) -> None:
+        try:
+            status = path.stat()
+        except OSError:
+            return
+        record = {"size": status.st_size, "mtime_ns": status.st_mtime_ns, "doc": doc}
+        if digest is not None:
+            record["digest"] = digest
+        self._write_index(path.stem, record)
+
+    def _listed(self, path: Path) -> tuple[str, dict[str, Any]]:
+        """The docstring's first line and the index record: from the index while the file
+        is as indexed (same size and mtime), else parsed once (a hand-edited file) and
+        indexed again. The record's "quarantined" holds only while the file is unchanged."""
+        status = path.stat()
+        record = self._read_index(path.stem)
+        if record.get("size") == status.st_size and record.get("mtime_ns") == status.st_mtime_ns:
+            return str(record.get("doc") or ""), record
+        source = path.read_text(encoding="utf-8")
+        try:
+            doc = saved_tool_doc(source, str(path))
+        except _UNPARSABLE as exc:
+            doc = "(cannot be parsed: %s: %s)" % (type(exc).__name__, exc)
+        self._index(path, doc)
+        return doc, {}
+
+    def quarantine(self, name: str, digest: str, reason: str) -> Path | None:
+        """Keep the source whose sha256 is ``digest`` out of new sessions until the file
+        changes; the tool's path, or None if its file no longer holds that source (deleted
+        or changed since: it is tried again anyway)."""
+        path = self.path(name)
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        if hashlib.sha256(data).hexdigest() != digest:
+            return None
+        record = self._read_index(name)
+        if record.get("digest") != digest:  # changed by hand since it was indexed
+            with suppress(OSError, ValueError):
+                record = {"doc": self._listed(path)[0]}
+        with suppress(OSError):
+            status = path.stat()
+            record.update(size=status.st_size, mtime_ns=status.st_mtime_ns, digest=digest)
+        record["quarantined"] = {"digest": digest, "reason": reason[:500], "since": _iso_time(time.time())}
+        self._write_index(name, record)
+        return path
+
+    def _quarantine_of(self, name: str, digest: str) -> dict[str, Any] | None:
+        held = self._read_index(name).get("quarantined")
+        return held if isinstance(held, dict) and held.get("digest") == digest else None
+
+    # --- reading ------------------------------------------------------------------------
+    def sources(self) -> dict[str, list[Any]]:
+        """What a fresh session defines: {"tools": [{name, path, source, digest}] in name
+        order, "skipped": [a notice for each tool left out]}. A quarantined source and a
+        file that cannot be read are left out, each with its notice."""
+        tools: list[dict[str, str]] = []
+        skipped: list[str] = []
         for path in self._files():
+            name = path.stem
             try:
-                tools.append(
-                    {"name": path.stem, "path": str(path), "source": path.read_text(encoding="utf-8")}
-                )
+                data = path.read_bytes()
+                source = data.decode("utf-8")
             except (OSError, ValueError) as exc:
                 logger.warning("saved tool %s cannot be read: %s", path, exc)
-        return tools
+                skipped.append(
+                    "Saved tool %s was not defined: its file %s cannot be read (%s)." % (name, path, exc)
+                )
+                continue
+            digest = hashlib.sha256(data).hexdigest()
+            held = self._quarantine_of(name, digest)
+            if held is not None:
+                skipped.append(quarantine_notice(name, path, str(held.get("reason")), str(held.get("since"))))
+                continue
+            tools.append({"name": name, "path": str(path), "source": source, "digest": digest})
+        return {"tools": tools, "skipped": skipped}
 
     def entries(self) -> list[dict[str, str]]:
+        """[{name, doc, path, quarantined?}] in name order, without parsing what is indexed.
+        Any one file that cannot be read says so in its doc; the rest still list."""
         entries = []
-        for tool in self.sources():
+        for path in self._files():
+            entry = {"name": path.stem, "doc": "", "path": str(path)}
             try:
-                definition = ast.parse(tool["source"]).body[0]
-                doc = (
-                    ast.get_docstring(definition)
-                    if isinstance(definition, ast.FunctionDef | ast.AsyncFunctionDef)
-                    else None
-                )
-            except (SyntaxError, ValueError, IndexError) as exc:
-                doc = "(cannot be parsed: %s)" % exc
-            entries.append(
-                {"name": tool["name"], "doc": (doc or "").strip().split("\n")[0], "path": tool["path"]}
-            )
+                entry["doc"], record = self._listed(path)
+            except (OSError, ValueError) as exc:
+                entry["doc"], record = "(cannot be read: %s: %s)" % (type(exc).__name__, exc), {}
+            held = record.get("quarantined")
+            if isinstance(held, dict):
+                entry["quarantined"] = str(held.get("reason"))
+            entries.append(entry)
         return entries
+
+
+def quarantine_notice(name: str, path: Path, reason: str, since: str = "") -> str:
+    return (
+        "Saved tool %s was not defined: defining it %s%s, so it is kept out of new sessions until its "
+        "file %s changes. Fix it with save_tool, or delete_tool(%r)."
+        % (name, reason, " (%s)" % since if since else "", path, name)
+    )
 
 
 def _iso_time(seconds: float) -> str:
@@ -4620,6 +4761,24 @@ class HostAPI:
 
     async def tool_sources(self) -> Any:
         return await self._in_store(self.saved_tools.sources)
+
+    async def quarantine_tools(self, failed: Sequence[Mapping[str, str]]) -> list[str]:
+        """Keep the saved tools whose definition killed or hung a sandbox's Python process
+        (as its supervisor reports: names and digests the sandbox sent, so only checked
+        against the files) out of new sessions until they change; a notice for each."""
+        notices = []
+        for tool in failed:
+            name, reason = tool["name"], tool["reason"]
+            try:
+                path = await self._in_store(self.saved_tools.quarantine, name, tool["digest"], reason)
+            except MemoryStoreError:
+                path = None  # not a tool name at all
+            if path is not None:
+                logger.warning("saved tool %s is quarantined: defining it %s", path, reason)
+                notices.append(quarantine_notice(name, path, reason))
+            else:
+                notices.append("Saved tool %s was skipped: defining it %s." % (name, reason))
+        return notices
 
     async def progress(
         self,
@@ -5303,16 +5462,19 @@ class SandboxSession:
         timeout: float,
         progress: CallProgress | None = None,
         pending: PendingExecute | None = None,
+        saved_tools: bool = True,
     ) -> ExecutionOutcome:
+        """Run ``code``; ``saved_tools`` false: a fresh namespace starts without them."""
         started = time.monotonic()
         malformed_before, self.first_malformed = self.malformed_frames, None
         pending = pending or PendingExecute(secrets.token_hex(8), self.config.max_output_chars)
         pending.progress = progress or pending.progress  # a waiting call may have set its own
         self.pending = pending
         try:
-            data = encode_frame(
-                {"type": "execute", "id": pending.id, "code": code}, self.config.max_frame_bytes
-            )
+            frame: dict[str, Any] = {"type": "execute", "id": pending.id, "code": code}
+            if not saved_tools:
+                frame["saved_tools"] = False
+            data = encode_frame(frame, self.config.max_frame_bytes)
         except ProtocolError as exc:
             self.pending = None
             raise InvalidRequestError(
@@ -5342,6 +5504,9 @@ class SandboxSession:
             self.pending = None
             self.cancel_requests()
         outcome = self._outcome(pending, timeout, timed_out)
+        failed = (pending.result or {}).get("failed_tools")
+        if failed:
+            outcome.notices.extend(await self.host.quarantine_tools(failed))
         outcome.duration = time.monotonic() - started
         if self.malformed_frames > malformed_before:
             outcome.notices.append(
@@ -5491,10 +5656,13 @@ class RunningCode:
     after respond_after seconds and a later call can wait for the rest. Its own timeout
     still ends it; cancelling its scope stops the code (the client gave up)."""
 
-    def __init__(self, session: SandboxSession, code: str, timeout: float, arrived: float) -> None:
+    def __init__(
+        self, session: SandboxSession, code: str, timeout: float, arrived: float, saved_tools: bool = True
+    ) -> None:
         self.session = session
         self.code = code
         self.timeout = timeout
+        self.saved_tools = saved_tools
         self.started = arrived  # when its call arrived: "still running after" counts from there
         self.pending = PendingExecute(secrets.token_hex(8), session.config.max_output_chars)
         self.scope = anyio.CancelScope()
@@ -5507,7 +5675,9 @@ class RunningCode:
         try:
             with self.scope:
                 try:
-                    self.outcome = await self.session.execute(self.code, self.timeout, pending=self.pending)
+                    self.outcome = await self.session.execute(
+                        self.code, self.timeout, pending=self.pending, saved_tools=self.saved_tools
+                    )
                 except Exception as exc:  # re-raised to the call that waits for it
                     self.failure = exc
         finally:  # also when the whole task group is cancelled (shutdown): nobody waits forever
@@ -5689,7 +5859,12 @@ class SessionManager:
                 logger.exception("pre-warm failed (run_python will retry)")
 
     async def answer(
-        self, code: str, timeout: float, reset: bool, progress: CallProgress | None = None
+        self,
+        code: str,
+        timeout: float,
+        reset: bool,
+        progress: CallProgress | None = None,
+        saved_tools: bool = True,
     ) -> ExecutionOutcome:
         """run() for one tool call, answered with ShuttingDownError as soon as the bridge
         begins to shut down, so no call is left without a response. The work runs in
@@ -5706,7 +5881,7 @@ class SessionManager:
         async def work() -> None:
             with work_scope:
                 try:
-                    holder.append(await self.run(code, timeout, reset, progress))
+                    holder.append(await self.run(code, timeout, reset, progress, saved_tools))
                 except Exception as exc:  # re-raised in the caller's task below
                     holder.append(exc)
             finished.set()
@@ -5740,7 +5915,12 @@ class SessionManager:
             await self._no_calls.wait()
 
     async def run(
-        self, code: str, timeout: float, reset: bool, progress: CallProgress | None = None
+        self,
+        code: str,
+        timeout: float,
+        reset: bool,
+        progress: CallProgress | None = None,
+        saved_tools: bool = True,
     ) -> ExecutionOutcome:
         # The client's clock runs from the call's arrival, also while it waits its turn.
         arrived = time.monotonic()
@@ -5751,7 +5931,7 @@ class SessionManager:
         if not acquired:
             return ExecutionOutcome(status="running", detail=BUSY)
         try:
-            return await self._run_locked(code, timeout, reset, progress, arrived)
+            return await self._run_locked(code, timeout, reset, progress, arrived, saved_tools)
         finally:
             self._lock.release()
 
@@ -5762,7 +5942,13 @@ class SessionManager:
         return max(0.01, arrived + self.config.respond_after - time.monotonic())
 
     async def _run_locked(
-        self, code: str, timeout: float, reset: bool, progress: CallProgress | None, arrived: float
+        self,
+        code: str,
+        timeout: float,
+        reset: bool,
+        progress: CallProgress | None,
+        arrived: float,
+        saved_tools: bool = True,
     ) -> ExecutionOutcome:
         if self.closing.is_set():
             raise ShuttingDownError(SHUTTING_DOWN)
@@ -5788,7 +5974,7 @@ class SessionManager:
         elif reset:
             self.lost_reason = None
         session = await self._ensure_session(notices)
-        running = RunningCode(session, code, timeout, arrived)
+        running = RunningCode(session, code, timeout, arrived, saved_tools)
         self.running = running
         self.task_group.start_soon(running.run)
         if await running.wait(self._left(arrived), progress):
@@ -5960,10 +6146,16 @@ class Sessions:
             await manager.watch_idle()
 
     async def answer(
-        self, name: str, code: str, timeout: float, reset: bool, progress: CallProgress | None = None
+        self,
+        name: str,
+        code: str,
+        timeout: float,
+        reset: bool,
+        progress: CallProgress | None = None,
+        saved_tools: bool = True,
     ) -> ExecutionOutcome:
         """One tool call, run by session ``name``'s manager (see SessionManager.answer)."""
-        return await self.manager(name).answer(code, timeout, reset, progress)
+        return await self.manager(name).answer(code, timeout, reset, progress, saved_tools)
 
     async def prewarm(self) -> None:
         """Start the default session's sandbox; named ones start on first use."""
@@ -6225,13 +6417,15 @@ def render_toon(outcome: ExecutionOutcome, fitted: FittedOutput) -> str:
 # window titles, hyperlinks, DCS/APC strings) and other control characters (NUL, BEL,
 # backspace). A client may show results in a terminal, and the code must not be able to
 # repaint or hide what the user reads there.
+_CONTROL_CHARS = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"  # C0 and C1 controls but tab, newline, CR
 _TERMINAL_CONTROL = re.compile(
     r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI
     r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC, ended by BEL or ST
     r"|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"  # DCS, SOS, PM, APC
     r"|\x1b[@-_]?"  # any other escape, or a lone ESC
-    r"|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"  # C0 and C1 controls but tab and newline
+    r"|" + _CONTROL_CHARS
 )
+_CONTROL_CHAR = re.compile(_CONTROL_CHARS)
 
 
 def clean_text(text: str) -> str:
@@ -6247,6 +6441,31 @@ def clean_text(text: str) -> str:
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
     return _TERMINAL_CONTROL.sub("", text)
+
+
+def escape_controls(text: str, escape: Callable[[str], str]) -> str:
+    """``text`` with each control character clean_text would drop replaced by
+    ``escape(char)``, where dropping would change what the text means (a URI, JSON)."""
+    return _CONTROL_CHAR.sub(lambda match: escape(match.group()), text)
+
+
+def terminal_json(text: str) -> str:
+    """JSON text (json.dumps escapes C0 itself) with DEL and C1 escaped too: the same
+    value, nothing a terminal acts on."""
+    return escape_controls(text, lambda char: "\\u%04x" % ord(char))
+
+
+def clean_attachment(attachment: types.EmbeddedResource) -> types.EmbeddedResource:
+    """An attached file as a client may show it: control characters in its URI
+    percent-encoded, its mime type cleaned; text holding control characters goes as
+    base64 instead, so the file stays byte for byte and no terminal acts on it."""
+    contents = attachment.resource
+    uri = escape_controls(str(contents.uri), urllib.parse.quote)
+    kind = clean_text(contents.mime_type) if contents.mime_type is not None else None
+    if isinstance(contents, types.TextResourceContents) and _CONTROL_CHAR.search(contents.text):
+        blob = base64.b64encode(contents.text.encode("utf-8")).decode("ascii")
+        return types.EmbeddedResource(resource=types.BlobResourceContents(uri=uri, mime_type=kind, blob=blob))
+    return types.EmbeddedResource(resource=contents.model_copy(update={"uri": uri, "mime_type": kind}))
 
 
 def clean_strings(value: Any) -> Any:
@@ -6271,7 +6490,7 @@ def tool_result(
     clean_text; images (mime type, base64), then attached files, follow the text."""
     content: list[types.ContentBlock] = [types.TextContent(text=clean_text(block)) for block in blocks]
     content += [types.ImageContent(data=data, mime_type=mime_type) for mime_type, data in images]
-    content += attachments  # strict UTF-8 text or base64: valid Unicode, and kept byte for byte
+    content += [clean_attachment(attachment) for attachment in attachments]  # kept byte for byte
     structured = clean_strings(structured)
     return types.CallToolResult(content=content, structured_content=structured, is_error=is_error)
 
@@ -6427,6 +6646,10 @@ configuration problems; runtime.capability_summary() is a short overview.
     save_tool(my_function)   # a top-level def; defined in every future session
     list_saved_tools(); delete_tool("my_function")
 
+A saved tool that ends or hangs the Python process while being defined is skipped, and kept
+out of new sessions until its file changes. run_python(..., reset=true, saved_tools=false)
+starts a fresh namespace without any saved tool.
+
 ## Images, files, progress
 
     plt.show()  /  display(obj)  /  runtime.show_image(bytes_or_path)   # images after the text
@@ -6467,6 +6690,10 @@ def run_python_input_model(config: BridgeConfig) -> type[BaseModel]:
             default=config.timeout, gt=0, le=config.max_timeout, description="Seconds before interrupting."
         )
         reset: bool = Field(default=False, description="Start from an empty namespace first.")
+        # false: a fresh namespace (reset, a new session) starts without the saved tools. Taken
+        # but left out of the schema (SkipJsonSchema): every tools/list answer would pay ~30
+        # tokens for a way out that the manual and the quarantine notices tell of when needed.
+        saved_tools: SkipJsonSchema[bool] = True
         # The name's rule is checked here, not stated in the schema: a pattern there costs
         # every tools/list answer a dozen tokens; the error names the rule instead.
         session: str = Field(default=DEFAULT_SESSION, description="Sandbox name; each has its own state")
@@ -6505,7 +6732,7 @@ def describe_validation_error(exc: ValidationError) -> str:
     )
     return (
         'Invalid run_python arguments (%s). Call run_python with {"code": "..."} and optionally '
-        '"timeout" (seconds), "reset" (true/false) and "session" (a name of %s).'
+        '"timeout" (seconds), "reset" (true/false), "saved_tools" (true/false) and "session" (a name of %s).'
         % (problems, SESSION_NAME_RULE)
     )
 
@@ -6550,12 +6777,14 @@ def memory_resource(entry: Mapping[str, Any]) -> types.Resource:
     metadata = json.dumps(entry["metadata"], ensure_ascii=False, separators=(",", ":"))
     if len(metadata) > MAX_DESCRIBED_METADATA_CHARS:
         metadata = metadata[:MAX_DESCRIBED_METADATA_CHARS] + "..."
-    return types.Resource(
+    return types.Resource(  # what the sandbox wrote is shown clean (clean_text), as run_python's output is
         uri=memory_uri(entry["key"]),
-        name=entry["key"],
-        title="memory " + entry["key"],
-        description="Memory saved by run_python code (save_memory): %d bytes of JSON, updated %s%s"
-        % (entry["value_size"], entry["updated"], "; metadata " + metadata if entry["metadata"] else ""),
+        name=clean_text(entry["key"]),
+        title=clean_text("memory " + entry["key"]),
+        description=clean_text(
+            "Memory saved by run_python code (save_memory): %d bytes of JSON, updated %s%s"
+            % (entry["value_size"], entry["updated"], "; metadata " + metadata if entry["metadata"] else "")
+        ),
         mime_type="application/json",
         size=entry["value_size"],
     )
@@ -6564,12 +6793,22 @@ def memory_resource(entry: Mapping[str, Any]) -> types.Resource:
 def tool_resource(entry: Mapping[str, str]) -> types.Resource:
     status = Path(entry["path"]).stat()
     doc = ": " + entry["doc"].rstrip(".") if entry["doc"] else ""
+    held = entry.get("quarantined")
+    where = "kept out of new sessions (defining it %s) until its file changes" % held if held else ""
     return types.Resource(
         uri=tool_uri(entry["name"]),
         name=entry["name"],
         title="saved tool " + entry["name"],
-        description="Saved tool (save_tool), defined in every new session%s. File %s, %d bytes, updated %s"
-        % (doc, entry["path"], status.st_size, _iso_time(status.st_mtime)),
+        description=clean_text(
+            "Saved tool (save_tool), %s%s. File %s, %d bytes, updated %s"
+            % (
+                where or "defined in every new session",
+                doc,
+                entry["path"],
+                status.st_size,
+                _iso_time(status.st_mtime),
+            )
+        ),
         mime_type="text/x-python",
         size=status.st_size,
     )
@@ -6584,7 +6823,12 @@ def user_resources(store: MemoryStore, tools: SavedTools) -> list[types.Resource
             resources += [memory_resource(entry) for entry in store.entries(value_sizes=True)]
         except (MemoryStoreError, ValueError) as exc:
             logger.warning("resources/list leaves out the memories: %s", exc)
-    for entry in tools.entries():
+    try:
+        saved = tools.entries()  # each unreadable file says so in its entry
+    except OSError as exc:  # the folder itself
+        logger.warning("resources/list leaves out the saved tools: %s", exc)
+        saved = []
+    for entry in saved:
         try:
             resources.append(tool_resource(entry))
         except OSError as exc:  # deleted or replaced since it was read
@@ -6721,6 +6965,7 @@ class Principals:
         timeout: float,
         reset: bool,
         progress: CallProgress | None = None,
+        saved_tools: bool = True,
     ) -> ExecutionOutcome:
         """One run_python call of ``principal``, in its own session ``session``."""
         if self.http:
@@ -6752,7 +6997,7 @@ class Principals:
                 self._make_room(session)
         principal.calls += 1
         try:
-            return await principal.sessions.answer(session, code, timeout, reset, progress)
+            return await principal.sessions.answer(session, code, timeout, reset, progress, saved_tools)
         finally:
             principal.calls -= 1
 
@@ -6874,6 +7119,7 @@ def build_server(
                 request.timeout,  # type: ignore[attr-defined]
                 request.reset,  # type: ignore[attr-defined]
                 progress,
+                request.saved_tools,  # type: ignore[attr-defined]
             )
             http = config.transport == "http"
             return render_outcome(outcome, config, HTTP_MAX_RESULT_BYTES if http else None)
@@ -6895,7 +7141,9 @@ def build_server(
     ) -> types.ListResourcesResult:
         start = page_start(params.cursor if params is not None else None)
         host = _resource_owner(ctx).host
-        saved = await anyio.to_thread.run_sync(user_resources, host.memory, host.saved_tools)
+        # In the principal's store thread (one at a time): listing stats the files and reads
+        # their index, and one principal's listings must not crowd out the others.
+        saved = await host._in_store(user_resources, host.memory, host.saved_tools)
         resources = [CAPABILITIES_RESOURCE, *saved]
         end = start + RESOURCES_PAGE_SIZE
         return types.ListResourcesResult(
@@ -7340,12 +7588,16 @@ async def serve_http(config: BridgeConfig, discovery: DiscoveryResult, listener:
 # =============================================================================
 
 
-# --- the memory subcommand ------------------------------------------------------------
-# `mcp-server-code-execution-mode memory list|get KEY|delete KEY|export`: the user sees
-# and manages what the agent saved, without the agent. This is not the MCP server: stdout
-# is the output; messages go to stderr, one line each, never a traceback.
+# --- the memory and tools subcommands ---------------------------------------------------
+# `mcp-server-code-execution-mode memory list|get KEY|delete KEY|export` and `... tools
+# list|show NAME|delete NAME`: the user sees and manages what the agent saved, without the
+# agent (a saved tool that breaks every session is deleted here). This is not the MCP
+# server: stdout is the output; messages go to stderr, one line each, never a traceback.
+# What the sandbox wrote reaches a terminal here: text goes through clean_text, JSON
+# through terminal_json, source through escape_controls.
 
 MEMORY_COMMAND = "memory"
+TOOLS_COMMAND = "tools"
 MAX_LISTED_METADATA_CHARS = 60
 
 
@@ -7403,6 +7655,28 @@ def build_memory_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def build_tools_parser() -> argparse.ArgumentParser:
+    common = _state_dir_parser()
+    parser = argparse.ArgumentParser(
+        prog="%s %s" % (SERVER_NAME, TOOLS_COMMAND),
+        parents=[common],
+        description="See and delete the saved tools (save_tool) without the agent, e.g. one that breaks "
+        "every session. Output goes to stdout, messages to stderr.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    listing = commands.add_parser(
+        "list", parents=[common], help="each saved tool: name, file, first line of its docstring, quarantine"
+    )
+    listing.add_argument(
+        "--json", action="store_true", help="one JSON object per line: tool, doc, path (and quarantined)"
+    )
+    show = commands.add_parser("show", parents=[common], help="print a saved tool's source")
+    show.add_argument("name")
+    delete = commands.add_parser("delete", parents=[common], help="delete a saved tool")
+    delete.add_argument("name")
+    return parser
+
+
 def _command_key(key: str) -> str:
     try:
         return validate_memory_key(key)
@@ -7429,13 +7703,30 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
     )
 
 
+def _tool_line(tool: Mapping[str, str]) -> str:
+    line = {"tool": tool["name"], "doc": tool["doc"], "path": tool["path"]}
+    if "quarantined" in tool:
+        line["quarantined"] = tool["quarantined"]
+    return terminal_json(json.dumps(line, ensure_ascii=False))
+
+
+def _tool_rows(saved: Sequence[Mapping[str, str]]) -> list[tuple[str, str, str]]:
+    rows = [("SAVED TOOL", "FILE", "DOC")]
+    for tool in saved:
+        doc = tool["doc"]
+        if "quarantined" in tool:
+            doc = "[quarantined: defining it %s] %s" % (tool["quarantined"], doc)
+        rows.append((tool["name"], clean_text(tool["path"]), clean_text(doc)))
+    return rows
+
+
 def _list_memories(store: MemoryStore, tools: SavedTools, as_json: bool) -> None:
     entries, saved = _stored_entries(store), tools.entries()
     if as_json:
         for entry in entries:
-            print(json.dumps(entry, ensure_ascii=False))
+            print(terminal_json(json.dumps(entry, ensure_ascii=False)))
         for tool in saved:
-            print(json.dumps({"tool": tool["name"], "doc": tool["doc"], "path": tool["path"]}))
+            print(_tool_line(tool))
         return
     if not entries:
         print("No memories in %s." % store.path, file=sys.stderr)
@@ -7445,19 +7736,19 @@ def _list_memories(store: MemoryStore, tools: SavedTools, as_json: bool) -> None
             metadata = json.dumps(entry["metadata"], ensure_ascii=False) if entry["metadata"] else ""
             if len(metadata) > MAX_LISTED_METADATA_CHARS:
                 metadata = metadata[: MAX_LISTED_METADATA_CHARS - 3] + "..."
-            rows.append((entry["key"], str(entry["size"]), entry["updated"], metadata))
+            rows.append(
+                (clean_text(entry["key"]), str(entry["size"]), entry["updated"], clean_text(metadata))
+            )
         print(_table(rows))
     if saved:
-        tool_rows = [("SAVED TOOL", "FILE", "DOC")]
-        tool_rows += [(tool["name"], tool["path"], tool["doc"]) for tool in saved]
-        print("\n" + _table(tool_rows))
+        print("\n" + _table(_tool_rows(saved)))
 
 
 def _get_memory(store: MemoryStore, key: str) -> None:
     loaded = store.load(key) if store.path.exists() else {"found": False}
     if not loaded["found"]:
         raise _no_memory(store, key)
-    print(json.dumps(loaded["value"], ensure_ascii=False, indent=2))
+    print(terminal_json(json.dumps(loaded["value"], ensure_ascii=False, indent=2)))
 
 
 def _delete_memory(store: MemoryStore, key: str) -> None:
@@ -7468,16 +7759,94 @@ def _delete_memory(store: MemoryStore, key: str) -> None:
 
 def _export_memories(store: MemoryStore) -> None:
     memories = store.snapshot() if store.path.exists() else {}  # reading must not create the store
-    print(json.dumps(memories, ensure_ascii=False, indent=2))
+    print(terminal_json(json.dumps(memories, ensure_ascii=False, indent=2)))
+
+
+def _tool_name(tools: SavedTools, name: str) -> Path:
+    try:
+        return tools.path(name)
+    except MemoryStoreError as exc:
+        raise MemoryCommandError(str(exc), status=2) from None
+
+
+def _no_tool(tools: SavedTools, name: str) -> MemoryCommandError:
+    return MemoryCommandError(
+        "There is no saved tool named %s in %s; `%s %s list` shows them."
+        % (name, tools.directory, SERVER_NAME, TOOLS_COMMAND)
+    )
+
+
+def _list_tools(tools: SavedTools, as_json: bool) -> None:
+    saved = tools.entries()
+    if as_json:
+        for tool in saved:
+            print(_tool_line(tool))
+    elif not saved:
+        print("No saved tools in %s." % tools.directory, file=sys.stderr)
+    else:
+        print(_table(_tool_rows(saved)))
+
+
+def _show_tool(tools: SavedTools, name: str) -> None:
+    path = _tool_name(tools, name)
+    try:
+        source = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise _no_tool(tools, name) from None
+    print(escape_controls(source, lambda char: "\\x%02x" % ord(char)), end="")
+
+
+def _delete_tool(tools: SavedTools, name: str) -> None:
+    _tool_name(tools, name)
+    if not tools.delete(name):
+        raise _no_tool(tools, name)
+    print("Deleted saved tool %s; new sessions no longer define it." % name, file=sys.stderr)
 
 
 def memory_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     """The ``memory`` subcommand; its settings come from the same load_config as the server's."""
     args = build_memory_parser().parse_args(list(argv))  # a bad command line: usage, status 2
+
+    def run(store: MemoryStore, tools: SavedTools) -> None:
+        if args.command == "list":
+            _list_memories(store, tools, args.json)
+        elif args.command == "get":
+            _get_memory(store, _command_key(args.key))
+        elif args.command == "delete":
+            _delete_memory(store, _command_key(args.key))
+        else:
+            _export_memories(store)
+
+    return _store_command(MEMORY_COMMAND, args, environ, run)
+
+
+def tools_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    """The ``tools`` subcommand: list, show and delete saved tools."""
+    args = build_tools_parser().parse_args(list(argv))  # a bad command line: usage, status 2
+
+    def run(store: MemoryStore, tools: SavedTools) -> None:
+        if args.command == "list":
+            _list_tools(tools, args.json)
+        elif args.command == "show":
+            _show_tool(tools, args.name)
+        else:
+            _delete_tool(tools, args.name)
+
+    return _store_command(TOOLS_COMMAND, args, environ, run)
+
+
+def _store_command(
+    command: str,
+    args: argparse.Namespace,
+    environ: Mapping[str, str],
+    run: Callable[[MemoryStore, SavedTools], None],
+) -> int:
+    """What the memory and tools subcommands share: the settings (from the same load_config
+    as the server's), the store, and one line on stderr for each failure, with its status."""
     try:
         config = load_config(["--state-dir=%s" % args.state_dir] if "state_dir" in args else [], environ)
     except ConfigError as exc:
-        print("%s %s: %s" % (SERVER_NAME, MEMORY_COMMAND, exc), file=sys.stderr)
+        print("%s %s: %s" % (SERVER_NAME, command, exc), file=sys.stderr)
         return 2
     logging.basicConfig(level=config.log_level, stream=sys.stderr, format="%(levelname)s: %(message)s")
     store = MemoryStore(
@@ -7490,26 +7859,19 @@ def memory_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(encoding="utf-8")  # JSON's encoding, whatever the locale's
     try:
-        if args.command == "list":
-            _list_memories(store, tools, args.json)
-        elif args.command == "get":
-            _get_memory(store, _command_key(args.key))
-        elif args.command == "delete":
-            _delete_memory(store, _command_key(args.key))
-        else:
-            _export_memories(store)
+        run(store, tools)
         sys.stdout.flush()
     except BrokenPipeError:  # the reader went away (`... | head`): stop quietly
         with suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except (MemoryCommandError, MemoryStoreError) as exc:
-        print("%s %s: %s" % (SERVER_NAME, MEMORY_COMMAND, exc), file=sys.stderr)
+        print("%s %s: %s" % (SERVER_NAME, command, exc), file=sys.stderr)
         return exc.status if isinstance(exc, MemoryCommandError) else 1
     except (OSError, ValueError) as exc:  # an unreadable folder, a damaged row
         print(
             "%s %s: cannot read %s (%s: %s)"
-            % (SERVER_NAME, MEMORY_COMMAND, store.path.parent, type(exc).__name__, exc),
+            % (SERVER_NAME, command, store.path.parent, type(exc).__name__, exc),
             file=sys.stderr,
         )
         return 1
@@ -8699,6 +9061,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == [MEMORY_COMMAND]:
         return memory_main(args[1:], os.environ)
+    if args[:1] == [TOOLS_COMMAND]:
+        return tools_main(args[1:], os.environ)
     if args[:1] == [ADOPT_COMMAND]:
         return adopt_main(args[1:], os.environ)
     if args[:1] == [BUILD_IMAGE_COMMAND]:

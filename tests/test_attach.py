@@ -99,3 +99,42 @@ def test_the_host_drops_attachments_that_are_not_within_the_cap() -> None:
         "File 5 was dropped: not a valid attachment within the cap.",
         "File 15 was dropped: at most 10 files per call.",
     ]
+
+
+def control_characters(text: str) -> list[str]:
+    return [char for char in text if (ord(char) < 32 and char not in "\n\t\r") or 0x7F <= ord(char) <= 0x9F]
+
+
+async def test_escape_sequences_in_an_attachment_reach_no_client_raw(engine: Engine, state_dir: Path) -> None:
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        result = await client.call_tool(
+            "run_python",
+            {
+                "code": "from mcp import runtime\n"
+                "open('/tmp/t.txt', 'w').write('hi \\x1b]0;owned\\x07\\x1b[2J')\n"
+                "runtime.attach('/tmp/t.txt', mime_type='text/\\x1b[2Jplain\\x9b')"
+            },
+        )
+    (contents,) = resources(result)
+    assert contents.mime_type == "text/plain" and control_characters(str(contents.uri)) == [], contents
+    # Text holding control characters goes as base64: byte for byte, and shown by no terminal.
+    assert isinstance(contents, types.BlobResourceContents), contents
+    assert base64.b64decode(contents.blob) == b"hi \x1b]0;owned\x07\x1b[2J"
+
+
+def test_a_forged_attachment_uri_has_its_control_characters_percent_encoded() -> None:
+    notices: list[str] = []
+    kept = bridge.checked_attachments(
+        [{"uri": "file:///tmp/a\x1b]0;x\x07\x9b", "mime_type": "text/\x1b[31mcsv", "text": "a,b\r\n1,2\r\n"}],
+        bridge.BridgeConfig(),
+        notices,
+    )
+    (block,) = bridge.tool_result(["ok"], None, False, attachments=kept).content[1:]
+    assert isinstance(block, types.EmbeddedResource) and isinstance(
+        block.resource, types.TextResourceContents
+    )
+    assert (str(block.resource.uri), block.resource.mime_type, block.resource.text) == (
+        "file:///tmp/a%1B]0;x%07%C2%9B",
+        "text/csv",
+        "a,b\r\n1,2\r\n",  # line ends are no control sequence: text stays text
+    )

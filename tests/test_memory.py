@@ -863,3 +863,34 @@ async def test_memories_are_counted_paged_and_kept_shallow_through_the_sandbox(
         and "MCP_BRIDGE_MAX_MEMORIES" in (saves[2])
     ), saves
     assert again == "accepted"  # replacing a memory needs no room for another
+
+
+async def test_a_tool_that_compiles_but_cannot_be_parsed_back_is_refused_and_listed_as_such(
+    engine: Engine, state_dir: Path
+) -> None:
+    chain = "def chain():\n    return " + "+".join(["1"] * 2990) + "\n"  # compile() takes it, ast.parse not
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        await run_cell(client, 'def good():\n    """Works."""\n    return 1\nsave_tool(good)')
+        refused = await run_cell(
+            client,
+            f"""
+            requests = runtime.call_tool.__self__._requests  # the raw channel, as hostile code may use it
+            try:
+                requests.call("tool_save", {{"name": "chain", "source": {chain!r}}})
+            except Exception as exc:
+                print(exc)
+            """,
+        )
+        assert (
+            "The source of chain does not compile or cannot be parsed back (RecursionError"
+            in (refused["stdout"])
+        ), refused
+        assert sorted(tool_files(state_dir)) == ["good.py"]
+        (state_dir / bridge.MEMORY_DIRNAME / "chain.py").write_text(chain)  # by hand, on the host
+        listed = await run_cell(client, "[(t['name'], t['doc']) for t in list_saved_tools()]")
+        assert listed["status"] == "ok", listed
+        chain_doc, good_doc = eval(listed["value"])
+        assert chain_doc[0] == "chain" and chain_doc[1].startswith("(cannot be parsed: RecursionError"), (
+            chain_doc
+        )
+        assert tuple(good_doc) == ("good", "Works.")

@@ -194,3 +194,92 @@ def test_a_reader_that_stops_early_gets_no_traceback(state_dir: Path) -> None:
         stderr = process.stderr.read().decode()
         status = process.wait(timeout=60)
     assert status == 1 and stderr == "", stderr
+
+
+# --- issue 16: saved tools on the command line, bad entries, escape sequences ---------------
+
+HOSTILE_DOC = "Looks fine.\x1b]0;owned\x07\x1b[2J\x9b31m"
+CHAIN = "def chain():\n    return " + "+".join(["1"] * 2990) + "\n"  # compiles; ast.parse recurses too deep
+
+
+def tools_cli(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [console_script(), "tools", *args],
+        env=bridge_env(None, state_dir),
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=60,
+        check=False,
+    )
+
+
+def saved_tools(state_dir: Path) -> bridge.SavedTools:
+    return bridge.SavedTools(state_dir / bridge.MEMORY_DIRNAME)
+
+
+def test_the_tools_command_lists_shows_and_deletes_saved_tools_with_their_quarantine(state_dir: Path) -> None:
+    tools = saved_tools(state_dir)
+    tools.save("good", 'def good():\n    """Works."""\n    return 1\n')
+    tools.save("exits", 'def exits(code=__import__("os")._exit(3)):\n    return code\n')
+    digest = tools.sources()["tools"][0]["digest"]  # name order: exits first
+    assert tools.quarantine("exits", digest, "ended the Python process (exited with code 3)") is not None
+    listing = tools_cli(state_dir, "list")
+    assert listing.returncode == 0, listing
+    rows = listing.stdout.splitlines()
+    assert rows[0].split() == ["SAVED", "TOOL", "FILE", "DOC"], rows
+    assert "[quarantined: defining it ended the Python process (exited with code 3)]" in rows[1], rows
+    assert rows[2].startswith("good ") and rows[2].endswith("Works."), rows
+    as_json = [json.loads(line) for line in tools_cli(state_dir, "list", "--json").stdout.splitlines()]
+    assert [(line["tool"], "quarantined" in line) for line in as_json] == [("exits", True), ("good", False)]
+    shown = tools_cli(state_dir, "show", "good")
+    assert shown.returncode == 0 and shown.stdout == 'def good():\n    """Works."""\n    return 1\n', shown
+    deleted = tools_cli(state_dir, "delete", "exits")
+    assert deleted.returncode == 0 and "Deleted saved tool exits" in deleted.stderr, deleted
+    assert [entry["name"] for entry in tools.entries()] == ["good"]
+    missing = tools_cli(state_dir, "delete", "exits")
+    assert missing.returncode == 1 and "There is no saved tool named exits" in missing.stderr, missing
+    assert "Traceback" not in missing.stderr
+    assert tools_cli(state_dir, "show", "../memory").returncode == 2
+
+
+def test_a_saved_tool_that_cannot_be_parsed_back_is_refused_and_one_on_disk_is_listed_as_such(
+    state_dir: Path,
+) -> None:
+    tools = saved_tools(state_dir)
+    with pytest.raises(bridge.MemoryStoreError, match="cannot be parsed back \\(RecursionError"):
+        tools.save("chain", CHAIN)
+    tools.save("good", 'def good():\n    """Works."""\n    return 1\n')
+    (state_dir / bridge.MEMORY_DIRNAME / "chain.py").write_text(CHAIN)  # by hand, beside the store
+    (state_dir / bridge.MEMORY_DIRNAME / "latin.py").write_bytes(b"def latin():\n    return '\xe9'\n")
+    for command in (memory_cli, tools_cli):
+        listing = command(state_dir, "list")
+        assert listing.returncode == 0 and "Traceback" not in listing.stderr, listing
+        lines = {line.split()[0]: line for line in listing.stdout.splitlines() if line.strip()}
+        assert "(cannot be parsed: RecursionError" in lines["chain"], lines
+        assert "(cannot be read: UnicodeDecodeError" in lines["latin"], lines
+        assert lines["good"].endswith("Works."), lines
+
+
+def test_escape_sequences_the_sandbox_saved_never_reach_the_terminal(state_dir: Path) -> None:
+    tools = saved_tools(state_dir)
+    tools.save("sneaky", 'def sneaky():\n    """%s"""\n    return "\x1b[2J"\n' % HOSTILE_DOC)
+    store_for(state_dir).save("k", "value \x9b31m \x7f \x1b[2J", metadata={"about": "\x1b]0;owned\x07\x9b"})
+    outputs = {
+        "memory list": memory_cli(state_dir, "list").stdout,
+        "memory list --json": memory_cli(state_dir, "list", "--json").stdout,
+        "memory get": memory_cli(state_dir, "get", "k").stdout,
+        "memory export": memory_cli(state_dir, "export").stdout,
+        "tools list": tools_cli(state_dir, "list").stdout,
+        "tools list --json": tools_cli(state_dir, "list", "--json").stdout,
+        "tools show": tools_cli(state_dir, "show", "sneaky").stdout,
+    }
+    for surface, text in outputs.items():
+        assert "Looks fine." in text or "value" in text or "sneaky" in text, (surface, text)
+        controls = [
+            char for char in text if (ord(char) < 32 and char not in "\n\t") or 0x7F <= ord(char) <= 0x9F
+        ]
+        assert controls == [], (surface, text)
+    # JSON keeps the value: escaped, not dropped.
+    assert json.loads(outputs["memory get"]) == "value \x9b31m \x7f \x1b[2J"
+    assert "\\x1b[2J" in outputs["tools show"]

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import mcp_types as types
 import pytest
 from mcp import Client
@@ -175,3 +176,67 @@ async def test_unknown_and_invalid_uris_are_invalid_params_with_a_hint(state_dir
         missing = await read_error(client, "memory://absent")
         assert missing.code == types.INVALID_PARAMS and "No memory named 'absent'" in missing.message
     assert not (state_dir / bridge.MEMORY_DIRNAME).exists(), "reading must not create the store"
+
+
+# --- issue 16: heavy listings, bad entries, escape sequences -----------------------------------
+
+
+def big_tool(n: int) -> str:
+    """A saved tool of about 240 KB (a long literal): slow to parse, within the caps."""
+    return 'def big_%d():\n    """Big tool %d."""\n    return [%s]\n' % (
+        n,
+        n,
+        ", ".join(["1234567"] * 26_000),
+    )
+
+
+async def test_many_large_saved_tools_list_right_repeatedly_and_in_parallel_without_parsing(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tools = bridge.SavedTools(state_dir / bridge.MEMORY_DIRNAME)
+    for n in range(24):
+        tools.save("big_%d" % n, big_tool(n))
+
+    def no_parse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a listing parsed a saved tool that had not changed")
+
+    monkeypatch.setattr("ast.parse", no_parse)  # what listing must not do on its hot path
+    expected = [bridge.CAPABILITIES_URI, *sorted(bridge.tool_uri("big_%d" % n) for n in range(24))]
+    answers: list[list[types.Resource]] = []
+    async with Client(in_memory_server(state_dir)) as client:
+
+        async def listing() -> None:
+            for _ in range(3):
+                answers.append((await client.list_resources()).resources)
+
+        async with anyio.create_task_group() as group:
+            for _ in range(8):
+                group.start_soon(listing)
+    assert len(answers) == 24
+    for resources in answers:
+        assert [str(resource.uri) for resource in resources] == expected
+        assert resources[1].description is not None and ": Big tool 0. File " in resources[1].description
+
+
+async def test_one_saved_tool_that_cannot_be_parsed_leaves_the_rest_listed(state_dir: Path) -> None:
+    folder = state_dir / bridge.MEMORY_DIRNAME
+    bridge.SavedTools(folder).save("good", 'def good():\n    """Works."""\n    return 1\n')
+    (folder / "chain.py").write_text("def chain():\n    return " + "+".join(["1"] * 2990) + "\n")
+    async with Client(in_memory_server(state_dir)) as client:
+        resources = {resource.name: resource for resource in (await client.list_resources()).resources}
+    assert set(resources) == {"capabilities", "chain", "good"}
+    assert "(cannot be parsed: RecursionError" in str(resources["chain"].description)
+    assert "Works" in str(resources["good"].description)
+
+
+async def test_resource_names_and_descriptions_carry_no_control_characters(state_dir: Path) -> None:
+    folder = state_dir / bridge.MEMORY_DIRNAME
+    bridge.SavedTools(folder).save(
+        "sneaky", 'def sneaky():\n    """Fine.\x1b]0;owned\x07\x1b[2J\x9b31m"""\n    return 1\n'
+    )
+    store_for(state_dir).save("k", 1, metadata={"about": "\x1b]0;owned\x07\x9b\x7f"})
+    async with Client(in_memory_server(state_dir)) as client:
+        resources = (await client.list_resources()).resources
+    shown = json.dumps([resource.model_dump(mode="json") for resource in resources], ensure_ascii=False)
+    assert "Fine." in shown and "owned" in shown
+    assert [char for char in shown if 0x7F <= ord(char) <= 0x9F or ord(char) < 32] == []
