@@ -148,7 +148,9 @@ async def test_the_end_of_earlier_code_is_kept_when_the_call_collecting_it_fails
         alive = True
         config = bridge.BridgeConfig()
 
-        async def execute(self, code: str, timeout: float, pending: Any) -> bridge.ExecutionOutcome:
+        async def execute(
+            self, code: str, timeout: float, pending: Any, saved_tools: bool = True
+        ) -> bridge.ExecutionOutcome:
             await anyio.sleep(1.3 if code == "slow" else 0)
             return bridge.ExecutionOutcome(status="ok", value=repr(code))
 

@@ -420,7 +420,13 @@ def test_input_model_applies_defaults_from_the_config() -> None:
 
     request = model.model_validate({"code": "print(1)"})
 
-    assert request.model_dump() == {"code": "print(1)", "timeout": 7.0, "reset": False, "session": "default"}
+    assert request.model_dump() == {
+        "code": "print(1)",
+        "timeout": 7.0,
+        "reset": False,
+        "saved_tools": True,
+        "session": "default",
+    }
 
 
 def test_input_model_rejects_timeout_over_the_configured_maximum() -> None:
