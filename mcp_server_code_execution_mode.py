@@ -7685,10 +7685,24 @@ def _command_key(key: str) -> str:
 
 
 def _no_memory(store: MemoryStore, key: str) -> MemoryCommandError:
-    return MemoryCommandError(
-        "There is no memory named %s in %s; `%s %s list` shows the keys."
-        % (ascii(key), store.path, SERVER_NAME, MEMORY_COMMAND)
+    message = "There is no memory named %s in %s; `%s %s list` shows the keys." % (
+        ascii(key),
+        store.path,
+        SERVER_NAME,
+        MEMORY_COMMAND,
     )
+    # Saved tools live beside the memories and `memory list` shows both: point at the
+    # command that handles them rather than leave the user guessing.
+    if key.isidentifier() and (store.path.parent / (key + ".py")).is_file():
+        message += " A saved tool has that name: `%s %s show %s` or `%s %s delete %s`." % (
+            SERVER_NAME,
+            TOOLS_COMMAND,
+            key,
+            SERVER_NAME,
+            TOOLS_COMMAND,
+            key,
+        )
+    return MemoryCommandError(message)
 
 
 def _stored_entries(store: MemoryStore) -> list[dict[str, Any]]:

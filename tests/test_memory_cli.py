@@ -241,6 +241,12 @@ def test_the_tools_command_lists_shows_and_deletes_saved_tools_with_their_quaran
     assert missing.returncode == 1 and "There is no saved tool named exits" in missing.stderr, missing
     assert "Traceback" not in missing.stderr
     assert tools_cli(state_dir, "show", "../memory").returncode == 2
+    # `memory delete` of a saved tool's name says which command handles saved tools.
+    wrong_command = memory_cli(state_dir, "delete", "good")
+    assert wrong_command.returncode == 1 and "There is no memory named 'good'" in wrong_command.stderr
+    assert "A saved tool has that name" in wrong_command.stderr, wrong_command.stderr
+    assert "`mcp-server-code-execution-mode tools delete good`" in wrong_command.stderr
+    assert [entry["name"] for entry in tools.entries()] == ["good"]  # nothing deleted
 
 
 def test_a_saved_tool_that_cannot_be_parsed_back_is_refused_and_one_on_disk_is_listed_as_such(
