@@ -23,8 +23,12 @@ ODD_KEY = "notes/2024 ü?#"
 
 def memory_cli(state_dir: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """The console script's memory subcommand, with MCP_BRIDGE_STATE_DIR=`state_dir`."""
+    return store_command("memory", state_dir, *args, **env)
+
+
+def store_command(command: str, state_dir: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [console_script(), "memory", *args],
+        [console_script(), command, *args],
         env=bridge_env(None, state_dir, **env),
         capture_output=True,
         text=True,
@@ -203,15 +207,7 @@ CHAIN = "def chain():\n    return " + "+".join(["1"] * 2990) + "\n"  # compiles;
 
 
 def tools_cli(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [console_script(), "tools", *args],
-        env=bridge_env(None, state_dir),
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        timeout=60,
-        check=False,
-    )
+    return store_command("tools", state_dir, *args)
 
 
 def saved_tools(state_dir: Path) -> bridge.SavedTools:
