@@ -172,9 +172,11 @@ async def check_a_fork_bomb_times_out_and_leaves_no_process_behind(
         elapsed = time.monotonic() - started
         assert bomb["status"] == "timeout", bomb
         # The timeout, the grace period (the bomb's interrupt is lost: it lands in os.fork's
-        # at-fork hooks, which swallow exceptions), and 2 s for the kill, a fresh executor and
-        # the round trip (measured 7.4-8.1 s on both runtimes).
-        assert elapsed < 4 + 3 + 2, elapsed
+        # at-fork hooks, which swallow exceptions), then the kill, a fresh executor and the
+        # round trip: measured 7.4-8.1 s on both runtimes, 9.1 s under gVisor on a loaded CI
+        # machine. The bound is for a kill that never comes (the call would wait out the
+        # client's 60 s), not a speed target: speed belongs to benchmarks/.
+        assert elapsed < 4 + 3 + 15, elapsed
         after = await run(
             client,
             PROCESSES

@@ -154,8 +154,9 @@ async def test_concurrent_calls_overlap_and_a_slow_server_blocks_no_other(
         )
         elapsed, order = eval(result["value"])
         assert order == ["time", "slow"]
-        # Three 1-second calls one after another take >= 3 s; overlapping, about 1 s.
-        assert elapsed < 1.5, elapsed
+        # Three 1-second calls one after another take >= 3 s; overlapping, about 1 s (the
+        # bound sits between the two, with room for a loaded machine).
+        assert elapsed < 2.5, elapsed
 
 
 async def test_tool_failures_are_exceptions_the_code_can_catch(
