@@ -4051,7 +4051,8 @@ class MemoryStore:
             ).fetchone()
         if row is None:
             return {"found": False, "value": None, "version": 0, "generation": 0}
-        return {"found": True, "value": json.loads(row[0]), "version": row[1], "generation": row[2]}
+        value = _stored_json(row[0], key, "value")
+        return {"found": True, "value": value, "version": row[1], "generation": row[2]}
 
     def put_if(self, key: str, value: Any, generation: int) -> dict[str, Any]:
         """Write ``value`` only if the key is still at ``generation`` (0: still absent), as
@@ -4113,9 +4114,13 @@ class MemoryStore:
         for key, metadata, size, version, created, updated, *value in rows:
             info: dict[str, Any] = {"key": key}
             if with_values:
-                info["value"] = json.loads(value[0])
+                info["value"] = _stored_json(value[0], key, "value")
+            try:
+                shown = _stored_json(metadata, key, "metadata") if metadata else {}
+            except MemoryStoreError as exc:  # one bad entry must not hide the others
+                shown = {"unreadable": str(exc)}
             info.update(
-                metadata=json.loads(metadata) if metadata else {},
+                metadata=shown,
                 size=size,
                 version=version,
                 created=_iso_time(created),
@@ -4125,6 +4130,21 @@ class MemoryStore:
                 info["value_size"] = size - (len(metadata.encode("utf-8")) if metadata else 0)
             infos.append(info)
         return infos
+
+
+def _stored_json(text: str, key: str, what: str) -> Any:
+    """A stored value or metadata decoded, or MemoryStoreError saying which memory cannot be
+    read back and what to do: a store written by hand, or before depth was checked at
+    save, may hold JSON nested deeper than Python's decoder goes (RecursionError)."""
+    try:
+        return json.loads(text)
+    except (RecursionError, ValueError) as exc:
+        raise MemoryStoreError(
+            "The %s of the memory %r cannot be read back (%s: it nests deeper than %d levels or "
+            "is not JSON); delete it with delete_memory(%r) or, on the host, "
+            "`mcp-server-code-execution-mode memory delete %s`."
+            % (what, key, type(exc).__name__, MAX_MEMORY_DEPTH, key, key)
+        ) from None
 
 
 # CPython's parser keeps recursion bookkeeping that two threads parsing at once can upset

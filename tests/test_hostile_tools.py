@@ -12,6 +12,7 @@ import pytest
 
 import mcp_server_code_execution_mode as bridge
 from tests.conftest import Engine, bridge_client, bridge_env, run_cell, text_of
+from tests.test_memory import tool_files
 
 pytestmark = pytest.mark.anyio
 
@@ -98,3 +99,35 @@ async def test_a_changed_but_still_hostile_tool_is_tried_again_and_quarantined_a
         assert "4" in again["text"], again
         assert "(exited with code 4)" in "\n".join(again["notices"]), again
         assert "exits" in quarantined(state_dir)
+
+
+# Issue 16 item 10, on each runtime like the other saved-tool items.
+async def test_a_tool_that_compiles_but_cannot_be_parsed_back_is_refused_and_listed_as_such(
+    engine: Engine, state_dir: Path
+) -> None:
+    chain = "def chain():\n    return " + "+".join(["1"] * 2990) + "\n"  # compile() takes it, ast.parse not
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        await run_cell(client, 'def good():\n    """Works."""\n    return 1\nsave_tool(good)')
+        refused = await run_cell(
+            client,
+            f"""
+            requests = runtime.call_tool.__self__._requests  # the raw channel, as hostile code may use it
+            try:
+                requests.call("tool_save", {{"name": "chain", "source": {chain!r}}})
+            except Exception as exc:
+                print(exc)
+            """,
+        )
+        assert (
+            "The source of chain does not compile or cannot be parsed back (RecursionError"
+            in (refused["stdout"])
+        ), refused
+        assert sorted(tool_files(state_dir)) == ["good.py"]
+        (state_dir / bridge.MEMORY_DIRNAME / "chain.py").write_text(chain)  # by hand, on the host
+        listed = await run_cell(client, "[(t['name'], t['doc']) for t in list_saved_tools()]")
+        assert listed["status"] == "ok", listed
+        chain_doc, good_doc = eval(listed["value"])
+        assert chain_doc[0] == "chain" and chain_doc[1].startswith("(cannot be parsed: RecursionError"), (
+            chain_doc
+        )
+        assert tuple(good_doc) == ("good", "Works.")

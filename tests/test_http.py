@@ -620,6 +620,52 @@ async def test_one_principal_cannot_use_up_the_mcp_sessions_of_all(
         assert again.status_code == 200, again.text
 
 
+async def test_one_principals_heavy_listings_leave_another_principal_served(
+    first_engine: Engine, state_dir: Path
+) -> None:
+    # Issue 16 item 5: 40 saved tools of 240 KB each, listed by alice in parallel. Listing
+    # used to parse every tool in anyio's shared thread pool: parallel listings failed
+    # ("AST constructor recursion depth mismatch") and bob's pings waited up to 13.8 s.
+    from tests.test_memory_resources import big_tool
+
+    tools = bridge.SavedTools(state_dir / bridge.PRINCIPALS_DIRNAME / "alice" / bridge.MEMORY_DIRNAME)
+    for n in range(40):
+        tools.save("big_%d" % n, big_tool(n))
+    expected = sorted(bridge.tool_uri("big_%d" % n) for n in range(40))
+    listed: list[list[str]] = []
+    pings: list[float] = []
+    bridge_process = http_bridge(first_engine, state_dir, prewarm="0")
+    async with bridge_process as running, http_client(running.url, BOB) as bob:
+        await bob.send_ping()
+
+        async def alice_lists() -> None:
+            async with http_client(running.url, ALICE) as alice:
+                for _ in range(3):
+                    resources = (await alice.list_resources()).resources
+                    listed.append(
+                        sorted(str(r.uri) for r in resources if str(r.uri) != bridge.CAPABILITIES_URI)
+                    )
+
+        async def bob_pings(done: anyio.Event) -> None:
+            while not done.is_set():
+                started = time.monotonic()
+                await bob.send_ping()
+                pings.append(time.monotonic() - started)
+                await anyio.sleep(0.05)
+
+        done = anyio.Event()
+        async with anyio.create_task_group() as group:
+            group.start_soon(bob_pings, done)
+            async with anyio.create_task_group() as listings:
+                for _ in range(4):
+                    listings.start_soon(alice_lists)
+            done.set()
+    assert listed == [expected] * 12  # every parallel listing whole and right
+    assert pings, "bob was never answered while alice listed"
+    # A hang guard, not a speed target (bench_cotenant measures that): before, 13.8 s.
+    assert max(pings) < 5, pings
+
+
 def slow_connections(port: int, count: int) -> list[socket.socket]:
     """Slowloris: connections that send a request line and one header, and no more yet."""
     opened = []

@@ -865,32 +865,20 @@ async def test_memories_are_counted_paged_and_kept_shallow_through_the_sandbox(
     assert again == "accepted"  # replacing a memory needs no room for another
 
 
-async def test_a_tool_that_compiles_but_cannot_be_parsed_back_is_refused_and_listed_as_such(
+async def test_deep_metadata_already_in_a_store_is_listed_as_unreadable_not_a_hang(
     engine: Engine, state_dir: Path
 ) -> None:
-    chain = "def chain():\n    return " + "+".join(["1"] * 2990) + "\n"  # compile() takes it, ast.parse not
+    # Issue 16 item 12: a store written before depth was checked at save (or by hand) holds
+    # metadata 1,500 levels deep. Encoding the answer raised RecursionError, the answer was
+    # dropped, and list_memories() waited out the call's timeout in every session.
+    store = bridge.MemoryStore(memory_folder(state_dir), 1024 * 1024, 100 * 1024 * 1024)
+    with store._transaction(write=True) as database:
+        store._write(database, "deep", "1", '{"a": %s1%s}' % ("[" * 1500, "]" * 1500))
     async with bridge_client(bridge_env(engine, state_dir)) as client:
-        await run_cell(client, 'def good():\n    """Works."""\n    return 1\nsave_tool(good)')
-        refused = await run_cell(
-            client,
-            f"""
-            requests = runtime.call_tool.__self__._requests  # the raw channel, as hostile code may use it
-            try:
-                requests.call("tool_save", {{"name": "chain", "source": {chain!r}}})
-            except Exception as exc:
-                print(exc)
-            """,
-        )
-        assert (
-            "The source of chain does not compile or cannot be parsed back (RecursionError"
-            in (refused["stdout"])
-        ), refused
-        assert sorted(tool_files(state_dir)) == ["good.py"]
-        (state_dir / bridge.MEMORY_DIRNAME / "chain.py").write_text(chain)  # by hand, on the host
-        listed = await run_cell(client, "[(t['name'], t['doc']) for t in list_saved_tools()]")
-        assert listed["status"] == "ok", listed
-        chain_doc, good_doc = eval(listed["value"])
-        assert chain_doc[0] == "chain" and chain_doc[1].startswith("(cannot be parsed: RecursionError"), (
-            chain_doc
-        )
-        assert tuple(good_doc) == ("good", "Works.")
+        listed = await run_cell(client, "[(m['key'], m['metadata']) for m in list_memories()]", timeout=60)
+        assert listed["status"] == "ok", listed  # answered, not timed out
+        ((key, metadata),) = listed["json"]
+        assert key == "deep" and "cannot be read back (RecursionError" in metadata["unreadable"], listed
+        assert "delete_memory('deep')" in metadata["unreadable"], listed
+        assert (await run_cell(client, "delete_memory('deep')"))["value"] == "True"
+        assert (await run_cell(client, "6 * 7"))["value"] == "42"
