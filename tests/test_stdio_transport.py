@@ -228,3 +228,12 @@ def test_a_discarded_line_is_answered_with_the_id_at_its_head() -> None:
     assert "1000000000 bytes, over the bridge's cap of 4096 bytes" in reply["error"]["message"]
     response = bridge.OversizedLine(10**9, b'{"jsonrpc":"2.0","id":4,"result":{"x', b'"}}')
     assert bridge.client_line_item(response, 4096) is None  # a response is never answered
+
+
+def test_the_last_line_counts_without_a_newline_after_it() -> None:
+    splitter = bridge.LineSplitter(8)
+    assert splitter.feed(b'1\n{"a"') == [b"1"]
+    assert splitter.rest() == b'{"a"'
+    assert splitter.rest() is None
+    splitter.feed(b"x" * 20)
+    assert splitter.rest() == bridge.OversizedLine(20, b"x" * 20, b"x" * 20)
