@@ -21,7 +21,8 @@ Sections, in dependency order (``grep -n '^# ====' mcp_server_code_execution_mod
     sandbox session      -> one container + kernel; SessionManager keeps it warm
     rendering            -> ExecutionOutcome -> text / TOON + structuredContent
     MCP server & tool    -> run_python; resources: the manual, memories, saved tools;
-                            principals (who calls, and what each caller owns)
+                            principals (who calls, and what each caller owns);
+                            the stdio transport (a reply to every message, 4 MiB cap)
     HTTP transport       -> /mcp behind bearer tokens, /health, uvicorn, signals
     command line         -> main(); the memory subcommand (list/get/delete/export); adopt; doctor
 """
@@ -33,6 +34,7 @@ import ast
 import base64
 import difflib
 import errno
+import fcntl
 import fnmatch
 import hashlib
 import hmac
@@ -76,6 +78,7 @@ import mcp_types as types
 import toon_format
 import uvicorn
 import uvicorn.protocols.http.h11_impl
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.client.session import ClientSession
 from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
@@ -85,9 +88,8 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, BearerAuth
 from mcp.server.auth.provider import AccessToken, TokenVerifier
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
-from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.server.transport_security import TransportSecuritySettings
+from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecuritySettings
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError as McpProtocolError
 from mcp.shared.message import SessionMessage
@@ -2604,6 +2606,10 @@ class LineSplitter:
         self._add(chunk[start:])
         return lines
 
+    def rest(self) -> bytes | OversizedLine | None:
+        """The last line, when the stream ended without a newline after it."""
+        return self._finish() if self._size or self._head is not None else None
+
     def _add(self, piece: bytes) -> None:
         self._size += len(piece)
         if self._head is None and self._size <= self.max_line:
@@ -2636,20 +2642,29 @@ _JSON_HEAD = re.compile(rb"\s*\{((?:" + _JSON_MEMBER + rb',)*)\s*"([^"\\]*)"\s*:
 _JSON_TAIL = re.compile(rb"((?:," + _JSON_MEMBER + rb")*)\}\s*$")
 
 
+def id_at_ends(head: bytes, tail: bytes) -> tuple[bytes | None, int | str | None]:
+    """For a JSON-RPC message read only at its two ends: the key of the first top-level
+    member that is not a simple value (None when `head` does not start a JSON object that
+    way), and the message's id when it was among the simple members kept at either end."""
+    opening = _JSON_HEAD.match(head)
+    if opening is None:
+        return None, None
+    closing = _JSON_TAIL.search(tail)
+    members = _JSON_MEMBER_PARTS.findall(opening.group(1) + (closing.group(1) if closing else b""))
+    for key, value in members:
+        if key == b"id":
+            found = json.loads(value)
+            if isinstance(found, int | str) and not isinstance(found, bool):
+                return opening.group(2), found
+    return opening.group(2), None
+
+
 def oversized_response_id(line: OversizedLine) -> int | str | None:
     """The id of the JSON-RPC response a discarded line carried (its "result" or
     "error" was the large member), or None when it is not a response or its id was not
     in the kept ends."""
-    head = _JSON_HEAD.match(line.head)
-    tail = _JSON_TAIL.search(line.tail)
-    if head is None or head.group(2) not in (b"result", b"error"):
-        return None
-    members = _JSON_MEMBER_PARTS.findall(head.group(1) + (tail.group(1) if tail else b""))
-    for key, value in members:
-        if key == b"id":
-            found = json.loads(value)
-            return found if isinstance(found, int | str) and not isinstance(found, bool) else None
-    return None
+    large, found = id_at_ends(line.head, line.tail)
+    return found if large in (b"result", b"error") else None
 
 
 class OversizedMessageError(Exception):
@@ -7106,15 +7121,19 @@ def build_server(
                         closing.start_soon(pool.aclose)
                 group.cancel_scope.cancel()
 
-    async def list_tools(ctx: ServerRequestContext[BridgeState], params: Any) -> types.ListToolsResult:
+    async def list_tools(
+        ctx: ServerRequestContext[BridgeState], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        page_start(params.cursor if params is not None else None)  # one page: a valid cursor lists it again
         return types.ListToolsResult(tools=[tool])
 
     async def call_tool(
         ctx: ServerRequestContext[BridgeState], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        if params.name != TOOL_NAME:
-            return render_error(
-                InvalidRequestError("Unknown tool %r; the only tool is run_python." % params.name)
+        if params.name != TOOL_NAME:  # a protocol error, as the MCP spec has it, not a tool result
+            raise McpProtocolError(
+                code=types.INVALID_PARAMS,
+                message="Unknown tool %s; the only tool is run_python." % ascii(params.name)[:80],
             )
         try:
             request = input_model.model_validate(params.arguments or {})
@@ -7169,6 +7188,12 @@ def build_server(
         return types.ListResourcesResult(
             resources=resources[start:end], next_cursor=str(end) if end < len(resources) else None
         )
+
+    async def list_resource_templates(
+        ctx: ServerRequestContext[BridgeState], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        page_start(params.cursor if params is not None else None)
+        return types.ListResourceTemplatesResult(resource_templates=[])  # every resource is listed
 
     async def read_resource(
         ctx: ServerRequestContext[BridgeState], params: types.ReadResourceRequestParams
@@ -7242,8 +7267,292 @@ def build_server(
         on_list_tools=list_tools,
         on_call_tool=call_tool,
         on_list_resources=list_resources,
+        on_list_resource_templates=list_resource_templates,
         on_read_resource=read_resource,
     )
+
+
+# --- stdio transport: a reply to every message ------------------------------------------
+# The SDK's stdio_server drops, without a word, every line its validator refuses (not
+# JSON, a batch, "jsonrpc": "1.0", an id or params of the wrong type, nesting past its
+# parser's 200 levels), so the client waits out its own timeout; and it holds a line of any
+# size whole (a 200 MB line took the bridge to 759 MB, and it stayed at 611 MB). This
+# transport answers such a line with the error JSON-RPC 2.0 prescribes and caps a line at
+# what HTTP accepts, discarding a longer one as it arrives (LineSplitter, above).
+
+STDIO_MAX_MESSAGE_BYTES = DEFAULT_MAX_REQUEST_BODY_SIZE  # 4 MiB, the SDK's cap on an HTTP request body
+MAX_MESSAGE_DEPTH = 200  # the nesting the SDK's JSON parser accepts, over HTTP as over stdio
+
+
+def client_line_item(
+    line: bytes | OversizedLine, cap: int = STDIO_MAX_MESSAGE_BYTES
+) -> SessionMessage | bytes | None:
+    """What one line from the stdio client becomes: a message for the server; the error
+    reply (JSON text) that JSON-RPC 2.0 requires for a line the server cannot take; or
+    nothing: a blank line, or an invalid notification or response (JSON-RPC answers
+    neither; they are logged)."""
+    if isinstance(line, OversizedLine):
+        large, request_id = id_at_ends(line.head, line.tail)
+        if large in (b"result", b"error"):
+            logger.warning(
+                "discarded a %d-byte response from the client, over the %d-byte cap", line.size, cap
+            )
+            return None
+        return jsonrpc_error_reply(
+            request_id,
+            types.INVALID_REQUEST,
+            "The message is %d bytes, over the bridge's cap of %d bytes on one message (the same as over "
+            "HTTP); it was discarded unread. Send less in one message: split the code over several "
+            "run_python calls, or have the code read large data from a file." % (line.size, cap),
+        )
+    if not line.strip():
+        return None
+    text = line.decode("utf-8", "replace")  # as the SDK reads it
+    refused: ValueError | None = None
+    try:
+        message = types.jsonrpc_message_adapter.validate_json(text, by_name=False)
+    except ValueError as exc:
+        refused = exc
+    else:
+        if not isinstance(message, types.JSONRPCNotification) or not _has_id(text):
+            return SessionMessage(message)
+        # A request whose id is of no type an id takes (null, a float, an object) passes
+        # the SDK's validator as a notification, which is never answered.
+    try:
+        value = json.loads(text)
+    except RecursionError:  # deeper than Python's own parser goes: the id is read from the head
+        return _too_deep_reply(id_at_ends(line[:_LINE_EDGE], line[-_LINE_EDGE:])[1])
+    except ValueError as exc:
+        return jsonrpc_error_reply(
+            None, types.PARSE_ERROR, "The line is not JSON (%s); send one JSON-RPC 2.0 object per line." % exc
+        )
+    return _invalid_message_reply(value, refused)
+
+
+def _has_id(text: str) -> bool:
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(value, dict) and "id" in value
+
+
+def jsonrpc_error_reply(request_id: int | str | None, code: int, message: str) -> bytes:
+    error = types.JSONRPCError(
+        jsonrpc="2.0", id=request_id, error=types.ErrorData(code=code, message=message)
+    )
+    return error.model_dump_json(by_alias=True, exclude_unset=True).encode()
+
+
+def _too_deep_reply(request_id: int | str | None) -> bytes:
+    return jsonrpc_error_reply(
+        request_id,
+        types.INVALID_PARAMS,
+        "The message nests more than %d levels deep, which the server does not accept. Send flatter "
+        "arguments (deeply nested data can travel as a JSON string that the code decodes)."
+        % MAX_MESSAGE_DEPTH,
+    )
+
+
+def _readable_id(value: object) -> int | str | None:
+    return value if isinstance(value, int | str) and not isinstance(value, bool) else None
+
+
+def _shown(value: object) -> str:
+    return clean_text(json.dumps(value))[:40]
+
+
+def json_depth(value: object, limit: int = MAX_MESSAGE_DEPTH) -> int:
+    """How deeply JSON data nests (a scalar 0, ``{}`` 1), without recursion; counting stops
+    past `limit`."""
+    deepest, stack = 0, [(value, 1)]
+    while stack and deepest <= limit:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return deepest
+
+
+def _invalid_message_reply(value: object, refused: ValueError | None) -> bytes | None:
+    """The error reply for JSON that is not a JSON-RPC message the SDK accepts (`refused`:
+    why its validator refused it, or None when it took a request for a notification)."""
+    if isinstance(value, list):
+        return _batch_reply(value)
+    if not isinstance(value, dict):
+        return jsonrpc_error_reply(
+            None, types.INVALID_REQUEST, "A JSON-RPC 2.0 message is a JSON object, not %s." % _shown(value)
+        )
+    problem = (
+        "%s: %s" % (type(refused).__name__, refused) if refused is not None else "an id of the wrong type"
+    )
+    if isinstance(refused, ValidationError) and refused.errors():
+        first = refused.errors(include_url=False, include_input=False)[0]
+        problem = "%s: %s" % (".".join(str(part) for part in first["loc"]) or "message", first["msg"])
+    problem = clean_text(problem)[:300]
+    if _is_notification(value) or _is_response(value):  # JSON-RPC never answers these
+        logger.warning("ignored an invalid message from the client (%s)", problem)
+        return None
+    request_id = _readable_id(value.get("id"))
+    version, method, params = value.get("jsonrpc"), value.get("method"), value.get("params")
+    code = types.INVALID_REQUEST
+    if json_depth(value) > MAX_MESSAGE_DEPTH:
+        return _too_deep_reply(request_id)
+    if version != "2.0":
+        message = 'The "jsonrpc" member must be "2.0"' + (
+            ", not %s." % _shown(version) if "jsonrpc" in value else "."
+        )
+    elif "id" in value and request_id is None:
+        message = 'A request\'s "id" must be a string or an integer, not %s.' % _shown(value["id"])
+    elif not isinstance(method, str):
+        message = 'A request needs a "method" string.'
+    elif "params" in value and not isinstance(params, dict):
+        # MCP's methods take named parameters; a list is valid JSON-RPC but wrong for them.
+        code = types.INVALID_PARAMS if isinstance(params, list) else types.INVALID_REQUEST
+        message = 'The "params" of %s must be an object, not %s.' % (_shown(method), _shown(params))
+    elif isinstance(refused, ValidationError) and any(e["type"] == "json_invalid" for e in refused.errors()):
+        return jsonrpc_error_reply(
+            None, types.PARSE_ERROR, "The server's JSON parser refused the line (%s)." % problem
+        )
+    else:
+        message = "The message is not a valid JSON-RPC 2.0 request (%s)." % problem
+    return jsonrpc_error_reply(request_id, code, message)
+
+
+def _is_notification(value: dict[str, Any]) -> bool:
+    return "id" not in value and value.get("jsonrpc") == "2.0" and isinstance(value.get("method"), str)
+
+
+def _is_response(value: dict[str, Any]) -> bool:
+    return "method" not in value and ("result" in value or "error" in value)
+
+
+def _batch_reply(items: list[Any]) -> bytes | None:
+    """A batch gets a batch of errors, one per request in it: MCP sends one message per
+    line (the 2025-06-18 protocol removed batching, and the SDK never read them)."""
+    message = (
+        "JSON-RPC batches are not supported: MCP sends each message on its own line. Send the %d messages "
+        "of this batch one per line." % len(items)
+    )
+    if not items:
+        return jsonrpc_error_reply(None, types.INVALID_REQUEST, "An empty batch is not a JSON-RPC request.")
+    replies = [
+        jsonrpc_error_reply(
+            _readable_id(item.get("id")) if isinstance(item, dict) else None, types.INVALID_REQUEST, message
+        )
+        for item in items
+        if not (isinstance(item, dict) and (_is_notification(item) or _is_response(item)))
+    ]
+    if not replies:  # only notifications and responses: JSON-RPC returns nothing at all
+        logger.warning("ignored a batch of %d notifications or responses from the client", len(items))
+        return None
+    return b"[" + b",".join(replies) + b"]"
+
+
+@contextmanager
+def claimed_stdio() -> Iterator[tuple[int, int]]:
+    """The client's pipes as private descriptors, while fd 0 reads /dev/null and fd 1
+    writes to stderr, as the SDK's stdio_server does: a child that inherits them, or a stray
+    print, never touches the wire. Restored on exit; the private descriptors stay open (a
+    reader thread may still be blocked on one)."""
+    wire_in = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)
+    wire_out = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3)
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        os.dup2(null, 0)
+        os.dup2(2, 1)
+    finally:
+        os.close(null)
+    try:
+        yield wire_in, wire_out
+    finally:
+        os.dup2(wire_in, 0)
+        os.dup2(wire_out, 1)
+
+
+class LineWriter:
+    """Whole lines to the client, one at a time: the server's messages and the transport's
+    own error replies share the pipe. Once the client has closed it, lines are dropped
+    (stdin's end then stops the server)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.lock = anyio.Lock()
+        self.closed = False
+
+    async def write_line(self, data: bytes) -> None:
+        async with self.lock:
+            if self.closed:
+                return
+            try:
+                await anyio.to_thread.run_sync(self._write_all, data + b"\n")
+            except OSError as exc:
+                logger.warning("the client's stdout pipe is closed (%s); no more replies can be sent", exc)
+                self.closed = True
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view) :]
+
+
+@asynccontextmanager
+async def stdio_transport(
+    cap: int = STDIO_MAX_MESSAGE_BYTES,
+) -> AsyncIterator[
+    tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
+]:
+    """The SDK's stdio_server with a reply to every message and a size cap: a line over
+    `cap` bytes is discarded as it arrives and answered with an error, so it is never held
+    whole; a line the SDK would drop gets its JSON-RPC error (client_line_item)."""
+    with claimed_stdio() as (wire_in, wire_out):
+        out = LineWriter(wire_out)
+        read_send, read_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+        write_send, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
+
+        async def deliver(line: bytes | OversizedLine) -> None:
+            if isinstance(line, bytes) and len(line) > DECODE_IN_THREAD_BYTES:
+                item = await anyio.to_thread.run_sync(client_line_item, line, cap)  # megabytes: off the loop
+            else:
+                item = client_line_item(line, cap)
+            if isinstance(item, SessionMessage):
+                await read_send.send(item)
+            elif item is not None:
+                await out.write_line(item)
+
+        async def read_stdin() -> None:
+            splitter = LineSplitter(cap)
+            with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                async with read_send:
+                    while True:
+                        try:
+                            chunk = await anyio.to_thread.run_sync(
+                                os.read, wire_in, _READ_CHUNK, abandon_on_cancel=True
+                            )
+                        except OSError as exc:
+                            logger.warning("reading the client's stdin failed (%s); stopping", exc)
+                            return
+                        if not chunk:
+                            break
+                        for line in splitter.feed(chunk):
+                            await deliver(line)
+                    last = splitter.rest()
+                    if last is not None:
+                        await deliver(last)
+
+        async def write_stdout() -> None:
+            async with write_receive:
+                async for message in write_receive:
+                    await out.write_line(
+                        message.message.model_dump_json(by_alias=True, exclude_unset=True).encode()
+                    )
+
+        async with anyio.create_task_group() as pipes:
+            pipes.start_soon(read_stdin)
+            pipes.start_soon(write_stdout)
+            yield read_receive, write_send
 
 
 async def serve(config: BridgeConfig, discovery: DiscoveryResult) -> None:
@@ -7251,7 +7560,7 @@ async def serve(config: BridgeConfig, discovery: DiscoveryResult) -> None:
     removes the sandbox either way."""
     managers: list[Principals] = []
     server = build_server(config, discovery, on_start=managers.append)
-    async with anyio.create_task_group() as group, stdio_server() as (read_stream, write_stream):
+    async with anyio.create_task_group() as group, stdio_transport() as (read_stream, write_stream):
         with anyio.CancelScope() as run_scope:
 
             async def stop_on_signal() -> None:
@@ -7267,9 +7576,9 @@ async def serve(config: BridgeConfig, discovery: DiscoveryResult) -> None:
             group.start_soon(stop_on_signal)
             await server.run(read_stream, write_stream, server.create_initialization_options())
         if run_scope.cancelled_caught:
-            # The lifespan inside server.run has removed the sandbox, but the SDK's stdin
-            # reader is a worker thread blocked in read(), which leaving stdio_server()
-            # would wait for until the client writes or closes stdin.
+            # The lifespan inside server.run has removed the sandbox, but the stdin reader
+            # is a worker thread blocked in read(), which the interpreter's exit would wait
+            # for until the client writes or closes stdin.
             logging.shutdown()
             os._exit(0)
         group.cancel_scope.cancel()

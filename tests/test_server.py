@@ -9,6 +9,7 @@ from typing import Any
 import mcp_types as types
 import pytest
 from mcp import Client
+from mcp.shared.exceptions import MCPError as McpProtocolError
 
 import mcp_server_code_execution_mode as bridge
 
@@ -46,7 +47,23 @@ async def test_unknown_tool_and_bad_arguments_are_explained(tmp_path: Path) -> N
         bridge.BridgeConfig(state_dir=tmp_path, prewarm=False), no_servers(), no_runtime
     )
     async with Client(server) as client:
-        unknown = await client.call_tool("run_java", {"code": "1"})
-        assert unknown.is_error and "the only tool is run_python" in str(unknown.content)
+        with pytest.raises(McpProtocolError) as unknown:  # a protocol error, not a tool result
+            await client.call_tool("run_java", {"code": "1"})
+        assert unknown.value.error.code == types.INVALID_PARAMS
+        assert "the only tool is run_python" in unknown.value.error.message
         extra = await client.call_tool("run_python", {"code": "1", "shell": True})
         assert extra.is_error and "shell" in str(extra.content)
+
+
+async def test_listings_answer_as_the_protocol_has_them(tmp_path: Path) -> None:
+    """resources/templates/list answers (an empty list) rather than -32601, and tools/list
+    refuses a cursor it never gave out as resources/list does."""
+    server = bridge.build_server(bridge.BridgeConfig(state_dir=tmp_path, prewarm=False), no_servers())
+    async with Client(server) as client:
+        assert (await client.list_resource_templates()).resource_templates == []
+        for listing in (client.list_tools, client.list_resources):
+            with pytest.raises(McpProtocolError) as refused:
+                await listing(cursor="zz")
+            assert refused.value.error.code == types.INVALID_PARAMS
+            assert refused.value.error.message == "Invalid cursor 'zz'; list again without one."
+        assert [tool.name for tool in (await client.list_tools(cursor="0")).tools] == ["run_python"]

@@ -1,0 +1,239 @@
+"""The stdio transport as a client's bytes meet it: raw lines into a real bridge
+process's stdin, raw lines read from its stdout. Every request gets a reply, malformed
+or not (JSON-RPC 2.0), a line over the cap is discarded as it arrives, and the bridge
+goes on serving."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mcp_server_code_execution_mode as bridge
+from tests.conftest import Engine, bridge_env, console_script
+
+ONE_RUNTIME = True  # the transport is the host's; the container only proves the bridge goes on
+
+REPLY_DEADLINE = 10.0  # seconds: only to tell "no reply" from a reply, never a speed check
+
+
+class RawBridge:
+    """The installed console script on pipes, spoken to in raw JSON-RPC lines."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self.process = process
+        self.pending = b""
+
+    def send(self, line: bytes) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + b"\n")
+        self.process.stdin.flush()
+
+    def send_message(self, message: dict[str, Any]) -> None:
+        self.send(json.dumps(message).encode())
+
+    def read_line(self, deadline: float = REPLY_DEADLINE) -> bytes | None:
+        """The next line the bridge writes, or None if none comes within `deadline`."""
+        assert self.process.stdout is not None
+        fd = self.process.stdout.fileno()
+        end = time.monotonic() + deadline
+        while b"\n" not in self.pending:
+            left = end - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return line
+
+    def reply(self, deadline: float = REPLY_DEADLINE) -> Any:
+        line = self.read_line(deadline)
+        assert line is not None, "no reply within %g s" % deadline
+        return json.loads(line)
+
+    def reply_to(self, request_id: int | str, deadline: float) -> dict[str, Any]:
+        """The response to `request_id`, past any notification the bridge sends first."""
+        end = time.monotonic() + deadline
+        while True:
+            message = self.reply(max(0.1, end - time.monotonic()))
+            if isinstance(message, dict) and message.get("id") == request_id:
+                return message
+
+    def peak_memory_kib(self) -> int:
+        for line in Path("/proc/%d/status" % self.process.pid).read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+        raise AssertionError("no VmHWM in /proc/%d/status" % self.process.pid)
+
+
+@contextmanager
+def raw_bridge(env: dict[str, str], cwd: Path) -> Iterator[RawBridge]:
+    process = subprocess.Popen(
+        [console_script()], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=cwd
+    )
+    raw = RawBridge(process)
+    try:
+        raw.send_message(
+            {
+                "jsonrpc": "2.0",
+                "id": 0,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "raw", "version": "1"},
+                },
+            }
+        )
+        assert "result" in raw.reply_to(0, 60)
+        raw.send_message({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        yield raw
+    finally:
+        assert process.stdin is not None
+        process.stdin.close()  # EOF: the bridge removes its sandbox and exits
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise
+
+
+def nested(levels: int) -> dict[str, Any]:
+    value: dict[str, Any] = {"code": "1"}
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+def tool_call(request_id: int | str, arguments: Any) -> bytes:
+    params = {"name": "run_python", "arguments": arguments}
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}).encode()
+
+
+BIG_CODE = "x = 1\n" * (5 * 1024 * 1024 // 6 + 1)  # over the 4 MiB cap
+# (what the line is, its bytes, the error code and the id its reply must carry)
+MALFORMED: list[tuple[str, bytes, int, int | str | None]] = [
+    ("not JSON", b'{"jsonrpc": "2.0", "id": 1, "method": ', -32700, None),
+    ("not an object", b"42", -32600, None),
+    ("a string", b'"ping"', -32600, None),
+    ("an empty batch", b"[]", -32600, None),
+    ("JSON-RPC 1.0", b'{"jsonrpc": "1.0", "id": 2, "method": "ping"}', -32600, 2),
+    ("no jsonrpc member", b'{"id": 3, "method": "ping"}', -32600, 3),
+    ("a float id", b'{"jsonrpc": "2.0", "id": 1.5, "method": "ping"}', -32600, None),
+    ("an object id", b'{"jsonrpc": "2.0", "id": {"n": 1}, "method": "ping"}', -32600, None),
+    ("a null id", b'{"jsonrpc": "2.0", "id": null, "method": "ping"}', -32600, None),
+    ("a boolean id", b'{"jsonrpc": "2.0", "id": true, "method": "ping"}', -32600, None),
+    ("a method that is no string", b'{"jsonrpc": "2.0", "id": 4, "method": 7}', -32600, 4),
+    ("params as a list", b'{"jsonrpc": "2.0", "id": 5, "method": "tools/list", "params": [1]}', -32602, 5),
+    (
+        "params as a string",
+        b'{"jsonrpc": "2.0", "id": "s", "method": "tools/call", "params": 1}',
+        -32600,
+        "s",
+    ),
+    ("arguments 250 levels deep", tool_call(6, nested(250)), -32602, 6),
+    (
+        "arguments 10**5 levels deep",
+        tool_call(7, {"a": "D"}).replace(b'"D"', b"[" * 10**5 + b"]" * 10**5),
+        -32602,
+        7,
+    ),
+    ("a line over the cap", tool_call("big", {"code": BIG_CODE}), -32600, "big"),
+    ("an unknown tool", b'{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"no"}}', -32602, 8),
+    (
+        "a cursor never given",
+        b'{"jsonrpc":"2.0","id":9,"method":"tools/list","params":{"cursor":"z"}}',
+        -32602,
+        9,
+    ),
+]
+
+
+def test_every_malformed_message_gets_its_error_and_the_bridge_goes_on(
+    engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    env = bridge_env(engine, state_dir, HOME=str(tmp_path))
+    with raw_bridge(env, tmp_path) as raw:
+        for name, line, code, request_id in MALFORMED:
+            raw.send(line)
+            reply = raw.reply()
+            assert isinstance(reply, dict), "%s: %r" % (name, reply)
+            assert reply["jsonrpc"] == "2.0" and "result" not in reply, "%s: %r" % (name, reply)
+            assert (reply["error"]["code"], reply["id"]) == (code, request_id), "%s: %r" % (name, reply)
+            assert reply["error"]["message"], name
+
+        raw.send(b'[{"jsonrpc": "2.0", "id": 10, "method": "ping"}, 5, {"jsonrpc": "2.0", "method": "x"}]')
+        batch = raw.reply()  # a batch of errors: one per request (a notification gets none)
+        assert [(item["id"], item["error"]["code"]) for item in batch] == [(10, -32600), (None, -32600)]
+        assert "one per line" in batch[0]["error"]["message"]
+
+        raw.send(b'{"jsonrpc": "2.0", "id": 11, "method": "resources/templates/list"}')
+        assert raw.reply() == {"jsonrpc": "2.0", "id": 11, "result": {"resourceTemplates": []}}
+
+        raw.send(b"")  # a blank line, an invalid notification and a stray response answer nothing
+        raw.send(b'{"jsonrpc": "2.0", "method": "notifications/x", "params": [1]}')
+        raw.send(b'{"jsonrpc": "2.0", "id": 999, "result": {}}')
+        raw.send(tool_call(12, {"code": "6 * 7"}))
+        result = raw.reply_to(12, 180)["result"]
+        assert not result.get("isError") and "42" in json.dumps(result)
+
+
+def test_a_line_over_the_cap_is_never_held_whole(state_dir: Path, tmp_path: Path) -> None:
+    """64 MB on one line: discarded as it streams in (the bridge's peak memory grows by
+    far less than the line), its request answered with the cap, and the bridge goes on."""
+    env = bridge_env(None, state_dir, HOME=str(tmp_path), MCP_BRIDGE_PREWARM="0")
+    with raw_bridge(env, tmp_path) as raw:
+        before = raw.peak_memory_kib()
+        raw.send(tool_call(1, {"code": "#" + "x" * (64 * 1024 * 1024)}))
+        reply = raw.reply(60)
+        assert (reply["id"], reply["error"]["code"]) == (1, -32600)
+        assert (
+            "over the bridge's cap of %d bytes" % bridge.STDIO_MAX_MESSAGE_BYTES in reply["error"]["message"]
+        )
+        assert raw.peak_memory_kib() - before < 32 * 1024
+        raw.send(b'{"jsonrpc": "2.0", "id": 2, "method": "ping"}')
+        assert raw.reply() == {"jsonrpc": "2.0", "id": 2, "result": {}}
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"   ",
+        b'{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": "x"}',
+        b'{"jsonrpc": "2.0", "id": 3, "result": 5, "error": 5}',
+        b'[{"jsonrpc": "2.0", "method": "notifications/initialized"}]',
+    ],
+)
+def test_what_json_rpc_never_answers_gets_no_reply(line: bytes) -> None:
+    assert bridge.client_line_item(line) is None
+
+
+def test_a_discarded_line_is_answered_with_the_id_at_its_head() -> None:
+    request = bridge.OversizedLine(
+        10**9, b'{"jsonrpc":"2.0","id":"a1","method":"tools/call","params":{"x', b'"}}'
+    )
+    reply = json.loads(bridge.client_line_item(request, 4096) or b"")  # type: ignore[arg-type]
+    assert (reply["id"], reply["error"]["code"]) == ("a1", -32600)
+    assert "1000000000 bytes, over the bridge's cap of 4096 bytes" in reply["error"]["message"]
+    response = bridge.OversizedLine(10**9, b'{"jsonrpc":"2.0","id":4,"result":{"x', b'"}}')
+    assert bridge.client_line_item(response, 4096) is None  # a response is never answered
+
+
+def test_the_last_line_counts_without_a_newline_after_it() -> None:
+    splitter = bridge.LineSplitter(8)
+    assert splitter.feed(b'1\n{"a"') == [b"1"]
+    assert splitter.rest() == b'{"a"'
+    assert splitter.rest() is None
+    splitter.feed(b"x" * 20)
+    assert splitter.rest() == bridge.OversizedLine(20, b"x" * 20, b"x" * 20)
