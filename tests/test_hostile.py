@@ -629,8 +629,10 @@ async def test_stdin_eof_exits_promptly_with_many_servers_configured(
         assert len(servers) == int(started), servers
         exit_seconds = await client.close_stdin()
     # Each never-started server used to add a 10 s wait; a started one is stopped
-    # (stdin closed, then SIGTERM, SIGKILL) within the same 2 s.
-    assert exit_seconds < 2, exit_seconds
+    # (stdin closed, then SIGTERM, SIGKILL) within 2 s. Measured 0.4 s on an idle machine,
+    # up to 3.9 s under load (mostly the interpreter's own shutdown): the bound is below
+    # one such wait, not a speed target.
+    assert exit_seconds < 8, exit_seconds
     assert not [pid for pid in servers if Path("/proc/%d" % pid).exists()], servers
     assert engine.containers(running_only=False, owner_pid=owner) == []
 
@@ -648,7 +650,7 @@ async def test_stdin_eof_mid_call_answers_the_call_and_exits_promptly_leaving_no
         answer = await client.answer(2)
     # The client learns the call is over (the MCP SDK answers "Connection closed").
     assert "error" in answer or answer["result"]["isError"], answer
-    assert exit_seconds < 2, exit_seconds
+    assert exit_seconds < 8, exit_seconds  # not the call's 60 s, nor a client's SIGTERM (none is sent)
     assert engine.containers(running_only=False, owner_pid=owner) == []
 
 
