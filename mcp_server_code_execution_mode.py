@@ -67,7 +67,7 @@ from difflib import SequenceMatcher
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, NoReturn
 
 import anyio
 import anyio.abc
@@ -299,32 +299,32 @@ class ConfigError(Exception):
     """A bad setting; the message names the variable and the accepted values."""
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError("must be a positive number")
+def _number(text: str, kind: Callable[[str], float], expected: str, valid: Callable[[float], bool]) -> Any:
+    """``text`` as ``kind`` when ``valid``; else a ValueError saying what is expected
+    (float()'s own "could not convert string to float" says only what is wrong)."""
+    try:
+        value = kind(text.replace("_", "") if kind is int else text)
+    except ValueError:
+        raise ValueError("must be " + expected) from None
+    if not (math.isfinite(value) and valid(value)):
+        raise ValueError("must be " + expected)
     return value
+
+
+def _positive_float(text: str) -> float:
+    return float(_number(text, float, "a positive number such as 30 or 0.5", lambda value: value > 0))
 
 
 def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError("must be zero or a positive number")
-    return value
+    return float(_number(text, float, "zero or a positive number such as 30", lambda value: value >= 0))
 
 
 def _positive_int(text: str) -> int:
-    value = int(text.replace("_", ""))
-    if value <= 0:
-        raise ValueError("must be a positive whole number")
-    return value
+    return int(_number(text, int, "a positive whole number such as 128", lambda value: value > 0))
 
 
 def _port(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= 65535:
-        raise ValueError("must be a port number, 1-65535")
-    return value
+    return int(_number(text, int, "a port number, 1-65535", lambda value: 1 <= value <= 65535))
 
 
 def _boolean(text: str) -> bool:
@@ -729,9 +729,20 @@ class _LineHelpFormatter(argparse.HelpFormatter):
         return "\n".join(lines)
 
 
+class _ConfigArgumentParser(argparse.ArgumentParser):
+    """A command line argparse cannot read (an unknown flag, a flag without its value) is
+    a ConfigError like a bad value, not argparse's usage-and-exit: started by an MCP client,
+    the bridge answers with it (see main()). --help and --version still exit 0."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(
+            "the command line is invalid: %s; `%s --help` lists the flags" % (message, self.prog)
+        )
+
+
 def build_arg_parser() -> argparse.ArgumentParser:
     defaults = BridgeConfig()
-    parser = argparse.ArgumentParser(
+    parser = _ConfigArgumentParser(
         prog=SERVER_NAME,
         description="MCP server (stdio, or streamable HTTP with --transport http) with one tool, "
         "run_python, that runs code in a persistent, hardened Podman/Docker sandbox. Each option can "
@@ -865,6 +876,10 @@ class SandboxStartError(BridgeError):
 
 class InvalidRequestError(BridgeError):
     """The model's arguments to run_python are unusable."""
+
+
+class ConfigurationUnusableError(BridgeError):
+    """The bridge's own settings are invalid: run_python cannot run anything (see main())."""
 
 
 class ShuttingDownError(BridgeError):
@@ -7255,6 +7270,69 @@ async def serve(config: BridgeConfig, discovery: DiscoveryResult) -> None:
         group.cancel_scope.cancel()
 
 
+# --- misconfigured: a bad setting, told to the model -------------------------------------
+# An MCP client shows the user neither the server's stderr nor its exit status ("Connection
+# closed"), so over stdio a bad setting does not end the bridge: it serves run_python (same
+# name, same schema) whose every call answers with the setting's error, for the model to
+# tell the user. It starts no container and no MCP server.
+
+
+def misconfigured_message(problem: str) -> str:
+    """What every run_python call answers when the bridge could not read its settings."""
+    return (
+        "run_python is unavailable: %s could not start its sandbox because of its settings, so no code "
+        "was run. The problem: %s. The user must fix it where the MCP client starts this server (the "
+        '"env" or "args" of its entry in the client\'s MCP configuration: change the value, or remove '
+        "it to use the default), then restart the server or the client. Tell the user this message."
+        % (SERVER_NAME, problem.rstrip("."))
+    )
+
+
+def build_misconfigured_server(problem: str) -> Server[Any]:
+    """The MCP server a bad setting leaves: run_python and the manual, each saying what is wrong."""
+    message = misconfigured_message(problem)
+    tool = run_python_tool(BridgeConfig())  # the default schema: the client lists the tool as usual
+
+    async def list_tools(ctx: ServerRequestContext[Any], params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[tool])
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        return render_error(ConfigurationUnusableError(message))
+
+    async def list_resources(ctx: ServerRequestContext[Any], params: Any) -> types.ListResourcesResult:
+        return types.ListResourcesResult(resources=[CAPABILITIES_RESOURCE])
+
+    async def read_resource(
+        ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        uri = str(params.uri)
+        if uri != CAPABILITIES_URI:
+            raise resource_error(types.INVALID_PARAMS, uri, message)
+        text = "**%s**\n\n%s" % (message, CAPABILITIES_MANUAL)
+        return types.ReadResourceResult(
+            contents=[types.TextResourceContents(uri=uri, mime_type="text/markdown", text=text)]
+        )
+
+    return Server(
+        SERVER_NAME,
+        version=__version__,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        on_list_resources=list_resources,
+        on_read_resource=read_resource,
+    )
+
+
+async def serve_misconfigured(problem: str) -> None:
+    """Serve the misconfigured server on stdio until stdin closes (a stop signal ends the
+    process: there is nothing to clean up)."""
+    server = build_misconfigured_server(problem)
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
 # =============================================================================
 # HTTP transport
 # =============================================================================
@@ -9071,6 +9149,30 @@ def configured_servers(config: BridgeConfig, environ: Mapping[str, str]) -> Disc
     return replace(discovery, problems=(*discovery.problems, *policy_problems(config, discovery.servers)))
 
 
+def requested_transport(argv: Sequence[str], environ: Mapping[str, str]) -> str:
+    """The transport the command line or MCP_BRIDGE_TRANSPORT asks for, as written (read
+    without argparse: it serves when the rest of the settings cannot be read)."""
+    flag = next(option.flag for option in OPTIONS if option.field == "transport")
+    for index, arg in enumerate(argv):
+        if arg == flag and index + 1 < len(argv):
+            return argv[index + 1]
+        if arg.startswith(flag + "="):
+            return arg[len(flag) + 1 :]
+    return environ.get("MCP_BRIDGE_TRANSPORT") or BridgeConfig().transport
+
+
+def started_by_stdio_client(argv: Sequence[str], environ: Mapping[str, str], stdin: Any) -> bool:
+    """Whether a bad setting is answered over stdio (the misconfigured server) rather than
+    by exit status 2 alone: the stdio transport, and a stdin that is no terminal (a person
+    at a terminal reads the error line). HTTP exits: a network service fails loudly, and a
+    bad transport value names no transport to serve."""
+    try:
+        terminal = stdin is None or stdin.isatty()
+    except (AttributeError, OSError, ValueError):  # closed, or replaced by something odd
+        terminal = True
+    return not terminal and requested_transport(argv, environ) == "stdio"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == [MEMORY_COMMAND]:
@@ -9087,6 +9189,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config(args, os.environ)
     except ConfigError as exc:
         print("%s: %s" % (SERVER_NAME, exc), file=sys.stderr)
+        if not started_by_stdio_client(args, os.environ, sys.stdin):
+            return 2
+        # A client shows neither stderr nor the exit status: the model hears of it instead.
+        with suppress(KeyboardInterrupt):
+            anyio.run(serve_misconfigured, str(exc))
         return 2
     logging.basicConfig(
         level=config.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
