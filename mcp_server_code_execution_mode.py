@@ -1931,6 +1931,9 @@ class DiscoveryResult:
     problems: tuple[str, ...]  # "<file>: <what is wrong>", one per line
     sources: tuple[str, ...]  # labels of the files that exist and were read, lowest precedence first
     untrusted: tuple[str, ...] = ()  # names of project servers found but not trusted (not started)
+    # The problems (each also in `problems`) of config files that could not be used at all:
+    # every server they configure is missing, so the sandbox and the model are told.
+    unusable: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -2429,6 +2432,7 @@ def discover_servers(
     files are read as `project_servers` says (see the table above)."""
     chosen: dict[str, tuple[ServerSpec | None, list[str]]] = {}
     problems: list[str] = []
+    unusable: list[str] = []  # also in problems
     read: list[str] = []
     untrusted: list[str] = []
     editor = editor_variables(home, cwd)
@@ -2449,6 +2453,10 @@ def discover_servers(
             return document_of(path, "json")
         return None
 
+    def cannot_use(problem: str) -> None:
+        problems.append(problem)
+        unusable.append(problem)
+
     approvals: ClaudeCodeApprovals | None = None
     for source in config_sources(home, cwd, platform, environ, state_dir, explicit, clients):
         if source.project and project_servers == "none":
@@ -2457,21 +2465,21 @@ def discover_servers(
             document = document_of(source.path, source.format)
         except (FileNotFoundError, NotADirectoryError):
             if source.required:
-                problems.append("%s: the file does not exist" % source.path)
+                cannot_use("%s: the file does not exist" % source.path)
             continue
         except (OSError, ValueError) as exc:
             read.append(source.label)
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            problems.append("%s: cannot be used: %s" % (source.path, reason))
+            cannot_use("%s: cannot be used: %s" % (source.path, reason))
             continue
         read.append(source.label)
         try:
             table = _server_table(document, source)
         except ValueError as exc:
-            problems.append("%s: cannot be used: %s" % (source.label, exc))
+            cannot_use("%s: cannot be used: %s" % (source.label, exc))
             continue
         if table is None and source.required:
-            problems.append("%s: has no mcpServers or servers table" % source.label)
+            cannot_use("%s: has no mcpServers or servers table" % source.label)
         for name, entry in (table or {}).items():
             if (
                 source.project
@@ -2500,7 +2508,19 @@ def discover_servers(
         tuple(dict.fromkeys(problems)),
         tuple(dict.fromkeys(read)),
         tuple(dict.fromkeys(untrusted)),
+        tuple(dict.fromkeys(unusable)),
     )
+
+
+def unusable_config_notices(discovery: DiscoveryResult) -> list[str]:
+    """What the first result of each sandbox says of each config file that could not be
+    used: its servers are missing, and only the user can fix the file."""
+    return [
+        "An MCP server configuration file could not be used, so the servers it configures are missing: "
+        "%s. Tell the user: once the file is fixed, restart this MCP server (or the client) to read it."
+        % problem
+        for problem in discovery.unusable
+    ]
 
 
 # =============================================================================
@@ -3061,7 +3081,11 @@ class ClientPool:
         client = self.clients.get(alias)
         if client is None:
             known = ", ".join(sorted(self.clients)) or "(none configured)"
-            raise ProxyError("Unknown MCP server %r. Available servers: %s." % (alias, known))
+            unusable = "".join(
+                " A configuration file could not be used, so its servers are missing: %s." % problem
+                for problem in self.discovery.unusable
+            )
+            raise ProxyError("Unknown MCP server %r. Available servers: %s.%s" % (alias, known, unusable))
         return client
 
     def drain_notices(self) -> list[str]:
@@ -4852,6 +4876,7 @@ SIGKILL_EXIT = 128 + signal.SIGKILL
 # How long after the grace period the supervisor has to kill the code and start a fresh
 # executor before the bridge gives up on it and removes the container.
 SUPERVISOR_MARGIN = 5.0
+MAX_CONFIG_PROBLEMS = 20  # unusable config files named to the kernel (a line each)
 
 
 @dataclass
@@ -5126,6 +5151,8 @@ class SandboxSession:
             "memory": self.config.memory,  # named when the out-of-memory killer strikes
             "workdir": WORKDIR,
             "servers": self.host.server_list(),
+            # Named by runtime.discovered_servers() and by the error for an unknown mcp_<alias>.
+            "config_problems": list(self.host.pool.discovery.unusable[:MAX_CONFIG_PROBLEMS]),
             "saved_tools": True,  # the executor asks for them before its first call
         }
 
@@ -5846,6 +5873,7 @@ class SessionManager:
                 )
                 self.lost_reason = None
             notices.extend(runtime.warnings)
+            notices.extend(unusable_config_notices(self.host.pool.discovery))
             warning = workspace_warning(self.config)
             if warning:
                 notices.append(warning)
