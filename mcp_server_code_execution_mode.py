@@ -21,7 +21,8 @@ Sections, in dependency order (``grep -n '^# ====' mcp_server_code_execution_mod
     sandbox session      -> one container + kernel; SessionManager keeps it warm
     rendering            -> ExecutionOutcome -> text / TOON + structuredContent
     MCP server & tool    -> run_python; resources: the manual, memories, saved tools;
-                            principals (who calls, and what each caller owns)
+                            principals (who calls, and what each caller owns); the
+                            misconfigured server (a bad setting, answered over stdio)
     HTTP transport       -> /mcp behind bearer tokens, /health, uvicorn, signals
     command line         -> main(); the memory subcommand (list/get/delete/export); adopt; doctor
 """
