@@ -2317,12 +2317,13 @@ def explain_missing_server(exc: BaseException, servers: list[dict[str, str]], pr
     """Complete the message of Python's error for a server that is not here (in place:
     the type and the traceback stay as they are)."""
     alias = missing_server_alias(exc)
-    if alias is None or alias in {server["alias"] for server in servers}:
-        return
+    if alias is None or alias in {server["alias"] for server in servers} or hasattr(exc, "_mcp_explained"):
+        return  # not about a missing server, or completed already (code may raise it again)
     message = "%s. %s" % (str(exc).rstrip("."), unknown_server_message(alias, servers, problems))
     if isinstance(exc, ImportError):
         exc.msg = message  # what str() of an ImportError shows
     exc.args = (message,)
+    exc._mcp_explained = True  # type: ignore[attr-defined]
 
 
 def install_sandbox_api(

@@ -593,10 +593,14 @@ def test_a_workspace_that_holds_the_state_directory_is_refused(tmp_path: Path) -
 
 @asynccontextmanager
 async def stdio_session(env: dict[str, str], args: Sequence[str] = ()) -> AsyncIterator[ClientSession]:
-    """bridge_client with command-line arguments too."""
+    """bridge_client with command-line arguments too; the bridge introduces itself as usual."""
     params = StdioServerParameters(command=console_script(), args=list(args), env=env)
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-        await session.initialize()
+        initialized = await session.initialize()
+        assert (initialized.server_info.name, initialized.server_info.version) == (
+            bridge.SERVER_NAME,
+            bridge.__version__,
+        )
         yield session
 
 

@@ -1124,6 +1124,9 @@ def test_explain_missing_server_completes_the_message_and_keeps_type_and_traceba
         "MCP server (or the client) to read it. runtime.discovered_servers(detailed=True) shows where each "
         "server came from."
     )
+    explained = str(exc)
+    mcp_sandbox_kernel.explain_missing_server(exc, servers, [])  # raised again by a later cell
+    assert str(exc) == explained
     known = raised_by("mcp_time")  # a server that is there, but not defined in this namespace
     mcp_sandbox_kernel.explain_missing_server(known, servers, [])
     assert str(known) == "name 'mcp_time' is not defined"
