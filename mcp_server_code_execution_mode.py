@@ -9179,15 +9179,20 @@ def configured_servers(config: BridgeConfig, environ: Mapping[str, str]) -> Disc
 
 
 def requested_transport(argv: Sequence[str], environ: Mapping[str, str]) -> str:
-    """The transport the command line or MCP_BRIDGE_TRANSPORT asks for, as written (read
-    without argparse: it serves when the rest of the settings cannot be read)."""
-    flag = next(option.flag for option in OPTIONS if option.field == "transport")
-    for index, arg in enumerate(argv):
-        if arg == flag and index + 1 < len(argv):
-            return argv[index + 1]
-        if arg.startswith(flag + "="):
-            return arg[len(flag) + 1 :]
-    return environ.get("MCP_BRIDGE_TRANSPORT") or BridgeConfig().transport
+    """The transport the command line or MCP_BRIDGE_TRANSPORT asks for, as written, when
+    the other settings cannot be read: unknown flags are passed over, and a command line
+    argparse cannot read at all is searched for the flag itself."""
+    flag = next(option for option in OPTIONS if option.field == "transport")
+    try:
+        written = build_arg_parser().parse_known_args(list(argv))[0].transport
+    except ConfigError:  # e.g. a flag without its value
+        written = None
+        for index, arg in enumerate(argv):
+            if arg == flag.flag and index + 1 < len(argv):
+                written = argv[index + 1]
+            elif arg.startswith(flag.flag + "="):
+                written = arg[len(flag.flag) + 1 :]
+    return written or environ.get(flag.env) or BridgeConfig().transport
 
 
 def started_by_stdio_client(argv: Sequence[str], environ: Mapping[str, str], stdin: Any) -> bool:

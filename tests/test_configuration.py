@@ -411,6 +411,8 @@ def test_a_command_line_argparse_cannot_read_is_a_config_error(argv: list[str], 
         ([], {"MCP_BRIDGE_TRANSPORT": "http"}, "http"),
         (["--transport", "stdio"], {"MCP_BRIDGE_TRANSPORT": "http"}, "stdio"),  # the flag wins
         ([], {"MCP_BRIDGE_TRANSPORT": "htp"}, "htp"),
+        (["--trans", "http", "--memroy", "1g"], {}, "http"),  # argparse's abbreviation; an unknown flag
+        (["--transport", "http", "--memory"], {}, "http"),  # a flag without its value
     ],
 )
 def test_requested_transport_is_read_without_the_other_settings(
