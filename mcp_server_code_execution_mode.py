@@ -307,7 +307,7 @@ def _number(text: str, kind: Callable[[str], float], expected: str, valid: Calla
         value = kind(text.replace("_", "") if kind is int else text)
     except ValueError:
         raise ValueError("must be " + expected) from None
-    if not (math.isfinite(value) and valid(value)):
+    if (isinstance(value, float) and not math.isfinite(value)) or not valid(value):
         raise ValueError("must be " + expected)
     return value
 

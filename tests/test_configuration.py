@@ -378,6 +378,7 @@ def test_main_with_bad_flag_value_returns_2_and_names_the_flag(
         ("MCP_BRIDGE_PIDS", "many", "must be a positive whole number such as 128"),
         ("MCP_BRIDGE_PORT", "http", "must be a port number, 1-65535"),
         ("MCP_BRIDGE_CPUS", "inf", "must be a positive number such as 30 or 0.5"),
+        ("MCP_BRIDGE_PIDS", "-" + "9" * 400, "must be a positive whole number such as 128"),  # no float
     ],
 )
 def test_a_number_that_does_not_parse_says_what_is_expected(variable: str, raw: str, expected: str) -> None:
