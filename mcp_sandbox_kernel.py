@@ -1628,10 +1628,17 @@ class SandboxRuntime:
     MCPToolError = MCPToolError
     ToolImage = ToolImage
 
-    def __init__(self, requests: HostRequests, servers: list[dict[str, str]], images: ImageCollector) -> None:
+    def __init__(
+        self,
+        requests: HostRequests,
+        servers: list[dict[str, str]],
+        images: ImageCollector,
+        problems: list[str] | None = None,
+    ) -> None:
         self._requests = requests
         self._servers = servers
         self._images = images
+        self._problems = problems or []  # config files the bridge could not use
 
     # --- images: shown to the client after the text --------------------------------------
     def display(self, *values: Any) -> None:
@@ -1666,7 +1673,14 @@ class SandboxRuntime:
     @deferrable
     def discovered_servers(self, detailed: bool = False) -> Any:
         """Configured servers (none is started by this): aliases, or dicts with details."""
-        return self._host("discovered_servers", {"detailed": detailed}, "runtime.discovered_servers()")
+        params, label = {"detailed": detailed}, "runtime.discovered_servers()"
+        if detailed:  # the details carry every configuration problem
+            return self._host("discovered_servers", params, label)
+        return self._host("discovered_servers", params, label, self._aliases)
+
+    def _aliases(self, aliases: list[str]) -> list[str]:
+        """Aliases as a list that also prints the config files that could not be used, if any."""
+        return ServerAliases(aliases, self._problems) if self._problems else aliases
 
     @deferrable
     def list_servers(self) -> Any:
@@ -1674,9 +1688,11 @@ class SandboxRuntime:
         aliases = [server["alias"] for server in self._servers]
 
         async def run_async() -> Any:
-            return list(aliases)
+            return self._aliases(list(aliases))
 
-        return self._now_or_deferred(lambda: list(aliases), run_async, "runtime.list_servers()")
+        return self._now_or_deferred(
+            lambda: self._aliases(list(aliases)), run_async, "runtime.list_servers()"
+        )
 
     @deferrable
     def list_tools(self, server: str) -> Any:
@@ -2231,18 +2247,100 @@ def tool_doc_text(docs: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# --- servers that are not here: said where the name fails ----------------------------------
+# A config file the bridge could not use leaves its servers out, and the model meets that
+# as a NameError for ``mcp_time``. The error it sees names the servers there are and the
+# files that could not be used. A bare name cannot be hooked (a module's globals are a
+# plain dict), so the executor completes the message of the NameError (or ImportError)
+# itself, keeping its type and traceback: see explain_missing_server.
+
+
+class ServerAliases(list):  # type: ignore[type-arg]
+    """Server aliases (runtime.discovered_servers(), runtime.list_servers()) when config
+    files could not be used: a list that prints with them, since their servers are missing."""
+
+    def __init__(self, aliases: Iterable[str], problems: list[str]) -> None:
+        super().__init__(aliases)
+        self.problems = problems
+
+    def __repr__(self) -> str:
+        lines = [list.__repr__(self), "# Servers are missing: a configuration file could not be used:"]
+        return "\n".join(lines + ["#   " + problem for problem in self.problems])
+
+
+def unknown_server_message(alias: str, servers: list[dict[str, str]], problems: list[str]) -> str:
+    """Why ``mcp_<alias>`` does not exist: the servers there are, and the config files the
+    bridge could not use (only the user can fix those; the bridge reads them at start-up)."""
+    aliases = sorted(str(server["alias"]) for server in servers)
+    close = difflib.get_close_matches(alias, aliases, n=3, cutoff=0.6)
+    text = "There is no MCP server %r in this sandbox%s. Its servers: %s." % (
+        alias,
+        " (did you mean %s?)" % ", ".join("mcp_" + name for name in close) if close else "",
+        ", ".join("mcp_" + name for name in aliases) or "none",
+    )
+    if problems:
+        text += (
+            " A configuration file could not be used, so the servers it configures are missing: %s. "
+            "Tell the user: once it is fixed, restart the MCP server (or the client) to read it."
+            % "; ".join(problems)
+        )
+    return text + " runtime.discovered_servers(detailed=True) shows where each server came from."
+
+
+def _quoted_name(message: str, before: str, after: str) -> str | None:
+    """The name in one of Python's own messages, ``<before>'<name>'<after>...``."""
+    if not message.startswith(before + "'"):
+        return None
+    end = message.find("'" + after, len(before) + 1)
+    return message[len(before) + 1 : end] if end > len(before) else None
+
+
+def missing_server_alias(exc: BaseException) -> str | None:
+    """The server alias user code looked for, when ``exc`` is Python's error for a name of
+    a server: ``mcp_x`` (NameError), ``from mcp.servers import x`` and ``from mcp import
+    mcp_x`` (ImportError), ``import mcp.servers.x`` (ModuleNotFoundError)."""
+    if type(exc) is NameError:
+        name = getattr(exc, "name", None) or _quoted_name(str(exc), "name ", " is not defined")
+        return name[len("mcp_") :] if name and name.startswith("mcp_") and len(name) > 4 else None
+    if type(exc) is ModuleNotFoundError:
+        module = exc.name or ""
+        return module[len("mcp.servers.") :] if module.startswith("mcp.servers.") else None
+    if type(exc) is ImportError and exc.name in ("mcp", "mcp.servers"):
+        name = _quoted_name(str(exc), "cannot import name ", " from ")
+        if name and exc.name == "mcp":
+            return name[len("mcp_") :] if name.startswith("mcp_") and len(name) > 4 else None
+        return name
+    return None
+
+
+def explain_missing_server(exc: BaseException, servers: list[dict[str, str]], problems: list[str]) -> None:
+    """Complete the message of Python's error for a server that is not here (in place:
+    the type and the traceback stay as they are)."""
+    alias = missing_server_alias(exc)
+    if alias is None or alias in {server["alias"] for server in servers} or hasattr(exc, "_mcp_explained"):
+        return  # not about a missing server, or completed already (code may raise it again)
+    message = "%s. %s" % (str(exc).rstrip("."), unknown_server_message(alias, servers, problems))
+    if isinstance(exc, ImportError):
+        exc.msg = message  # what str() of an ImportError shows
+    exc.args = (message,)
+    exc._mcp_explained = True  # type: ignore[attr-defined]
+
+
 def install_sandbox_api(
     namespace: dict[str, Any],
     requests: HostRequests,
     servers: list[dict[str, str]],
     images: ImageCollector | None = None,
     session: str = DEFAULT_SESSION,
+    problems: list[str] | None = None,
 ) -> None:
     """Make ``from mcp import runtime``, ``from mcp.servers import <alias>`` and the
     ``mcp_<alias>`` globals work, whatever ``mcp`` package the image may carry; and
     ``display()`` / ``runtime.show_image()`` hand images to ``images``. ``runtime.session``
-    is the name of the bridge's session this sandbox is (run_python's ``session``)."""
-    runtime = SandboxRuntime(requests, servers, images or ImageCollector(10, 2**21))
+    is the name of the bridge's session this sandbox is (run_python's ``session``);
+    ``problems``: the config files the bridge could not use, named where a server is missing."""
+    problems = problems or []
+    runtime = SandboxRuntime(requests, servers, images or ImageCollector(10, 2**21), problems)
     package = types.ModuleType("mcp", "Sandbox API: runtime and servers")
     package.__path__ = []  # a package, so ``mcp.servers`` imports
     servers_module = types.ModuleType("mcp.servers", "One object per configured MCP server")
@@ -2257,6 +2355,16 @@ def install_sandbox_api(
         proxy = ServerProxy(runtime, server["alias"])
         setattr(servers_module, server["alias"], proxy)
         namespace["mcp_" + server["alias"]] = proxy
+
+    def missing_server(name: str) -> Any:  # mcp.servers.<alias> of a server that is not here
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            "module 'mcp.servers' has no attribute %r. %s"
+            % (name, unknown_server_message(name, servers, problems))
+        )
+
+    servers_module.__getattr__ = missing_server  # type: ignore[method-assign]
     sys.modules.update({"mcp": package, "mcp.runtime": runtime_module, "mcp.servers": servers_module})
     namespace["runtime"] = runtime_module
     for name in MEMORY_HELPERS:  # globals too, as users of the original project know them
@@ -2298,9 +2406,12 @@ class ExecutorProcess:
             int(config.get("max_attachment_bytes", 5_000_000)),
             int(config.get("max_frame_bytes", 2**25)) // 2,
         )
-        servers = list(config.get("servers", []))
+        self.servers = list(config.get("servers", []))
+        self.config_problems = [str(problem) for problem in config.get("config_problems") or []]
         session = str(config.get("session", DEFAULT_SESSION))
-        install_sandbox_api(self.executor.namespace, self.requests, servers, self.images, session)
+        install_sandbox_api(
+            self.executor.namespace, self.requests, self.servers, self.images, session, self.config_problems
+        )
         self.handlers: dict[str, Callable[[Frame], None]] = {
             "execute": self.executes.put,
             "response": self.requests.resolve,
@@ -2481,6 +2592,7 @@ class ExecutorProcess:
             self.running_id = None
             result["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
             self.reap_children = result["status"] == "interrupted"
+            explain_missing_server(exc, self.servers, self.config_problems)
             result["error"] = describe_user_exception(exc, self.max_output_chars)
         finally:
             self.running_id = None

@@ -22,7 +22,8 @@ Sections, in dependency order (``grep -n '^# ====' mcp_server_code_execution_mod
     rendering            -> ExecutionOutcome -> text / TOON + structuredContent
     MCP server & tool    -> run_python; resources: the manual, memories, saved tools;
                             principals (who calls, and what each caller owns);
-                            the stdio transport (a reply to every message, 4 MiB cap)
+                            the stdio transport (a reply to every message, 4 MiB cap);
+                            the misconfigured server (a bad setting, answered over stdio)
     HTTP transport       -> /mcp behind bearer tokens, /health, uvicorn, signals
     command line         -> main(); the memory subcommand (list/get/delete/export); adopt; doctor
 """
@@ -69,7 +70,7 @@ from difflib import SequenceMatcher
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, NoReturn
 
 import anyio
 import anyio.abc
@@ -301,32 +302,32 @@ class ConfigError(Exception):
     """A bad setting; the message names the variable and the accepted values."""
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError("must be a positive number")
+def _number(text: str, kind: Callable[[str], float], expected: str, valid: Callable[[float], bool]) -> Any:
+    """``text`` as ``kind`` when ``valid``; else a ValueError saying what is expected
+    (float()'s own "could not convert string to float" says only what is wrong)."""
+    try:
+        value = kind(text.replace("_", "") if kind is int else text)
+    except ValueError:
+        raise ValueError("must be " + expected) from None
+    if (isinstance(value, float) and not math.isfinite(value)) or not valid(value):
+        raise ValueError("must be " + expected)
     return value
+
+
+def _positive_float(text: str) -> float:
+    return float(_number(text, float, "a positive number such as 30 or 0.5", lambda value: value > 0))
 
 
 def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError("must be zero or a positive number")
-    return value
+    return float(_number(text, float, "zero or a positive number such as 30", lambda value: value >= 0))
 
 
 def _positive_int(text: str) -> int:
-    value = int(text.replace("_", ""))
-    if value <= 0:
-        raise ValueError("must be a positive whole number")
-    return value
+    return int(_number(text, int, "a positive whole number such as 128", lambda value: value > 0))
 
 
 def _port(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= 65535:
-        raise ValueError("must be a port number, 1-65535")
-    return value
+    return int(_number(text, int, "a port number, 1-65535", lambda value: 1 <= value <= 65535))
 
 
 def _boolean(text: str) -> bool:
@@ -731,9 +732,20 @@ class _LineHelpFormatter(argparse.HelpFormatter):
         return "\n".join(lines)
 
 
+class _ConfigArgumentParser(argparse.ArgumentParser):
+    """A command line argparse cannot read (an unknown flag, a flag without its value) is
+    a ConfigError like a bad value, not argparse's usage-and-exit: started by an MCP client,
+    the bridge answers with it (see main()). --help and --version still exit 0."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(
+            "the command line is invalid: %s; `%s --help` lists the flags" % (message, self.prog)
+        )
+
+
 def build_arg_parser() -> argparse.ArgumentParser:
     defaults = BridgeConfig()
-    parser = argparse.ArgumentParser(
+    parser = _ConfigArgumentParser(
         prog=SERVER_NAME,
         description="MCP server (stdio, or streamable HTTP with --transport http) with one tool, "
         "run_python, that runs code in a persistent, hardened Podman/Docker sandbox. Each option can "
@@ -867,6 +879,10 @@ class SandboxStartError(BridgeError):
 
 class InvalidRequestError(BridgeError):
     """The model's arguments to run_python are unusable."""
+
+
+class ConfigurationUnusableError(BridgeError):
+    """The bridge's own settings are invalid: run_python cannot run anything (see main())."""
 
 
 class ShuttingDownError(BridgeError):
@@ -1918,6 +1934,9 @@ class DiscoveryResult:
     problems: tuple[str, ...]  # "<file>: <what is wrong>", one per line
     sources: tuple[str, ...]  # labels of the files that exist and were read, lowest precedence first
     untrusted: tuple[str, ...] = ()  # names of project servers found but not trusted (not started)
+    # The problems (each also in `problems`) of config files that could not be used at all:
+    # every server they configure is missing, so the sandbox and the model are told.
+    unusable: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -2416,6 +2435,7 @@ def discover_servers(
     files are read as `project_servers` says (see the table above)."""
     chosen: dict[str, tuple[ServerSpec | None, list[str]]] = {}
     problems: list[str] = []
+    unusable: list[str] = []  # also in problems
     read: list[str] = []
     untrusted: list[str] = []
     editor = editor_variables(home, cwd)
@@ -2436,6 +2456,10 @@ def discover_servers(
             return document_of(path, "json")
         return None
 
+    def cannot_use(problem: str) -> None:
+        problems.append(problem)
+        unusable.append(problem)
+
     approvals: ClaudeCodeApprovals | None = None
     for source in config_sources(home, cwd, platform, environ, state_dir, explicit, clients):
         if source.project and project_servers == "none":
@@ -2444,21 +2468,21 @@ def discover_servers(
             document = document_of(source.path, source.format)
         except (FileNotFoundError, NotADirectoryError):
             if source.required:
-                problems.append("%s: the file does not exist" % source.path)
+                cannot_use("%s: the file does not exist" % source.path)
             continue
         except (OSError, ValueError) as exc:
             read.append(source.label)
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            problems.append("%s: cannot be used: %s" % (source.path, reason))
+            cannot_use("%s: cannot be used: %s" % (source.path, reason))
             continue
         read.append(source.label)
         try:
             table = _server_table(document, source)
         except ValueError as exc:
-            problems.append("%s: cannot be used: %s" % (source.label, exc))
+            cannot_use("%s: cannot be used: %s" % (source.label, exc))
             continue
         if table is None and source.required:
-            problems.append("%s: has no mcpServers or servers table" % source.label)
+            cannot_use("%s: has no mcpServers or servers table" % source.label)
         for name, entry in (table or {}).items():
             if (
                 source.project
@@ -2487,7 +2511,19 @@ def discover_servers(
         tuple(dict.fromkeys(problems)),
         tuple(dict.fromkeys(read)),
         tuple(dict.fromkeys(untrusted)),
+        tuple(dict.fromkeys(unusable)),
     )
+
+
+def unusable_config_notices(discovery: DiscoveryResult) -> list[str]:
+    """What the first result of each sandbox says of each config file that could not be
+    used: its servers are missing, and only the user can fix the file."""
+    return [
+        "An MCP server configuration file could not be used, so the servers it configures are missing: "
+        "%s. Tell the user: once the file is fixed, restart this MCP server (or the client) to read it."
+        % problem
+        for problem in discovery.unusable
+    ]
 
 
 # =============================================================================
@@ -3061,7 +3097,11 @@ class ClientPool:
         client = self.clients.get(alias)
         if client is None:
             known = ", ".join(sorted(self.clients)) or "(none configured)"
-            raise ProxyError("Unknown MCP server %r. Available servers: %s." % (alias, known))
+            unusable = "".join(
+                " A configuration file could not be used, so its servers are missing: %s." % problem
+                for problem in self.discovery.unusable
+            )
+            raise ProxyError("Unknown MCP server %r. Available servers: %s.%s" % (alias, known, unusable))
         return client
 
     def drain_notices(self) -> list[str]:
@@ -4872,6 +4912,7 @@ SIGKILL_EXIT = 128 + signal.SIGKILL
 # How long after the grace period the supervisor has to kill the code and start a fresh
 # executor before the bridge gives up on it and removes the container.
 SUPERVISOR_MARGIN = 5.0
+MAX_CONFIG_PROBLEMS = 20  # unusable config files named to the kernel (a line each)
 
 
 @dataclass
@@ -5146,6 +5187,8 @@ class SandboxSession:
             "memory": self.config.memory,  # named when the out-of-memory killer strikes
             "workdir": WORKDIR,
             "servers": self.host.server_list(),
+            # Named by runtime.discovered_servers() and by the error for an unknown mcp_<alias>.
+            "config_problems": list(self.host.pool.discovery.unusable[:MAX_CONFIG_PROBLEMS]),
             "saved_tools": True,  # the executor asks for them before its first call
         }
 
@@ -5866,6 +5909,7 @@ class SessionManager:
                 )
                 self.lost_reason = None
             notices.extend(runtime.warnings)
+            notices.extend(unusable_config_notices(self.host.pool.discovery))
             warning = workspace_warning(self.config)
             if warning:
                 notices.append(warning)
@@ -7582,6 +7626,69 @@ async def serve(config: BridgeConfig, discovery: DiscoveryResult) -> None:
             logging.shutdown()
             os._exit(0)
         group.cancel_scope.cancel()
+
+
+# --- misconfigured: a bad setting, told to the model -------------------------------------
+# An MCP client shows the user neither the server's stderr nor its exit status ("Connection
+# closed"), so over stdio a bad setting does not end the bridge: it serves run_python (same
+# name, same schema) whose every call answers with the setting's error, for the model to
+# tell the user. It starts no container and no MCP server.
+
+
+def misconfigured_message(problem: str) -> str:
+    """What every run_python call answers when the bridge could not read its settings."""
+    return (
+        "run_python is unavailable: %s could not start its sandbox because of its settings, so no code "
+        "was run. The problem: %s. The user must fix it where the MCP client starts this server (the "
+        '"env" or "args" of its entry in the client\'s MCP configuration: change the value, or remove '
+        "it to use the default), then restart the server or the client. Tell the user this message."
+        % (SERVER_NAME, problem.rstrip("."))
+    )
+
+
+def build_misconfigured_server(problem: str) -> Server[Any]:
+    """The MCP server a bad setting leaves: run_python and the manual, each saying what is wrong."""
+    message = misconfigured_message(problem)
+    tool = run_python_tool(BridgeConfig())  # the default schema: the client lists the tool as usual
+
+    async def list_tools(ctx: ServerRequestContext[Any], params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[tool])
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        return render_error(ConfigurationUnusableError(message))
+
+    async def list_resources(ctx: ServerRequestContext[Any], params: Any) -> types.ListResourcesResult:
+        return types.ListResourcesResult(resources=[CAPABILITIES_RESOURCE])
+
+    async def read_resource(
+        ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        uri = str(params.uri)
+        if uri != CAPABILITIES_URI:
+            raise resource_error(types.INVALID_PARAMS, uri, message)
+        text = "**%s**\n\n%s" % (message, CAPABILITIES_MANUAL)
+        return types.ReadResourceResult(
+            contents=[types.TextResourceContents(uri=uri, mime_type="text/markdown", text=text)]
+        )
+
+    return Server(
+        SERVER_NAME,
+        version=__version__,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        on_list_resources=list_resources,
+        on_read_resource=read_resource,
+    )
+
+
+async def serve_misconfigured(problem: str) -> None:
+    """Serve the misconfigured server on stdio until stdin closes (a stop signal ends the
+    process: there is nothing to clean up)."""
+    server = build_misconfigured_server(problem)
+    async with stdio_transport() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
 # =============================================================================
@@ -9400,6 +9507,35 @@ def configured_servers(config: BridgeConfig, environ: Mapping[str, str]) -> Disc
     return replace(discovery, problems=(*discovery.problems, *policy_problems(config, discovery.servers)))
 
 
+def requested_transport(argv: Sequence[str], environ: Mapping[str, str]) -> str:
+    """The transport the command line or MCP_BRIDGE_TRANSPORT asks for, as written, when
+    the other settings cannot be read: unknown flags are passed over, and a command line
+    argparse cannot read at all is searched for the flag itself."""
+    flag = next(option for option in OPTIONS if option.field == "transport")
+    try:
+        written = build_arg_parser().parse_known_args(list(argv))[0].transport
+    except ConfigError:  # e.g. a flag without its value
+        written = None
+        for index, arg in enumerate(argv):
+            if arg == flag.flag and index + 1 < len(argv):
+                written = argv[index + 1]
+            elif arg.startswith(flag.flag + "="):
+                written = arg[len(flag.flag) + 1 :]
+    return written or environ.get(flag.env) or BridgeConfig().transport
+
+
+def started_by_stdio_client(argv: Sequence[str], environ: Mapping[str, str], stdin: Any) -> bool:
+    """Whether a bad setting is answered over stdio (the misconfigured server) rather than
+    by exit status 2 alone: the stdio transport, and a stdin that is no terminal (a person
+    at a terminal reads the error line). HTTP exits: a network service fails loudly, and a
+    bad transport value names no transport to serve."""
+    try:
+        terminal = stdin is None or stdin.isatty()
+    except (AttributeError, OSError, ValueError):  # closed, or replaced by something odd
+        terminal = True
+    return not terminal and requested_transport(argv, environ) == "stdio"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == [MEMORY_COMMAND]:
@@ -9416,6 +9552,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config(args, os.environ)
     except ConfigError as exc:
         print("%s: %s" % (SERVER_NAME, exc), file=sys.stderr)
+        if not started_by_stdio_client(args, os.environ, sys.stdin):
+            return 2
+        # A client shows neither stderr nor the exit status: the model hears of it instead.
+        with suppress(KeyboardInterrupt):
+            anyio.run(serve_misconfigured, str(exc))
         return 2
     logging.basicConfig(
         level=config.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

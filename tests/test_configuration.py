@@ -6,13 +6,21 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import mcp_types as types
 import pytest
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
 
 import mcp_server_code_execution_mode as bridge
 from mcp_server_code_execution_mode import OPTIONS, BridgeConfig, ConfigError, build_arg_parser, load_config
+from tests.conftest import bridge_env, console_script, text_of
 
 TESTS_DIR = Path(__file__).resolve().parent
 AUTH_TOKENS = TESTS_DIR / "servers" / "auth_tokens.txt"
@@ -320,6 +328,17 @@ def test_version_flag_prints_the_version(capsys: pytest.CaptureFixture[str]) -> 
     assert capsys.readouterr().out.strip() == "%s %s" % (bridge.SERVER_NAME, bridge.__version__)
 
 
+@pytest.fixture
+def terminal_stdin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A real terminal (a pseudo-terminal) on sys.stdin: a person at a shell, not an MCP client."""
+    leader, follower = os.openpty()
+    with os.fdopen(follower, "r") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        yield
+    os.close(leader)
+
+
+@pytest.mark.usefixtures("terminal_stdin")
 def test_main_with_bad_environment_returns_2_and_prints_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -337,6 +356,7 @@ def test_main_with_bad_environment_returns_2_and_prints_one_line(
     assert "Traceback" not in captured.err
 
 
+@pytest.mark.usefixtures("terminal_stdin")
 def test_main_with_bad_flag_value_returns_2_and_names_the_flag(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -348,6 +368,71 @@ def test_main_with_bad_flag_value_returns_2_and_names_the_flag(
     err = capsys.readouterr().err
     assert "--output-mode" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw", "expected"),
+    [
+        ("MCP_BRIDGE_TIMEOUT", "abc", "must be a positive number such as 30 or 0.5"),
+        ("MCP_BRIDGE_IDLE_TIMEOUT", "soon", "must be zero or a positive number such as 30"),
+        ("MCP_BRIDGE_PIDS", "many", "must be a positive whole number such as 128"),
+        ("MCP_BRIDGE_PORT", "http", "must be a port number, 1-65535"),
+        ("MCP_BRIDGE_CPUS", "inf", "must be a positive number such as 30 or 0.5"),
+        ("MCP_BRIDGE_PIDS", "-" + "9" * 400, "must be a positive whole number such as 128"),  # no float
+    ],
+)
+def test_a_number_that_does_not_parse_says_what_is_expected(variable: str, raw: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config([], {variable: raw})
+    assert str(raised.value) == "%s=%r is invalid: %s" % (variable, raw, expected)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--memroy", "1g"], "unrecognized arguments: --memroy 1g"),
+        (["--memory"], "argument --memory: expected one argument"),
+    ],
+)
+def test_a_command_line_argparse_cannot_read_is_a_config_error(argv: list[str], said: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config(argv, {})
+    assert str(raised.value) == "the command line is invalid: %s; `%s --help` lists the flags" % (
+        said,
+        bridge.SERVER_NAME,
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "transport"),
+    [
+        ([], {}, "stdio"),
+        (["--transport", "http"], {}, "http"),
+        (["--memory=x", "--transport=http"], {}, "http"),
+        ([], {"MCP_BRIDGE_TRANSPORT": "http"}, "http"),
+        (["--transport", "stdio"], {"MCP_BRIDGE_TRANSPORT": "http"}, "stdio"),  # the flag wins
+        ([], {"MCP_BRIDGE_TRANSPORT": "htp"}, "htp"),
+        (["--trans", "http", "--memroy", "1g"], {}, "http"),  # argparse's abbreviation; an unknown flag
+        (["--transport", "http", "--memory"], {}, "http"),  # a flag without its value
+    ],
+)
+def test_requested_transport_is_read_without_the_other_settings(
+    argv: list[str], environ: dict[str, str], transport: str
+) -> None:
+    assert bridge.requested_transport(argv, environ) == transport
+
+
+def test_only_stdio_to_a_program_is_answered_by_the_misconfigured_server(tmp_path: Path) -> None:
+    leader, follower = os.openpty()
+    pipe_read, pipe_write = os.pipe()
+    with os.fdopen(follower) as terminal, os.fdopen(pipe_read) as pipe:
+        assert bridge.started_by_stdio_client([], {}, pipe)
+        assert not bridge.started_by_stdio_client([], {}, terminal)  # a person reads the line
+        assert not bridge.started_by_stdio_client(["--transport", "http"], {}, pipe)
+        assert not bridge.started_by_stdio_client([], {"MCP_BRIDGE_TRANSPORT": "htp"}, pipe)
+        assert not bridge.started_by_stdio_client([], {}, None)
+    os.close(leader)
+    os.close(pipe_write)
 
 
 def test_tool_result_cap_must_fit_in_a_frame() -> None:
@@ -502,3 +587,108 @@ def test_a_workspace_that_holds_the_state_directory_is_refused(tmp_path: Path) -
     inside = {**environ, "MCP_BRIDGE_WORKSPACE": str(tmp_path / "MCPs" / "work")}
     (tmp_path / "MCPs" / "work").mkdir(parents=True)
     assert load_config([], inside).workspace == bridge.Workspace(tmp_path / "MCPs" / "work")
+
+
+# --- a bad setting over stdio: the MCP client hears of it --------------------------------
+# An MCP client shows the user neither the server's stderr nor its exit status, only
+# "Connection closed". Started by one (stdin a pipe), the bridge answers instead.
+
+
+@asynccontextmanager
+async def stdio_session(env: dict[str, str], args: Sequence[str] = ()) -> AsyncIterator[ClientSession]:
+    """bridge_client with command-line arguments too; the bridge introduces itself as usual."""
+    params = StdioServerParameters(command=console_script(), args=list(args), env=env)
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        initialized = await session.initialize()
+        assert (initialized.server_info.name, initialized.server_info.version) == (
+            bridge.SERVER_NAME,
+            bridge.__version__,
+        )
+        yield session
+
+
+BAD_SETTINGS = [
+    pytest.param(
+        {"MCP_BRIDGE_MEMORY": "lots"},
+        [],
+        "MCP_BRIDGE_MEMORY='lots' is invalid: must be a size such as 512m",
+        id="memory",
+    ),
+    pytest.param(
+        {"MCP_BRIDGE_RUNTIME": "dockr"},
+        [],
+        "MCP_BRIDGE_RUNTIME='dockr' is invalid: must be one of podman, docker, kubernetes",
+        id="runtime",
+    ),
+    pytest.param(
+        {"MCP_BRIDGE_TIMEOUT": "ten"},
+        [],
+        "MCP_BRIDGE_TIMEOUT='ten' is invalid: must be a positive number such as 30 or 0.5",
+        id="timeout",
+    ),
+    pytest.param(
+        {},
+        ["--memroy", "1g"],
+        "the command line is invalid: unrecognized arguments: --memroy 1g; "
+        "`mcp-server-code-execution-mode --help` lists the flags",
+        id="unknown-flag",
+    ),
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("settings", "args", "problem"), BAD_SETTINGS)
+async def test_a_bad_setting_is_told_by_every_run_python_call_over_stdio(
+    state_dir: Path, settings: dict[str, str], args: list[str], problem: str
+) -> None:
+    async with stdio_session(bridge_env(None, state_dir, **settings), args) as client:
+        listed = (await client.list_tools()).tools
+        assert [tool.name for tool in listed] == ["run_python"]
+        assert listed[0].input_schema == bridge.run_python_tool(BridgeConfig()).input_schema
+        for _ in range(2):  # every call, not just the first
+            result = await client.call_tool("run_python", {"code": "print('hi')"})
+            assert result.is_error
+            assert text_of(result) == bridge.misconfigured_message(problem)
+        (manual,) = (await client.read_resource(bridge.CAPABILITIES_URI)).contents
+        assert isinstance(manual, types.TextResourceContents)
+        assert manual.text.startswith("**%s**" % bridge.misconfigured_message(problem))
+    assert not list(state_dir.iterdir())  # nothing was started or written
+
+
+def test_misconfigured_message_names_the_setting_the_value_what_is_expected_and_the_fix() -> None:
+    message = bridge.misconfigured_message("MCP_BRIDGE_MEMORY='lots' is invalid: must be a size such as 512m")
+    assert message == (
+        "run_python is unavailable: mcp-server-code-execution-mode could not start its sandbox because of "
+        "its settings, so no code was run. The problem: MCP_BRIDGE_MEMORY='lots' is invalid: must be a size "
+        'such as 512m. The user must fix it where the MCP client starts this server (the "env" or "args" of '
+        "its entry in the client's MCP configuration: change the value, or remove it to use the default), "
+        "then restart the server or the client. Tell the user this message."
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "settings"),
+    [
+        (["--transport", "http"], {"MCP_BRIDGE_MEMORY": "lots"}),  # a network service fails loudly
+        ([bridge.DOCTOR_COMMAND], {"MCP_BRIDGE_MEMORY": "lots"}),
+        ([bridge.MEMORY_COMMAND, "list"], {"MCP_BRIDGE_RUNTIME": "dockr"}),
+        ([bridge.TOOLS_COMMAND, "list"], {"MCP_BRIDGE_RUNTIME": "dockr"}),
+    ],
+)
+def test_http_and_the_subcommands_still_exit_2_with_one_line(
+    state_dir: Path, argv: list[str], settings: dict[str, str]
+) -> None:
+    # stdin is a pipe, as an MCP client's would be: only stdio serving answers over it.
+    finished = subprocess.run(
+        [console_script(), *argv],
+        env=bridge_env(None, state_dir, **settings),
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert finished.returncode == 2, finished
+    assert finished.stdout == ""
+    (line,) = finished.stderr.splitlines()
+    assert line.startswith(bridge.SERVER_NAME) and "is invalid" in line

@@ -76,9 +76,12 @@ def the_block(examples: list[Example], marker: str) -> Example:
 # differently (or runs) is a finding. Marked by a line of their code.
 ILLUSTRATIONS = {
     # The guide's example of a server the user might have: no GitHub server here (it needs
-    # a token and the network), so the name is not defined in the sandbox.
+    # a token and the network), so the name is not defined in the sandbox, and the error
+    # says which servers there are.
     'mcp_github.create_issue(owner="me", repo="nope", title="x")': (
-        "NameError: name 'mcp_github' is not defined"
+        "NameError: name 'mcp_github' is not defined. There is no MCP server 'github' in this sandbox. "
+        "Its servers: mcp_filesystem, mcp_time. runtime.discovered_servers(detailed=True) shows where "
+        "each server came from."
     ),
 }
 # BATTERIES_EXAMPLE (section "Data work") and PLOT_EXAMPLE (section "Images") need the

@@ -1080,3 +1080,53 @@ def test_every_frame_of_the_kernel_is_signed_and_numbered(kernel: KernelProcess)
     # The harness decodes with the key: a frame without a valid MAC would never arrive.
     assert kernel.run("print('signed')\n1")["value"] == "1"
     assert kernel.run("2")["value"] == "2"
+
+
+# --- a server that is not here: Python's error, completed ---------------------------------
+
+
+def raised_by(code: str) -> BaseException:
+    """The exception real code raises, run in a fresh namespace."""
+    namespace: dict[str, Any] = {}
+    try:
+        exec(code, namespace)
+    except BaseException as exc:
+        return exc
+    raise AssertionError("%r raised nothing" % code)
+
+
+@pytest.mark.parametrize(
+    ("code", "alias"),
+    [
+        ("mcp_time", "time"),
+        ("def f():\n    return mcp_time\nf()", "time"),  # a global looked up in a function
+        ("raise NameError(\"name 'mcp_time' is not defined\")", "time"),  # 3.9's NameError has no .name
+        ("def f():\n    print(mcp_x)\n    mcp_x = 1\nf()", None),  # UnboundLocalError: a local, no server
+        ("mcp_", None),
+        ("undefined", None),
+        ("raise ImportError(\"cannot import name 'x' from 'elsewhere'\")", None),
+    ],
+)
+def test_missing_server_alias_reads_pythons_own_errors(code: str, alias: str | None) -> None:
+    assert mcp_sandbox_kernel.missing_server_alias(raised_by(code)) == alias
+
+
+def test_explain_missing_server_completes_the_message_and_keeps_type_and_traceback() -> None:
+    exc = raised_by("mcp_tim")
+    traceback_before = exc.__traceback__
+    servers = [{"alias": "time", "name": "time"}]
+    mcp_sandbox_kernel.explain_missing_server(exc, servers, ["/x.json: cannot be used: bad"])
+    assert type(exc) is NameError and exc.__traceback__ is traceback_before
+    assert str(exc) == (
+        "name 'mcp_tim' is not defined. There is no MCP server 'tim' in this sandbox (did you mean "
+        "mcp_time?). Its servers: mcp_time. A configuration file could not be used, so the servers it "
+        "configures are missing: /x.json: cannot be used: bad. Tell the user: once it is fixed, restart the "
+        "MCP server (or the client) to read it. runtime.discovered_servers(detailed=True) shows where each "
+        "server came from."
+    )
+    explained = str(exc)
+    mcp_sandbox_kernel.explain_missing_server(exc, servers, [])  # raised again by a later cell
+    assert str(exc) == explained
+    known = raised_by("mcp_time")  # a server that is there, but not defined in this namespace
+    mcp_sandbox_kernel.explain_missing_server(known, servers, [])
+    assert str(known) == "name 'mcp_time' is not defined"

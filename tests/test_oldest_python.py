@@ -21,6 +21,7 @@ from tests.conftest import (
     text_of,
 )
 from tests.test_proxy import run_ok
+from tests.test_server_config import broken_servers_json, check_a_broken_config_file_is_named
 
 pytestmark = pytest.mark.anyio
 
@@ -88,3 +89,12 @@ async def test_the_stdin_bootstrap_works_on_python_3_9(oldest_engine: Engine, st
         assert (await run_ok(client, "'x' in globals()"))[
             "value"
         ] == "False"  # a fresh executor, booted again
+
+
+async def test_a_missing_server_is_explained_on_python_3_9(
+    oldest_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    # 3.9's NameError has no .name: the kernel reads the name from Python's message.
+    home, _, problem = broken_servers_json(tmp_path, state_dir)
+    async with bridge_client(bridge_env(oldest_engine, state_dir, HOME=str(home))) as client:
+        await check_a_broken_config_file_is_named(client, problem)

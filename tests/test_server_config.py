@@ -25,7 +25,7 @@ from mcp_server_code_execution_mode import (
     sanitize_alias,
     strip_jsonc,
 )
-from tests.conftest import Engine, bridge_client, console_script, proxy_env, run_cell
+from tests.conftest import Engine, bridge_client, console_script, proxy_env, run_cell, stub_entry
 
 
 @dataclass(frozen=True)
@@ -527,6 +527,7 @@ def test_malformed_files_are_reported_and_other_files_still_load(host: Host) -> 
     assert "the top level is not an object" in problems
     assert "mcpServers is not an object" in problems
     assert "it is a directory, not a regular file" in problems
+    assert result.unusable == result.problems  # whole files: the sandbox names them (notices, errors)
 
 
 def test_a_malformed_claude_json_is_reported_once_though_two_sources_read_it(host: Host) -> None:
@@ -565,6 +566,7 @@ def test_malformed_entries_are_reported_and_their_siblings_still_load(host: Host
         "%s: skipped remote-without-url: a sse server needs a url" % path,
         "%s: skipped not-an-object: the entry is not an object" % path,
     )
+    assert result.unusable == ()  # the file itself was read
 
 
 def test_problems_of_an_entry_replaced_by_a_later_file_are_dropped(host: Host) -> None:
@@ -888,3 +890,100 @@ async def test_a_repositorys_mcp_json_runs_on_the_host_only_once_trusted(
         assert line in problems
     else:
         assert "evil" in offered and "not trusted" not in doctor.stdout
+
+
+# --- a config file that cannot be used: its servers are missing, and the model is told ---
+
+# A comma left out between two entries, as a hand edit does.
+BROKEN_SERVERS_JSON = '{"mcpServers": {"time": {"command": "mcp-server-time"} "fetch": {"command": "f"}}}'
+
+
+def broken_servers_json(tmp_path: Path, state_dir: Path) -> tuple[Path, Path, str]:
+    """A Claude Desktop config with the stub server, and a servers.json in the state
+    directory that is not JSON: (the fake home, the broken file, its problem line)."""
+    home = tmp_path / "home"
+    write(home / ".config/Claude/claude_desktop_config.json", {"mcpServers": {"stub": stub_entry()}})
+    broken = write(state_dir / "servers.json", BROKEN_SERVERS_JSON)
+    (problem,) = discover_servers(home, tmp_path, "linux", {}, state_dir, None).problems
+    assert problem.startswith("%s: cannot be used: " % broken) and "line 1 column" in problem, problem
+    return home, broken, problem
+
+
+# Each way code names a server, for a server that is not there: Python's own error, then
+# what the bridge adds.
+MISSING_SERVER_FORMS = [
+    ("mcp_time.get_current_time(timezone='UTC')", "NameError: name 'mcp_time' is not defined. "),
+    (
+        "from mcp.servers import time",
+        "ImportError: cannot import name 'time' from 'mcp.servers' (unknown location). ",
+    ),
+    (
+        "from mcp import mcp_time",
+        "ImportError: cannot import name 'mcp_time' from 'mcp' (unknown location). ",
+    ),
+    (
+        "import mcp.servers.time",
+        "ModuleNotFoundError: No module named 'mcp.servers.time'; 'mcp.servers' is not a package. ",
+    ),
+    (
+        "import mcp.servers\nmcp.servers.time",
+        "AttributeError: module 'mcp.servers' has no attribute 'time'. ",
+    ),
+]
+
+
+async def check_a_broken_config_file_is_named(client: Any, problem: str) -> None:
+    """What the model sees of it: the first result's notices, runtime.discovered_servers(),
+    and every way code names a server that is missing."""
+    first = await run_cell(client, "from mcp import runtime\nruntime.discovered_servers()")
+    assert first["status"] == "ok", first
+    assert first["notices"] == [
+        "An MCP server configuration file could not be used, so the servers it configures are missing: "
+        "%s. Tell the user: once the file is fixed, restart this MCP server (or the client) to read it."
+        % problem
+    ]
+    assert first["value"] == (
+        "['stub']\n# Servers are missing: a configuration file could not be used:\n#   %s" % problem
+    )
+    assert first["json"] is None  # not plain JSON: the problems show with it
+    listed = await run_cell(
+        client, "servers = runtime.discovered_servers()\n(servers == ['stub'], runtime.list_servers())"
+    )
+    assert listed["notices"] == [] and listed["value"].startswith("(True, ['stub']\n# Servers are missing"), (
+        listed
+    )
+    explained = (
+        "There is no MCP server 'time' in this sandbox. Its servers: mcp_stub. A configuration file "
+        "could not be used, so the servers it configures are missing: %s. Tell the user: once it is "
+        "fixed, restart the MCP server (or the client) to read it. "
+        "runtime.discovered_servers(detailed=True) shows where each server came from." % problem
+    )
+    for code, error in MISSING_SERVER_FORMS:
+        failed = await run_cell(client, code)
+        assert failed["is_error"], failed
+        assert failed["text"].rstrip().endswith(error + explained), (code, failed["text"])
+    called = await run_cell(client, "runtime.call_tool('time', 'get_current_time', {'timezone': 'UTC'})")
+    assert called["is_error"]
+    assert (
+        "Unknown MCP server 'time'. Available servers: stub. A configuration file could not be used, so its "
+        "servers are missing: %s." % problem
+    ) in called["text"], called["text"]
+
+
+@pytest.mark.anyio
+async def test_a_broken_config_file_is_named_to_the_model(
+    engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    home, _, problem = broken_servers_json(tmp_path, state_dir)
+    async with bridge_client(proxy_env(engine, state_dir, home)) as client:
+        await check_a_broken_config_file_is_named(client, problem)
+        detailed = await run_cell(client, "runtime.discovered_servers(detailed=True)['problems']")
+        assert problem in ast.literal_eval(detailed["value"])
+        # A name close to a server's: the error names it; any other name: Python's error alone.
+        other = await run_cell(client, "mcp_stub_typo")
+        assert (
+            "NameError: name 'mcp_stub_typo' is not defined. There is no MCP server 'stub_typo' in this "
+            "sandbox (did you mean mcp_stub?). Its servers: mcp_stub." in other["text"]
+        ), other["text"]
+        plain = await run_cell(client, "undefined_name")
+        assert plain["text"].rstrip().endswith("NameError: name 'undefined_name' is not defined")
