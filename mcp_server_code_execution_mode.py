@@ -5723,8 +5723,18 @@ class RunningCode:
         )
         if waited_for_earlier:
             detail = "Your code was not run: the code of an earlier call is still running. " + detail
-        return ExecutionOutcome(
-            status="running", stdout=output["stdout"], stderr=output["stderr"], detail=detail
+        outcome = ExecutionOutcome(status="running", stdout=output["stdout"], stderr=output["stderr"])
+        outcome.detail, outcome.duration = detail, elapsed
+        return outcome
+
+    def stopped_by_reset(self) -> str:
+        """The notice for a reset that stops this code, which has not ended."""
+        elapsed = time.monotonic() - self.started
+        unseen = sum(len("".join(self.pending.streams[name])) - self.shown[name] for name in self.shown)
+        lost = " Its output since the last answer (%d characters) was not shown." % unseen if unseen else ""
+        return (
+            "Reset stopped the code of an earlier call, still running after %.0fs; its result is gone.%s"
+            % (elapsed, lost)
         )
 
 
@@ -5929,7 +5939,7 @@ class SessionManager:
             await self._lock.acquire()
             acquired = True
         if not acquired:
-            return ExecutionOutcome(status="running", detail=BUSY)
+            return ExecutionOutcome(status="running", detail=BUSY, duration=time.monotonic() - arrived)
         try:
             return await self._run_locked(code, timeout, reset, progress, arrived, saved_tools)
         finally:
@@ -5954,8 +5964,14 @@ class SessionManager:
             raise ShuttingDownError(SHUTTING_DOWN)
         notices, self.held_notices = self.held_notices, []
         if self.running is not None and reset:  # a reset stops the earlier code too
-            self.running.scope.cancel()
-            await self.running.finished.wait()
+            if self.running.finished.is_set() and self.running.failure is None:
+                self.unreported = await self._finish(self.running, [])  # it ended before the reset
+            elif self.running.finished.is_set():
+                notices.append("The code of an earlier call could not finish: %s" % self.running.failure)
+            else:
+                notices.append(self.running.stopped_by_reset())
+                self.running.scope.cancel()
+                await self.running.finished.wait()
             self.running = None
         elif self.running is not None:
             if not await self.running.wait(self._left(arrived), progress):
