@@ -8879,7 +8879,12 @@ def build_image_parser() -> argparse.ArgumentParser:
         help="auto: pip if the base image is here or can be pulled, else debian [default: auto]",
     )
     parser.add_argument("--runtime", choices=("podman", "docker"), default=None, help="default: detected")
-    parser.add_argument("--dry-run", action="store_true", help="print what would run, build nothing")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what would run on this machine (auto asks the base image's registry instead of "
+        "pulling), build nothing",
+    )
     return parser
 
 
@@ -8983,9 +8988,26 @@ def _build_with_debian(executable: str, packages: Sequence[str], tag: str, dry_r
             print("%s %s: %s" % (SERVER_NAME, BUILD_IMAGE_COMMAND, left), file=sys.stderr)
 
 
-def _can_use_base(runtime: ContainerRuntime, base: str) -> bool:
+REGISTRY_SECONDS = 120  # a dry run's question to the registry (a real pull has no bound)
+
+
+def _can_use_base(runtime: ContainerRuntime, base: str, dry_run: bool) -> bool:
+    """Whether the pip method has its base image: here, or pulled now. A dry run pulls
+    nothing: it asks the image's registry for its manifest, which answers where a pull
+    would work (the same registry, name resolution and credentials)."""
     if anyio.run(runtime.has_image, base):
         return True
+    if dry_run:
+        print("%s is not here; asking its registry (a real run would pull it) ..." % base, file=sys.stderr)
+        argv = [runtime.executable, "manifest", "inspect", base]
+        try:
+            found = subprocess.run(
+                argv, stdout=subprocess.DEVNULL, stderr=sys.stderr, timeout=REGISTRY_SECONDS, check=False
+            )
+        except subprocess.TimeoutExpired:
+            print("%s did not answer within %ds." % (" ".join(argv), REGISTRY_SECONDS), file=sys.stderr)
+            return False
+        return found.returncode == 0
     print("Pulling %s ..." % base, file=sys.stderr)
     pulled = subprocess.run([runtime.executable, "pull", base], stdout=sys.stderr, check=False)
     return pulled.returncode == 0
@@ -9013,7 +9035,7 @@ def build_image_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         base = args.base or config.image
         method = args.method
         if method == "auto":
-            method = "pip" if args.dry_run or _can_use_base(runtime, base) else "debian"
+            method = "pip" if _can_use_base(runtime, base, args.dry_run) else "debian"
             if method == "debian" and args.base is not None:  # asked for: no silent substitute
                 raise BuildImageError(
                     "--from %s: %s neither has that image nor can pull it; pull or build it first, "

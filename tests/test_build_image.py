@@ -29,9 +29,14 @@ plt.close(figure)  # saved to a file, not shown
 """
 
 
-def build_image(*args: str) -> subprocess.CompletedProcess[str]:
+def build_image(*args: str, **environ: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [console_script(), "build-image", *args], capture_output=True, text=True, timeout=120, check=False
+        [console_script(), "build-image", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, **environ},
     )
 
 
@@ -114,6 +119,25 @@ def test_an_explicit_base_that_cannot_be_used_fails_instead_of_switching_method(
     assert result.returncode == 1, result.stderr
     assert "--from %s: " % base in result.stderr and "neither has that image nor can pull it" in result.stderr
     assert "Method:" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_dry_run_chooses_the_method_the_real_run_would_on_this_machine(engine: Engine) -> None:
+    # No registry here: a base image that is not on this machine cannot be pulled, so
+    # the real run builds from Debian packages, and the dry run must say so too.
+    missing = "localhost/mcp-test-no-such-base-%d:1" % time.monotonic_ns()
+    auto = build_image("--dry-run", "--runtime", engine.name, MCP_BRIDGE_IMAGE=missing)
+    assert auto.returncode == 0, auto.stderr
+    assert "Method: debian." in auto.stderr and "a real run would pull it" in auto.stderr, auto.stderr
+    assert auto.stdout.startswith("debootstrap --variant=minbase "), auto.stdout
+    # An explicit base it cannot use: the same refusal as the real run's, nothing pulled.
+    refused = build_image("--dry-run", "--runtime", engine.name, "--from", missing)
+    assert refused.returncode == 1, refused.stderr
+    assert "--from %s: %s neither has that image nor can pull it" % (missing, engine.name) in refused.stderr
+    assert "Method:" not in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+    # A base image that is here: pip, as the real run would.
+    here = build_image("--dry-run", "--runtime", engine.name, "--from", engine.image)
+    assert here.returncode == 0 and "Method: pip." in here.stderr, here.stderr
+    assert "FROM %s\n" % engine.image in here.stderr and " build --tag " in here.stdout, here.stdout
 
 
 def test_the_mount_table_is_read_for_mounts_at_or_under_a_path(tmp_path: Path) -> None:
