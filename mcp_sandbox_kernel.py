@@ -1189,13 +1189,15 @@ def safe_repr(value: Any) -> str:
 # =============================================================================
 # What a call shows besides text: matplotlib figures (as Jupyter's inline backend does:
 # `plt.show()` and figures still open when the cell ends become PNGs, then are closed),
-# `display(obj)`, `runtime.show_image(...)`, and an image as the cell's final value. They
+# `display(obj)`, `runtime.show_image(...)`, and an image as the cell's final value (also
+# each ToolImage in a list or tuple value: a tool's result of several parts). They
 # travel in the result frame, capped in number and size, and reach the client as image
 # content after the text. `runtime.attach(path)` sends a file the same way, as an
 # embedded resource (text or base64 blob, with its mime type).
 
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 MAX_ATTACHMENTS = 10  # files per call
+MAX_LISTED_IMAGES = 100  # a longer list or tuple value is shown as its repr only
 _TEXT_TYPES = ("application/json", "application/xml", "application/javascript", "application/x-yaml")
 _IMAGE_SIGNATURES = (
     (b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF87a", "image/gif"),
@@ -1345,6 +1347,16 @@ class ImageCollector:
             pyplot.close(value)
         return True
 
+    def add_tool_images(self, value: Any) -> None:
+        """Show the ToolImages in a short list or tuple: a tool's result with several parts
+        (text, image, text) is one, and its repr alone would show the image only as
+        ``<ToolImage ...>``. Only ToolImages: rendering other items (``_repr_png_``) could
+        be slow, and Jupyter shows none of them either."""
+        if isinstance(value, (list, tuple)) and len(value) <= MAX_LISTED_IMAGES:
+            for item in value:
+                if isinstance(item, ToolImage):
+                    self.add(bytes(item.data), item.mime_type)
+
     def capture_figures(self) -> None:
         """Every open matplotlib figure becomes an image, then is closed (memory stays flat)."""
         pyplot = sys.modules.get("matplotlib.pyplot")
@@ -1359,9 +1371,11 @@ class ImageCollector:
         pyplot.close("all")
 
     def display(self, *values: Any) -> None:
-        """Jupyter's display(): images are shown; anything else is printed as its repr."""
+        """Jupyter's display(): images are shown; anything else is printed as its repr (and
+        the images in a tool's result with several parts are shown too)."""
         for value in values:
             if not self.add_value(value):
+                self.add_tool_images(value)
                 print(repr(value))
 
     def show_image(self, data_or_path: Any, mime_type: str | None = None) -> None:
@@ -2467,6 +2481,7 @@ class ExecutorProcess:
             if value is not None:  # still interruptible: a __repr__ may never return
                 self.executor.namespace["_"] = value
                 if not self.images.add_value(value):
+                    self.images.add_tool_images(value)  # and the value's repr, with its text
                     head, cut, tail = head_and_tail(safe_repr(value), self.max_output_chars)
                     result["value"] = head
                     if cut or tail:  # the bridge fits head and tail into the result's budget
