@@ -150,12 +150,13 @@ def _is_cuts(value: Any) -> bool:
 
 
 def _is_error_info(value: Any) -> bool:
-    """{"type": name, "message": text, "traceback": text (optional)}"""
+    """{"type": name, "message": text, "traceback": text (optional), "module": text (optional)}"""
     return (
         isinstance(value, dict)
         and _is_name(value.get("type"))
         and _is_text(value.get("message"))
         and _is_optional_text(value.get("traceback"))
+        and _is_optional_text(value.get("module"))
     )
 
 
@@ -209,7 +210,7 @@ def _one_of(*choices: str) -> Callable[[Any], bool]:
 
 
 _ID = FieldRule(is_frame_id, "a string of 1-%d characters or an integer" % MAX_ID_CHARS)
-_ERROR_INFO = "null or an object with string fields type, message (and traceback)"
+_ERROR_INFO = "null or an object with string fields type, message (and traceback, module)"
 
 FRAME_SCHEMAS: dict[str, dict[str, FieldRule]] = {
     # bridge -> kernel ("key" only as the very first line; see frame authentication)
@@ -1132,7 +1133,8 @@ def _drop_kernel_frames(details: traceback.TracebackException, kernel_file: str,
 def describe_user_exception(exc: BaseException, limit: int) -> dict[str, str]:
     """type, message and traceback of an exception from user code, each safe to compute
     (a broken ``__str__`` must not kill the kernel) and capped: the traceback keeps its
-    end, where the error is."""
+    end, where the error is. A ModuleNotFoundError adds ``module``, the name not found
+    (the bridge says how to get a common package into the image)."""
     try:
         message = str(exc)
     except Exception:
@@ -1143,7 +1145,11 @@ def describe_user_exception(exc: BaseException, limit: int) -> dict[str, str]:
         text = "%s: %s\n" % (type(exc).__name__, message)
     if len(text) > limit:
         text = "%s\n%s" % (cut_marker(len(text) - limit, "the traceback", limit), text[-limit:])
-    return {"type": type(exc).__name__[:MAX_NAME_CHARS], "message": message[:2000], "traceback": text}
+    info = {"type": type(exc).__name__[:MAX_NAME_CHARS], "message": message[:2000], "traceback": text}
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    if isinstance(missing, str):
+        info["module"] = missing[:MAX_NAME_CHARS]
+    return info
 
 
 _JSON_SCALARS = (str, int, float, bool, type(None))

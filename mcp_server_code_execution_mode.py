@@ -5604,6 +5604,7 @@ class SandboxSession:
             )
         elif status != "ok":
             outcome.status = "error"
+            outcome.detail = missing_package_hint(outcome.error, self.config.image)
         return outcome
 
     # --- stop --------------------------------------------------------------------------
@@ -5649,6 +5650,31 @@ class SandboxSession:
 
 
 START_RETRY_SECONDS = 300
+
+# Import names of common data packages, and the PyPI name build-image installs each by.
+# The sandbox has no network, so `pip install` cannot add one: the image must have it.
+DATA_PACKAGES = {
+    "numpy": "numpy", "pandas": "pandas", "matplotlib": "matplotlib", "scipy": "scipy",
+    "sklearn": "scikit-learn", "PIL": "pillow", "seaborn": "seaborn", "statsmodels": "statsmodels",
+    "sympy": "sympy", "polars": "polars", "pyarrow": "pyarrow", "openpyxl": "openpyxl",
+    "networkx": "networkx", "plotly": "plotly", "yaml": "pyyaml", "bs4": "beautifulsoup4",
+    "lxml": "lxml", "cv2": "opencv-python", "dateutil": "python-dateutil", "tabulate": "tabulate",
+}  # fmt: skip
+
+
+def missing_package_hint(error: Mapping[str, Any] | None, image: str) -> str | None:
+    """For code that failed to import a common data package (the kernel's ``module`` of a
+    ModuleNotFoundError): the image lacks it, and how the user gets one that has it."""
+    module = str((error or {}).get("module") or "")  # "a.b": a is there, a.b is not
+    if module not in DATA_PACKAGES:
+        return None
+    packages = list(BATTERIES) + [DATA_PACKAGES[module]] * (DATA_PACKAGES[module] not in BATTERIES)
+    return (
+        "%s is not installed in the sandbox image %s, and the sandbox has no network to pip install "
+        "it. Tell the user: `%s %s --packages %s` builds an image with it; then set MCP_BRIDGE_IMAGE=%s "
+        "in this MCP server's environment and restart it. Meanwhile, use the standard library."
+        % (module, image, SERVER_NAME, BUILD_IMAGE_COMMAND, ",".join(packages), BATTERIES_TAG)
+    )
 
 
 class RunningCode:

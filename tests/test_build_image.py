@@ -197,6 +197,32 @@ async def test_the_batteries_image_from_build_image_runs_data_code_in_the_bridge
     assert answer["value"] == "(30, True)" and answer["stderr"] == "", answer
 
 
+async def test_importing_a_data_package_the_image_lacks_names_build_image(
+    engine: Engine, state_dir: Path
+) -> None:
+    probe = subprocess.run(
+        [engine.name, "run", "--rm", "--network", "none", engine.image, "python3", "-c", "import matplotlib"],
+        capture_output=True,
+        check=False,
+    )
+    if probe.returncode == 0:
+        pytest.fail("%s has matplotlib: this test needs an image without it" % engine.image)
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        missing = await run_cell(client, "import os\nimport matplotlib.pyplot as plt")
+        other = await run_cell(client, "import no_such_module_of_ours")
+    assert missing["is_error"] and missing["error"]["type"] == "ModuleNotFoundError", missing
+    hint = (
+        "matplotlib is not installed in the sandbox image %s, and the sandbox has no network to pip "
+        "install it. Tell the user: `mcp-server-code-execution-mode build-image --packages "
+        "numpy,pandas,matplotlib` builds an image with it; then set "
+        "MCP_BRIDGE_IMAGE=localhost/mcp-sandbox-python:batteries in this MCP server's environment"
+        % engine.image
+    )
+    assert missing["detail"].startswith(hint), missing["detail"]
+    assert "[error] " + hint in missing["text"], missing["text"]  # what Claude Code shows the model
+    assert other["is_error"] and other["detail"] is None, other  # not a package build-image knows
+
+
 def test_guide_shows_this_example() -> None:
     guide = (Path(__file__).resolve().parent.parent / "GUIDE.md").read_text()
     assert "```python\n%s```" % BATTERIES_EXAMPLE in guide
