@@ -168,6 +168,9 @@ def _is_texts(value: Any) -> bool:
     return isinstance(value, list) and len(value) <= 100 and all(isinstance(item, str) for item in value)
 
 
+MAX_DEFINED_TOOLS = 1000  # names in a result's defined_tools (the host saves at most 1000 tools)
+
+
 def _is_listed(value: Any, item_is: Callable[[Any], bool]) -> bool:
     """A list of at most 100 items, each of which ``item_is`` accepts."""
     return isinstance(value, list) and len(value) <= 100 and all(item_is(item) for item in value)
@@ -258,6 +261,17 @@ FRAME_SCHEMAS: dict[str, dict[str, FieldRule]] = {
             "a list of at most 100 {uri, mime_type, text or blob} objects",
             required=False,
         ),
+        # executor -> bridge: the saved tools a fresh executor defined (the bridge tells the
+        # model once per change of these names, not in every fresh session)
+        "defined_tools": FieldRule(
+            lambda value: (
+                isinstance(value, list)
+                and len(value) <= MAX_DEFINED_TOOLS
+                and all(_is_name(name) for name in value)
+            ),
+            "a list of at most %d tool names" % MAX_DEFINED_TOOLS,
+            required=False,
+        ),
         # supervisor -> bridge: saved tools whose definition killed or hung an executor
         "failed_tools": FieldRule(
             lambda value: _is_listed(value, _is_failed_tool),
@@ -287,7 +301,7 @@ FRAME_SCHEMAS: dict[str, dict[str, FieldRule]] = {
     "cancel": {"id": _ID},
 }
 # What a result may carry besides its status, value and error; the supervisor passes it on.
-RESULT_EXTRAS = ("json", "images", "attachments")
+RESULT_EXTRAS = ("json", "images", "attachments", "defined_tools")
 # Who may send what: bridge -> supervisor, supervisor -> bridge, supervisor -> executor,
 # executor -> supervisor.
 BRIDGE_FRAME_TYPES = frozenset({"execute", "interrupt", "response"})
@@ -2328,6 +2342,7 @@ class ExecutorProcess:
         # The bridge says whether there is a store of saved tools to ask (a kernel run on its
         # own, in tests, has none).
         self.tools_loaded = not config.get("saved_tools", False)
+        self.defined_tools: list[str] = []  # the saved tools load_saved_tools() defined
         self.reap_children = False  # set after an interrupt (see reap_killed_children)
 
     def load_saved_tools(self, skip: collections.abc.Collection[str] = ()) -> list[str]:
@@ -2336,7 +2351,8 @@ class ExecutorProcess:
         each, the supervisor hears which (a "loading" frame): it kills a tool that takes
         over SAVED_TOOL_SECONDS or ends the process, and starts the execute again in a
         fresh executor with that tool in ``skip``. Past SAVED_TOOLS_SECONDS in all, the
-        rest are left out."""
+        rest are left out. The names defined are kept in ``defined_tools``: the bridge,
+        not each fresh session, says which they are."""
         try:
             answer = self.requests.call("tool_sources", {})
         except MCPError as exc:
@@ -2370,8 +2386,7 @@ class ExecutorProcess:
                 )
             finally:  # a tool that ignored SIGINT must not make the call's code uninterruptible
                 signal.signal(signal.SIGINT, self._on_sigint)
-        if loaded:
-            notices.insert(0, "Saved tools defined in this fresh session: %s." % ", ".join(loaded))
+        self.defined_tools = loaded
         return notices
 
     def prepare(self) -> None:
@@ -2477,6 +2492,7 @@ class ExecutorProcess:
                 self.tools_loaded = True
                 if frame.get("saved_tools", True):
                     notices = self.load_saved_tools(frame.get("skip") or ())
+                    result["defined_tools"] = self.defined_tools[:MAX_DEFINED_TOOLS]
                 else:
                     notices = [WITHOUT_SAVED_TOOLS]
                 # The code starts now: the supervisor heeds no "loading" frame after this one.

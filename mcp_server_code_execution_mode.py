@@ -4540,6 +4540,7 @@ class HostAPI:
             "progress": (ProgressParams, self.progress),
         }
         self.tool_pattern_problems: list[str] = []  # found as servers list their tools
+        self.announced_tools: tuple[str, ...] | None = None  # see defined_tools_notice()
         store_dir = store_dir or config.state_dir / MEMORY_DIRNAME
         self.saved_tools = SavedTools(store_dir)
         self.memory = MemoryStore(
@@ -4761,6 +4762,16 @@ class HostAPI:
 
     async def tool_sources(self) -> Any:
         return await self._in_store(self.saved_tools.sources)
+
+    def defined_tools_notice(self, names: Sequence[str]) -> str | None:
+        """The notice naming the saved tools a fresh session defined: once per change of
+        their names (this caller's sessions share them; the manual says that every fresh
+        session defines them), not in every fresh session."""
+        defined = tuple(sorted(names))
+        if defined == self.announced_tools:
+            return None
+        self.announced_tools = defined
+        return "Saved tools defined in this fresh session: %s." % ", ".join(names) if names else None
 
     async def quarantine_tools(self, failed: Sequence[Mapping[str, str]]) -> list[str]:
         """Keep the saved tools whose definition killed or hung a sandbox's Python process
@@ -5504,6 +5515,10 @@ class SandboxSession:
             self.pending = None
             self.cancel_requests()
         outcome = self._outcome(pending, timeout, timed_out)
+        defined = (pending.result or {}).get("defined_tools")
+        notice = self.host.defined_tools_notice(defined) if defined is not None else None
+        if notice is not None:
+            outcome.notices.insert(0, notice)
         failed = (pending.result or {}).get("failed_tools")
         if failed:
             outcome.notices.extend(await self.host.quarantine_tools(failed))
