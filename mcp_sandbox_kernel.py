@@ -150,12 +150,13 @@ def _is_cuts(value: Any) -> bool:
 
 
 def _is_error_info(value: Any) -> bool:
-    """{"type": name, "message": text, "traceback": text (optional)}"""
+    """{"type": name, "message": text, "traceback": text (optional), "module": text (optional)}"""
     return (
         isinstance(value, dict)
         and _is_name(value.get("type"))
         and _is_text(value.get("message"))
         and _is_optional_text(value.get("traceback"))
+        and _is_optional_text(value.get("module"))
     )
 
 
@@ -165,6 +166,9 @@ def _is_optional_error_info(value: Any) -> bool:
 
 def _is_texts(value: Any) -> bool:
     return isinstance(value, list) and len(value) <= 100 and all(isinstance(item, str) for item in value)
+
+
+MAX_DEFINED_TOOLS = 1000  # names in a result's defined_tools (the host saves at most 1000 tools)
 
 
 def _is_listed(value: Any, item_is: Callable[[Any], bool]) -> bool:
@@ -209,7 +213,7 @@ def _one_of(*choices: str) -> Callable[[Any], bool]:
 
 
 _ID = FieldRule(is_frame_id, "a string of 1-%d characters or an integer" % MAX_ID_CHARS)
-_ERROR_INFO = "null or an object with string fields type, message (and traceback)"
+_ERROR_INFO = "null or an object with string fields type, message (and traceback, module)"
 
 FRAME_SCHEMAS: dict[str, dict[str, FieldRule]] = {
     # bridge -> kernel ("key" only as the very first line; see frame authentication)
@@ -257,6 +261,17 @@ FRAME_SCHEMAS: dict[str, dict[str, FieldRule]] = {
             "a list of at most 100 {uri, mime_type, text or blob} objects",
             required=False,
         ),
+        # executor -> bridge: the saved tools a fresh executor defined (the bridge tells the
+        # model once per change of these names, not in every fresh session)
+        "defined_tools": FieldRule(
+            lambda value: (
+                isinstance(value, list)
+                and len(value) <= MAX_DEFINED_TOOLS
+                and all(_is_name(name) for name in value)
+            ),
+            "a list of at most %d tool names" % MAX_DEFINED_TOOLS,
+            required=False,
+        ),
         # supervisor -> bridge: saved tools whose definition killed or hung an executor
         "failed_tools": FieldRule(
             lambda value: _is_listed(value, _is_failed_tool),
@@ -286,7 +301,7 @@ FRAME_SCHEMAS: dict[str, dict[str, FieldRule]] = {
     "cancel": {"id": _ID},
 }
 # What a result may carry besides its status, value and error; the supervisor passes it on.
-RESULT_EXTRAS = ("json", "images", "attachments")
+RESULT_EXTRAS = ("json", "images", "attachments", "defined_tools")
 # Who may send what: bridge -> supervisor, supervisor -> bridge, supervisor -> executor,
 # executor -> supervisor.
 BRIDGE_FRAME_TYPES = frozenset({"execute", "interrupt", "response"})
@@ -1132,7 +1147,8 @@ def _drop_kernel_frames(details: traceback.TracebackException, kernel_file: str,
 def describe_user_exception(exc: BaseException, limit: int) -> dict[str, str]:
     """type, message and traceback of an exception from user code, each safe to compute
     (a broken ``__str__`` must not kill the kernel) and capped: the traceback keeps its
-    end, where the error is."""
+    end, where the error is. A ModuleNotFoundError adds ``module``, the name not found
+    (the bridge says how to get a common package into the image)."""
     try:
         message = str(exc)
     except Exception:
@@ -1143,7 +1159,11 @@ def describe_user_exception(exc: BaseException, limit: int) -> dict[str, str]:
         text = "%s: %s\n" % (type(exc).__name__, message)
     if len(text) > limit:
         text = "%s\n%s" % (cut_marker(len(text) - limit, "the traceback", limit), text[-limit:])
-    return {"type": type(exc).__name__[:MAX_NAME_CHARS], "message": message[:2000], "traceback": text}
+    info = {"type": type(exc).__name__[:MAX_NAME_CHARS], "message": message[:2000], "traceback": text}
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    if isinstance(missing, str):
+        info["module"] = missing[:MAX_NAME_CHARS]
+    return info
 
 
 _JSON_SCALARS = (str, int, float, bool, type(None))
@@ -1189,13 +1209,15 @@ def safe_repr(value: Any) -> str:
 # =============================================================================
 # What a call shows besides text: matplotlib figures (as Jupyter's inline backend does:
 # `plt.show()` and figures still open when the cell ends become PNGs, then are closed),
-# `display(obj)`, `runtime.show_image(...)`, and an image as the cell's final value. They
+# `display(obj)`, `runtime.show_image(...)`, and an image as the cell's final value (also
+# each ToolImage in a list or tuple value: a tool's result of several parts). They
 # travel in the result frame, capped in number and size, and reach the client as image
 # content after the text. `runtime.attach(path)` sends a file the same way, as an
 # embedded resource (text or base64 blob, with its mime type).
 
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 MAX_ATTACHMENTS = 10  # files per call
+MAX_LISTED_IMAGES = 100  # a longer list or tuple value is shown as its repr only
 _TEXT_TYPES = ("application/json", "application/xml", "application/javascript", "application/x-yaml")
 _IMAGE_SIGNATURES = (
     (b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF87a", "image/gif"),
@@ -1345,6 +1367,16 @@ class ImageCollector:
             pyplot.close(value)
         return True
 
+    def add_tool_images(self, value: Any) -> None:
+        """Show the ToolImages in a short list or tuple: a tool's result with several parts
+        (text, image, text) is one, and its repr alone would show the image only as
+        ``<ToolImage ...>``. Only ToolImages: rendering other items (``_repr_png_``) could
+        be slow, and Jupyter shows none of them either."""
+        if isinstance(value, (list, tuple)) and len(value) <= MAX_LISTED_IMAGES:
+            for item in value:
+                if isinstance(item, ToolImage):
+                    self.add(bytes(item.data), item.mime_type)
+
     def capture_figures(self) -> None:
         """Every open matplotlib figure becomes an image, then is closed (memory stays flat)."""
         pyplot = sys.modules.get("matplotlib.pyplot")
@@ -1359,9 +1391,11 @@ class ImageCollector:
         pyplot.close("all")
 
     def display(self, *values: Any) -> None:
-        """Jupyter's display(): images are shown; anything else is printed as its repr."""
+        """Jupyter's display(): images are shown; anything else is printed as its repr (and
+        the images in a tool's result with several parts are shown too)."""
         for value in values:
             if not self.add_value(value):
+                self.add_tool_images(value)
                 print(repr(value))
 
     def show_image(self, data_or_path: Any, mime_type: str | None = None) -> None:
@@ -2419,6 +2453,7 @@ class ExecutorProcess:
         # The bridge says whether there is a store of saved tools to ask (a kernel run on its
         # own, in tests, has none).
         self.tools_loaded = not config.get("saved_tools", False)
+        self.defined_tools: list[str] = []  # the saved tools load_saved_tools() defined
         self.reap_children = False  # set after an interrupt (see reap_killed_children)
 
     def load_saved_tools(self, skip: collections.abc.Collection[str] = ()) -> list[str]:
@@ -2427,7 +2462,8 @@ class ExecutorProcess:
         each, the supervisor hears which (a "loading" frame): it kills a tool that takes
         over SAVED_TOOL_SECONDS or ends the process, and starts the execute again in a
         fresh executor with that tool in ``skip``. Past SAVED_TOOLS_SECONDS in all, the
-        rest are left out."""
+        rest are left out. The names defined are kept in ``defined_tools``: the bridge,
+        not each fresh session, says which they are."""
         try:
             answer = self.requests.call("tool_sources", {})
         except MCPError as exc:
@@ -2461,8 +2497,7 @@ class ExecutorProcess:
                 )
             finally:  # a tool that ignored SIGINT must not make the call's code uninterruptible
                 signal.signal(signal.SIGINT, self._on_sigint)
-        if loaded:
-            notices.insert(0, "Saved tools defined in this fresh session: %s." % ", ".join(loaded))
+        self.defined_tools = loaded
         return notices
 
     def prepare(self) -> None:
@@ -2568,6 +2603,7 @@ class ExecutorProcess:
                 self.tools_loaded = True
                 if frame.get("saved_tools", True):
                     notices = self.load_saved_tools(frame.get("skip") or ())
+                    result["defined_tools"] = self.defined_tools[:MAX_DEFINED_TOOLS]
                 else:
                     notices = [WITHOUT_SAVED_TOOLS]
                 # The code starts now: the supervisor heeds no "loading" frame after this one.
@@ -2578,6 +2614,7 @@ class ExecutorProcess:
             if value is not None:  # still interruptible: a __repr__ may never return
                 self.executor.namespace["_"] = value
                 if not self.images.add_value(value):
+                    self.images.add_tool_images(value)  # and the value's repr, with its text
                     head, cut, tail = head_and_tail(safe_repr(value), self.max_output_chars)
                     result["value"] = head
                     if cut or tail:  # the bridge fits head and tail into the result's budget

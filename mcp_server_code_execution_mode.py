@@ -4615,6 +4615,7 @@ class HostAPI:
             "progress": (ProgressParams, self.progress),
         }
         self.tool_pattern_problems: list[str] = []  # found as servers list their tools
+        self.announced_tools: tuple[str, ...] | None = None  # see defined_tools_notice()
         store_dir = store_dir or config.state_dir / MEMORY_DIRNAME
         self.saved_tools = SavedTools(store_dir)
         self.memory = MemoryStore(
@@ -4836,6 +4837,16 @@ class HostAPI:
 
     async def tool_sources(self) -> Any:
         return await self._in_store(self.saved_tools.sources)
+
+    def defined_tools_notice(self, names: Sequence[str]) -> str | None:
+        """The notice naming the saved tools a fresh session defined: once per change of
+        their names (this caller's sessions share them; the manual says that every fresh
+        session defines them), not in every fresh session."""
+        defined = tuple(sorted(names))
+        if defined == self.announced_tools:
+            return None
+        self.announced_tools = defined
+        return "Saved tools defined in this fresh session: %s." % ", ".join(names) if names else None
 
     async def quarantine_tools(self, failed: Sequence[Mapping[str, str]]) -> list[str]:
         """Keep the saved tools whose definition killed or hung a sandbox's Python process
@@ -5582,6 +5593,10 @@ class SandboxSession:
             self.pending = None
             self.cancel_requests()
         outcome = self._outcome(pending, timeout, timed_out)
+        defined = (pending.result or {}).get("defined_tools")
+        notice = self.host.defined_tools_notice(defined) if defined is not None else None
+        if notice is not None:
+            outcome.notices.insert(0, notice)
         failed = (pending.result or {}).get("failed_tools")
         if failed:
             outcome.notices.extend(await self.host.quarantine_tools(failed))
@@ -5682,6 +5697,7 @@ class SandboxSession:
             )
         elif status != "ok":
             outcome.status = "error"
+            outcome.detail = missing_package_hint(outcome.error, self.config.image)
         return outcome
 
     # --- stop --------------------------------------------------------------------------
@@ -5727,6 +5743,31 @@ class SandboxSession:
 
 
 START_RETRY_SECONDS = 300
+
+# Import names of common data packages, and the PyPI name build-image installs each by.
+# The sandbox has no network, so `pip install` cannot add one: the image must have it.
+DATA_PACKAGES = {
+    "numpy": "numpy", "pandas": "pandas", "matplotlib": "matplotlib", "scipy": "scipy",
+    "sklearn": "scikit-learn", "PIL": "pillow", "seaborn": "seaborn", "statsmodels": "statsmodels",
+    "sympy": "sympy", "polars": "polars", "pyarrow": "pyarrow", "openpyxl": "openpyxl",
+    "networkx": "networkx", "plotly": "plotly", "yaml": "pyyaml", "bs4": "beautifulsoup4",
+    "lxml": "lxml", "cv2": "opencv-python", "dateutil": "python-dateutil", "tabulate": "tabulate",
+}  # fmt: skip
+
+
+def missing_package_hint(error: Mapping[str, Any] | None, image: str) -> str | None:
+    """For code that failed to import a common data package (the kernel's ``module`` of a
+    ModuleNotFoundError): the image lacks it, and how the user gets one that has it."""
+    module = str((error or {}).get("module") or "")  # "a.b": a is there, a.b is not
+    if module not in DATA_PACKAGES:
+        return None
+    packages = list(BATTERIES) + [DATA_PACKAGES[module]] * (DATA_PACKAGES[module] not in BATTERIES)
+    return (
+        "%s is not installed in the sandbox image %s, and the sandbox has no network to pip install "
+        "it. Tell the user: `%s %s --packages %s` builds an image with it; then set MCP_BRIDGE_IMAGE=%s "
+        "in this MCP server's environment and restart it. Meanwhile, use the standard library."
+        % (module, image, SERVER_NAME, BUILD_IMAGE_COMMAND, ",".join(packages), BATTERIES_TAG)
+    )
 
 
 class RunningCode:
@@ -5801,8 +5842,18 @@ class RunningCode:
         )
         if waited_for_earlier:
             detail = "Your code was not run: the code of an earlier call is still running. " + detail
-        return ExecutionOutcome(
-            status="running", stdout=output["stdout"], stderr=output["stderr"], detail=detail
+        outcome = ExecutionOutcome(status="running", stdout=output["stdout"], stderr=output["stderr"])
+        outcome.detail, outcome.duration = detail, elapsed
+        return outcome
+
+    def stopped_by_reset(self) -> str:
+        """The notice for a reset that stops this code, which has not ended."""
+        elapsed = time.monotonic() - self.started
+        unseen = sum(len("".join(self.pending.streams[name])) - self.shown[name] for name in self.shown)
+        lost = " Its output since the last answer (%d characters) was not shown." % unseen if unseen else ""
+        return (
+            "Reset stopped the code of an earlier call, still running after %.0fs; its result is gone.%s"
+            % (elapsed, lost)
         )
 
 
@@ -6008,7 +6059,7 @@ class SessionManager:
             await self._lock.acquire()
             acquired = True
         if not acquired:
-            return ExecutionOutcome(status="running", detail=BUSY)
+            return ExecutionOutcome(status="running", detail=BUSY, duration=time.monotonic() - arrived)
         try:
             return await self._run_locked(code, timeout, reset, progress, arrived, saved_tools)
         finally:
@@ -6033,8 +6084,14 @@ class SessionManager:
             raise ShuttingDownError(SHUTTING_DOWN)
         notices, self.held_notices = self.held_notices, []
         if self.running is not None and reset:  # a reset stops the earlier code too
-            self.running.scope.cancel()
-            await self.running.finished.wait()
+            if self.running.finished.is_set() and self.running.failure is None:
+                self.unreported = await self._finish(self.running, [])  # it ended before the reset
+            elif self.running.finished.is_set():
+                notices.append("The code of an earlier call could not finish: %s" % self.running.failure)
+            else:
+                notices.append(self.running.stopped_by_reset())
+                self.running.scope.cancel()
+                await self.running.finished.wait()
             self.running = None
         elif self.running is not None:
             if not await self.running.wait(self._left(arrived), progress):
@@ -9299,7 +9356,12 @@ def build_image_parser() -> argparse.ArgumentParser:
         help="auto: pip if the base image is here or can be pulled, else debian [default: auto]",
     )
     parser.add_argument("--runtime", choices=("podman", "docker"), default=None, help="default: detected")
-    parser.add_argument("--dry-run", action="store_true", help="print what would run, build nothing")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what would run on this machine (auto asks the base image's registry instead of "
+        "pulling), build nothing",
+    )
     return parser
 
 
@@ -9403,9 +9465,26 @@ def _build_with_debian(executable: str, packages: Sequence[str], tag: str, dry_r
             print("%s %s: %s" % (SERVER_NAME, BUILD_IMAGE_COMMAND, left), file=sys.stderr)
 
 
-def _can_use_base(runtime: ContainerRuntime, base: str) -> bool:
+REGISTRY_SECONDS = 120  # a dry run's question to the registry (a real pull has no bound)
+
+
+def _can_use_base(runtime: ContainerRuntime, base: str, dry_run: bool) -> bool:
+    """Whether the pip method has its base image: here, or pulled now. A dry run pulls
+    nothing: it asks the image's registry for its manifest, which answers where a pull
+    would work (the same registry, name resolution and credentials)."""
     if anyio.run(runtime.has_image, base):
         return True
+    if dry_run:
+        print("%s is not here; asking its registry (a real run would pull it) ..." % base, file=sys.stderr)
+        argv = [runtime.executable, "manifest", "inspect", base]
+        try:
+            found = subprocess.run(
+                argv, stdout=subprocess.DEVNULL, stderr=sys.stderr, timeout=REGISTRY_SECONDS, check=False
+            )
+        except subprocess.TimeoutExpired:
+            print("%s did not answer within %ds." % (" ".join(argv), REGISTRY_SECONDS), file=sys.stderr)
+            return False
+        return found.returncode == 0
     print("Pulling %s ..." % base, file=sys.stderr)
     pulled = subprocess.run([runtime.executable, "pull", base], stdout=sys.stderr, check=False)
     return pulled.returncode == 0
@@ -9433,7 +9512,7 @@ def build_image_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         base = args.base or config.image
         method = args.method
         if method == "auto":
-            method = "pip" if args.dry_run or _can_use_base(runtime, base) else "debian"
+            method = "pip" if _can_use_base(runtime, base, args.dry_run) else "debian"
             if method == "debian" and args.base is not None:  # asked for: no silent substitute
                 raise BuildImageError(
                     "--from %s: %s neither has that image nor can pull it; pull or build it first, "

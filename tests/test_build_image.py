@@ -29,9 +29,14 @@ plt.close(figure)  # saved to a file, not shown
 """
 
 
-def build_image(*args: str) -> subprocess.CompletedProcess[str]:
+def build_image(*args: str, **environ: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [console_script(), "build-image", *args], capture_output=True, text=True, timeout=120, check=False
+        [console_script(), "build-image", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, **environ},
     )
 
 
@@ -116,6 +121,25 @@ def test_an_explicit_base_that_cannot_be_used_fails_instead_of_switching_method(
     assert "Method:" not in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
+def test_a_dry_run_chooses_the_method_the_real_run_would_on_this_machine(engine: Engine) -> None:
+    # No registry here: a base image that is not on this machine cannot be pulled, so
+    # the real run builds from Debian packages, and the dry run must say so too.
+    missing = "localhost/mcp-test-no-such-base-%d:1" % time.monotonic_ns()
+    auto = build_image("--dry-run", "--runtime", engine.name, MCP_BRIDGE_IMAGE=missing)
+    assert auto.returncode == 0, auto.stderr
+    assert "Method: debian." in auto.stderr and "a real run would pull it" in auto.stderr, auto.stderr
+    assert auto.stdout.startswith("debootstrap --variant=minbase "), auto.stdout
+    # An explicit base it cannot use: the same refusal as the real run's, nothing pulled.
+    refused = build_image("--dry-run", "--runtime", engine.name, "--from", missing)
+    assert refused.returncode == 1, refused.stderr
+    assert "--from %s: %s neither has that image nor can pull it" % (missing, engine.name) in refused.stderr
+    assert "Method:" not in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+    # A base image that is here: pip, as the real run would.
+    here = build_image("--dry-run", "--runtime", engine.name, "--from", engine.image)
+    assert here.returncode == 0 and "Method: pip." in here.stderr, here.stderr
+    assert "FROM %s\n" % engine.image in here.stderr and " build --tag " in here.stdout, here.stdout
+
+
 def test_the_mount_table_is_read_for_mounts_at_or_under_a_path(tmp_path: Path) -> None:
     root = tmp_path / "deboot strap"
     escaped = str(root).replace(" ", "\\040")
@@ -171,6 +195,32 @@ async def test_the_batteries_image_from_build_image_runs_data_code_in_the_bridge
         answer = await run_cell(client, BATTERIES_EXAMPLE, timeout=120)
     assert not answer["is_error"], answer["text"]
     assert answer["value"] == "(30, True)" and answer["stderr"] == "", answer
+
+
+async def test_importing_a_data_package_the_image_lacks_names_build_image(
+    engine: Engine, state_dir: Path
+) -> None:
+    probe = subprocess.run(
+        [engine.name, "run", "--rm", "--network", "none", engine.image, "python3", "-c", "import matplotlib"],
+        capture_output=True,
+        check=False,
+    )
+    if probe.returncode == 0:
+        pytest.fail("%s has matplotlib: this test needs an image without it" % engine.image)
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        missing = await run_cell(client, "import os\nimport matplotlib.pyplot as plt")
+        other = await run_cell(client, "import no_such_module_of_ours")
+    assert missing["is_error"] and missing["error"]["type"] == "ModuleNotFoundError", missing
+    hint = (
+        "matplotlib is not installed in the sandbox image %s, and the sandbox has no network to pip "
+        "install it. Tell the user: `mcp-server-code-execution-mode build-image --packages "
+        "numpy,pandas,matplotlib` builds an image with it; then set "
+        "MCP_BRIDGE_IMAGE=localhost/mcp-sandbox-python:batteries in this MCP server's environment"
+        % engine.image
+    )
+    assert missing["detail"].startswith(hint), missing["detail"]
+    assert "[error] " + hint in missing["text"], missing["text"]  # what Claude Code shows the model
+    assert other["is_error"] and other["detail"] is None, other  # not a package build-image knows
 
 
 def test_guide_shows_this_example() -> None:

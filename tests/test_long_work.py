@@ -19,7 +19,7 @@ import pytest
 from mcp.client.session import ClientSession
 
 import mcp_server_code_execution_mode as bridge
-from tests.conftest import NPM_BIN, Engine, bridge_client, bridge_env, console_script, run_cell
+from tests.conftest import NPM_BIN, Engine, bridge_client, bridge_env, console_script, run_cell, structured
 
 pytestmark = pytest.mark.anyio
 # still-running answers and their bookkeeping are the bridge's: the first requested runtime is enough.
@@ -45,6 +45,8 @@ async def test_a_long_call_answers_still_running_and_the_next_call_gets_the_rest
         first = await run_cell(client, TICKS, timeout=30)
         assert first["status"] == "running" and not first["is_error"], first
         assert first["detail"].startswith("Still running after 2s (its timeout of 30s still applies)"), first
+        # The time it has run so far, as the detail says (not 0.0).
+        assert 1.9 <= first["duration_seconds"] < 30, first
         second = await run_cell(client, "after = 'mine'\nafter")
         assert second["status"] == "ok" and second["value"] == "'mine'", second
         earlier = second["earlier"]
@@ -107,6 +109,9 @@ async def test_reset_and_a_cancelled_wait_stop_code_that_runs_on(engine: Engine,
         assert first["status"] == "running", first
         reset = await client.call_tool("run_python", {"code": "'fresh'", "reset": True})
         assert not reset.is_error and "Reset: started a fresh session" in str(reset.content), reset
+        notices = structured(reset)["notices"]
+        stopped = "Reset stopped the code of an earlier call, still running after "
+        assert notices[0].startswith(stopped) and "its result is gone" in notices[0], notices
         await run_cell(client, "marker = 'before'")
         slow = await run_cell(client, "import time\nfor _ in range(600):\n    time.sleep(0.1)", timeout=120)
         assert slow["status"] == "running", slow
@@ -172,4 +177,40 @@ async def test_the_end_of_earlier_code_is_kept_when_the_call_collecting_it_fails
         third = await manager.run("third", 10, reset=False)
         assert third.value == "'third'"
         assert third.earlier is not None and third.earlier.value == "'slow'"
+        group.cancel_scope.cancel()
+
+
+async def test_a_reset_says_what_became_of_code_an_earlier_call_left_running() -> None:
+    # Unit test of the manager with a fake sandbox: code still running when a reset comes
+    # is stopped, and the reset's result says so; code that ended before the reset (its
+    # end not yet returned) is returned with the reset's result, not dropped.
+    class FakeSession:
+        alive = True
+        config = bridge.BridgeConfig()
+
+        async def execute(
+            self, code: str, timeout: float, pending: Any, saved_tools: bool = True
+        ) -> bridge.ExecutionOutcome:
+            pending.streams["stdout"].append("started %s\n" % code)
+            await anyio.sleep({"forever": 600, "short": 1.5}.get(code, 0))
+            return bridge.ExecutionOutcome(status="ok", value=repr(code))
+
+    async def ensure_session(notices: list[str]) -> Any:
+        return FakeSession()
+
+    host: Any = SimpleNamespace(pool=SimpleNamespace(drain_notices=list))
+    async with anyio.create_task_group() as group:
+        manager = bridge.SessionManager(bridge.BridgeConfig(respond_after=1.0), group, host)
+        manager._ensure_session = ensure_session  # type: ignore[method-assign]
+        first = await manager.run("forever", 10, reset=False)
+        assert first.status == "running" and first.duration >= 0.9, first
+        reset = await manager.run("after", 10, reset=True)
+        assert reset.value == "'after'" and reset.earlier is None, reset
+        stopped = "Reset stopped the code of an earlier call, still running after 1s; its result is gone."
+        assert reset.notices[0].startswith(stopped), reset.notices
+        assert (await manager.run("short", 10, reset=False)).status == "running"
+        await anyio.sleep(1.0)  # "short" ends meanwhile; no call has returned its end
+        again = await manager.run("again", 10, reset=True)
+        assert again.earlier is not None and again.earlier.value == "'short'", again
+        assert not any("Reset stopped" in notice for notice in again.notices), again.notices
         group.cancel_scope.cancel()

@@ -658,6 +658,30 @@ async def test_saved_tools_are_back_after_a_crash_without_reset(engine: Engine, 
         assert any("Saved tools defined in this fresh session: good." in n for n in after["notices"]), after
 
 
+async def test_the_saved_tools_a_fresh_session_defines_are_named_once_per_change(
+    engine: Engine, state_dir: Path
+) -> None:
+    bridge.SavedTools(state_dir / bridge.MEMORY_DIRNAME).save("good", "def good():\n    return 'good'\n")
+    named = "Saved tools defined in this fresh session: "
+
+    async def naming(code: str, **arguments: Any) -> list[str]:
+        result = await client.call_tool("run_python", {"code": code, "timeout": 60, **arguments})
+        assert not result.is_error, result
+        return [notice for notice in structured(result)["notices"] if notice.startswith(named)]
+
+    async with bridge_client(bridge_env(engine, state_dir)) as client:
+        assert await naming("good()") == [named + "good."]
+        # The same tools again: a reset, another session, a session after a crash.
+        assert await naming("good()", reset=True) == []
+        assert await naming("good()", session="other") == []
+        assert (await run_cell(client, "import os\nos._exit(1)", timeout=60))["status"] == "crashed"
+        assert await naming("good()") == []
+        # A change of the set is named, once.
+        await run_cell(client, "def second():\n    return 2\nsave_tool(second)")
+        assert await naming("second()", reset=True) == [named + "good, second."]
+        assert await naming("second()", session="other", reset=True) == []
+
+
 async def test_update_memory_gives_up_clearly_when_every_attempt_is_overtaken(
     engine: Engine, state_dir: Path
 ) -> None:

@@ -29,6 +29,7 @@ from tests.conftest import (
     claude_desktop_home,
     proxy_env,
     real_server,
+    run_cell,
     structured,
     stub_entry,
     text_of,
@@ -223,6 +224,24 @@ async def test_results_are_unwrapped_and_raw_is_available(
             "({'sum': 4, 'product': 4}, 'kebab', 'image/png', b'\\x89PNG', "
             "['content', 'isError', 'resultType', 'structuredContent'], {'sum': 2, 'product': 1})"
         )
+
+
+async def test_a_tool_result_of_text_image_text_keeps_its_text_and_shows_its_image(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    # server-everything's get-tiny-image answers [text, image, text]: in the sandbox a
+    # list of the three; as a cell's value (or displayed) its text stays in the repr and
+    # its image reaches the client as an image, not only as "<ToolImage ...>".
+    home = claude_desktop_home(tmp_path, {"everything": {"command": real_server("everything")}})
+    async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+        parts = await run_cell(client, "[type(part).__name__ for part in mcp_everything.get_tiny_image()]")
+        assert parts["value"] == "['str', 'ToolImage', 'str']", parts
+        for code in ("mcp_everything.get_tiny_image()", "display(await mcp_everything.get_tiny_image())"):
+            answer = await run_cell(client, code)
+            assert not answer["is_error"] and answer["images"] == 1, answer
+            text = answer["text"]
+            assert """["Here's the image you requested:", <ToolImage image/png, """ in text, text
+            assert "'The image above is the MCP logo.']" in text, text
 
 
 DASHED_SERVER = Path(__file__).resolve().parent / "servers" / "dashed_server.py"
