@@ -739,7 +739,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
         "also be set by the environment variable shown; the flag wins.",
         epilog="Other commands (%(prog)s COMMAND ...; each has --help):\n"
         "  memory list|get KEY|delete KEY|export: what the agent saved, without the agent\n"
-        "  adopt --client CLIENT [--dry-run] [--undo]: hand a client's servers to the bridge\n"
+        "  adopt --client CLIENT [--dry-run] [--undo] [--env K=V]: hand a client's servers to the bridge\n"
+        "  doctor [--json]: check engine, limits, image, sandbox, configs and servers by starting each once\n"
         "  build-image [--packages A,B] [--tag TAG]: a sandbox image with more Python packages",
         formatter_class=_LineHelpFormatter,
     )
@@ -1965,6 +1966,7 @@ async def sweep_orphans(
 
 Transport = Literal["stdio", "http", "sse"]
 SELF_MARKERS = ("mcp-server-code-execution-mode", "mcp_server_code_execution_mode")
+SELF_ENTRY_SKIPPED = "it launches this bridge itself"  # the problem line of an entry that does
 
 
 @dataclass(frozen=True)
@@ -2313,7 +2315,7 @@ def _parse_entry(
         source=source.label,
     )
     if spec.command and launches_self((spec.command, *spec.args), self_markers):
-        return None, ["%s: skipped %s: it launches this bridge itself" % (source.label, name)]
+        return None, ["%s: skipped %s: %s" % (source.label, name, SELF_ENTRY_SKIPPED)]
     if unresolved:  # a prompt for a secret (${input:...}): starting without it would mislead
         return None, [
             "%s: skipped %s: %s cannot be resolved here (VS Code asks for ${input:...} values "
@@ -9201,7 +9203,12 @@ def check_config_files(discovery: DiscoveryResult) -> list[DoctorCheck]:
         path = label.split(" projects[")[0]
         mine = [line for line in problems if line.startswith((label + ":", path + ":"))]
         problems = [line for line in problems if line not in mine]
-        checks += [DoctorCheck("config", label, "warn", printable(line)) for line in mine]
+        checks += [  # the client's own entry for this bridge is as it should be
+            DoctorCheck(
+                "config", label, "ok" if line.endswith(SELF_ENTRY_SKIPPED) else "warn", printable(line)
+            )
+            for line in mine
+        ]
     checks += [DoctorCheck("config", "", "warn", printable(line)) for line in problems]
     if not discovery.sources:
         checks.insert(0, DoctorCheck("config", "", "ok", "(no config file lists MCP servers here)"))

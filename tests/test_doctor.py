@@ -67,7 +67,9 @@ def test_doctor_on_a_healthy_machine_exits_0_naming_engine_limits_python_and_eac
     ), report
     assert re.search(r"ok +time \(mcp_time\): started in [0-9.]+s, 2 tools\n", report), report
     assert re.search(r"ok +stub \(mcp_stub\): started in [0-9.]+s, [0-9]+ tools\n", report), report
-    assert str(home / ".config" / "Claude" / "claude_desktop_config.json") in ok
+    config = home / ".config" / "Claude" / "claude_desktop_config.json"
+    assert str(config) in ok
+    assert "%s: skipped code-execution: it launches this bridge itself" % config in ok  # as it should
     # The client starts the bridge and, beside it, the servers the bridge offers: adopt fixes that.
     (twice,) = [line for line in lines_of(report, "warn") if "again through this bridge" in line]
     assert (
