@@ -8976,6 +8976,10 @@ async def _locate_engine(config: BridgeConfig) -> ContainerRuntime:
 async def _doctor_image(runtime: ContainerRuntime, config: BridgeConfig) -> DoctorCheck:
     """The image on this machine, or pulled now (as the bridge's first start would)."""
     image = config.image
+    if isinstance(runtime, KubernetesRuntime):  # the nodes pull it: the start below tells
+        return DoctorCheck(
+            "sandbox", "image", "ok", "image %s: the cluster's nodes pull it" % image, {"image": image}
+        )
     if await runtime.has_image(image):
         return DoctorCheck("sandbox", "image", "ok", "image %s is on this machine" % image, {"image": image})
     argv = [runtime.executable, "pull", image]
@@ -9277,9 +9281,9 @@ def doctor_report(config: BridgeConfig, checks: Sequence[DoctorCheck]) -> str:
         mine = [check for check in checks if check.section == section]
         if mine or section == "servers":
             lines += ["", title]
-            lines += ["  %-4s  %s" % (check.status, check.message) for check in mine] or [
-                "  (none configured)"
-            ]
+            # Servers' errors and files' names may hold anything: escape what a terminal would run.
+            lines += ["  %-4s  %s" % (check.status, printable(check.message)) for check in mine]
+            lines += [] if mine else ["  (none configured)"]
     failures = sum(check.status == "fail" for check in checks)
     warnings = sum(check.status == "warn" for check in checks)
     lines += [
