@@ -39,6 +39,7 @@ import fcntl
 import fnmatch
 import hashlib
 import hmac
+import importlib.metadata
 import io
 import ipaddress
 import json
@@ -752,7 +753,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
         "also be set by the environment variable shown; the flag wins.",
         epilog="Other commands (%(prog)s COMMAND ...; each has --help):\n"
         "  memory list|get KEY|delete KEY|export: what the agent saved, without the agent\n"
-        "  adopt --client CLIENT [--dry-run] [--undo]: hand a client's servers to the bridge\n"
+        "  adopt --client CLIENT [--dry-run] [--undo] [--env K=V]: hand a client's servers to the bridge\n"
+        "  doctor [--json]: check engine, limits, image, sandbox, configs and servers by starting each once\n"
         "  build-image [--packages A,B] [--tag TAG]: a sandbox image with more Python packages",
         formatter_class=_LineHelpFormatter,
     )
@@ -1119,6 +1121,65 @@ def sandbox_user(config: BridgeConfig) -> str:
     return "%d:%d" % (info.st_uid, info.st_gid)
 
 
+SANDBOX_LIMITS = ("memory", "pids", "cpus")  # the run flags that need the engine's cgroups
+_LIMIT_CONTROLLERS = {"memory": "memory", "pids": "pids", "cpus": "cpu"}
+
+
+def unenforced_limits(rootless: bool, cgroups: str, controllers: Sequence[str] | None) -> tuple[str, ...]:
+    """Which of SANDBOX_LIMITS an engine accepts but does not enforce: all of them when
+    rootless on cgroups v1 (no cgroups at all); otherwise those whose cgroup controller
+    is missing from `controllers` (None: not known, none assumed missing)."""
+    if rootless and cgroups == "v1":
+        return SANDBOX_LIMITS
+    if controllers is None:
+        return ()
+    return tuple(limit for limit in SANDBOX_LIMITS if _LIMIT_CONTROLLERS[limit] not in controllers)
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What `doctor` reports of an engine, from its `info`: its version, whether it runs
+    rootless, the cgroups version ("v1", "v2"; "" unknown), the limits it cannot enforce
+    here (unenforced_limits) and where gVisor's runsc is available to it (None: nowhere)."""
+
+    version: str
+    rootless: bool = False
+    cgroups: str = ""
+    unenforced: tuple[str, ...] = ()
+    gvisor: str | None = None
+
+
+def podman_facts(info: Mapping[str, Any], runsc: str | None) -> EngineFacts:
+    """From `podman info --format json`; `runsc`: its path on PATH (Podman runs any OCI
+    runtime it is given)."""
+    host = info.get("host") or {}
+    rootless = bool((host.get("security") or {}).get("rootless"))
+    cgroups = str(host.get("cgroupVersion") or "")
+    controllers = host.get("cgroupControllers")
+    listed = [str(name) for name in controllers] if isinstance(controllers, list) else None
+    version = str((info.get("version") or {}).get("Version") or "unknown")
+    return EngineFacts(version, rootless, cgroups, unenforced_limits(rootless, cgroups, listed), runsc)
+
+
+def docker_facts(info: Mapping[str, Any]) -> EngineFacts:
+    """From `docker info --format '{{json .}}'`: gVisor only where the daemon knows runsc."""
+    rootless = "name=rootless" in (info.get("SecurityOptions") or [])
+    cgroups = "v%s" % info["CgroupVersion"] if info.get("CgroupVersion") else ""
+    flags = {"memory": "MemoryLimit", "pids": "PidsLimit", "cpu": "CpuCfsQuota"}
+    controllers = [controller for controller, flag in flags.items() if info.get(flag, True)]
+    runtimes = info.get("Runtimes") or {}
+    gvisor = next(
+        (
+            name
+            for name, runtime in runtimes.items()
+            if name == "runsc" or Path(str((runtime or {}).get("path", ""))).name == "runsc"
+        ),
+        None,
+    )
+    version = str(info.get("ServerVersion") or "unknown")
+    return EngineFacts(version, rootless, cgroups, unenforced_limits(rootless, cgroups, controllers), gvisor)
+
+
 class ContainerRuntime:
     """Strategy for one container engine. The run flags are identical on both engines
     (one pure function builds them); what differs is how readiness is checked and what
@@ -1203,6 +1264,21 @@ class ContainerRuntime:
         """Raise RuntimeUnavailableError unless the engine answers."""
         raise NotImplementedError
 
+    async def describe(self) -> EngineFacts | None:
+        """The engine's version and what it enforces (for `doctor`); None: not known here."""
+        return None
+
+    async def _info(self, template: str) -> dict[str, Any]:
+        """The engine's `info` as JSON; RuntimeUnavailableError when it does not answer."""
+        result = await _answer(self, [self.executable, "info", "--format", template])
+        try:
+            info = json.loads(result.stdout)
+        except ValueError:
+            info = None
+        if not isinstance(info, dict):
+            raise RuntimeUnavailableError("`%s info` did not answer JSON." % self.name)
+        return info
+
     async def release(self) -> None:
         """Undo what check_ready() started (only ever what the bridge itself started)."""
 
@@ -1228,6 +1304,9 @@ class DockerRuntime(ContainerRuntime):
 
     def oci_runtime_flags(self) -> tuple[list[str], list[str]]:
         return [], (["--runtime", self.oci_runtime] if self.oci_runtime else [])
+
+    async def describe(self) -> EngineFacts | None:
+        return docker_facts(await self._info("{{json .}}"))
 
     async def use_oci_runtime(self, name: str | None) -> None:
         if name is not None:
@@ -1321,12 +1400,15 @@ class PodmanRuntime(ContainerRuntime):
                 "bridge's stricter one (Podman's service would look for the profile file on its own machine)"
             )
             logger.warning(self.warnings[-1])
-        if rootless == "true" and cgroups == "v1":
+        if unenforced_limits(rootless == "true", cgroups, None):
             self.warnings.append(
                 "rootless Podman on cgroups v1 ignores resource limits: the sandbox's memory, "
                 "pids and CPU caps are NOT enforced on this host"
             )
             logger.warning(self.warnings[-1])
+
+    async def describe(self) -> EngineFacts | None:
+        return podman_facts(await self._info("json"), shutil.which("runsc"))
 
     async def _start_machine_if_stopped(self) -> None:
         # On macOS Podman runs containers in a VM ("machine"); start a stopped one,
@@ -1902,6 +1984,7 @@ async def sweep_orphans(
 
 Transport = Literal["stdio", "http", "sse"]
 SELF_MARKERS = ("mcp-server-code-execution-mode", "mcp_server_code_execution_mode")
+SELF_ENTRY_SKIPPED = "it launches this bridge itself"  # the problem line of an entry that does
 
 
 @dataclass(frozen=True)
@@ -2253,7 +2336,7 @@ def _parse_entry(
         source=source.label,
     )
     if spec.command and launches_self((spec.command, *spec.args), self_markers):
-        return None, ["%s: skipped %s: it launches this bridge itself" % (source.label, name)]
+        return None, ["%s: skipped %s: %s" % (source.label, name, SELF_ENTRY_SKIPPED)]
     if unresolved:  # a prompt for a secret (${input:...}): starting without it would mislead
         return None, [
             "%s: skipped %s: %s cannot be resolved here (VS Code asks for ${input:...} values "
@@ -8808,10 +8891,49 @@ def _rewritten(found: _ClientFile, table: dict[str, Any]) -> bytes:
 # --- adopting and undoing -------------------------------------------------------------
 
 
-def bridge_command(environ: Mapping[str, str], script: str) -> list[str]:
-    """The command a client runs to start this bridge, with absolute paths: apps started
-    from a desktop do not inherit the shell's PATH. Run by uvx, the bridge lives in a
-    throw-away environment in uv's cache (uv sets UV to its own path): `uv tool run`."""
+def install_source(direct_url: str | None) -> str | None:
+    """What `uvx --from` takes to install this package again, from its PEP 610
+    direct_url.json (which pip and uv write for a path, URL or VCS install): a folder or
+    file path, a URL, or `git+URL@COMMIT` (that exact commit). None: installed from an
+    index (or unreadable), where the package name alone finds it."""
+    try:
+        record = json.loads(direct_url or "null")
+    except ValueError:
+        return None
+    url = record.get("url") if isinstance(record, dict) else None
+    if not isinstance(url, str) or not url:
+        return None
+    vcs = record.get("vcs_info")
+    if isinstance(vcs, dict) and isinstance(vcs.get("vcs"), str):
+        commit = vcs.get("commit_id") or vcs.get("requested_revision")
+        source = "%s+%s%s" % (vcs["vcs"], url, "@%s" % commit if isinstance(commit, str) else "")
+    elif url.startswith("file://"):
+        source = urllib.parse.unquote(urllib.parse.urlsplit(url).path)
+        if re.match(r"/[A-Za-z]:", source):  # file:///C:/... on Windows
+            source = source[1:]
+    else:
+        source = url
+    subdirectory = record.get("subdirectory")
+    if isinstance(subdirectory, str) and subdirectory and not url.startswith("file://"):
+        source += "#subdirectory=" + subdirectory
+    return source
+
+
+def running_install_source() -> str | None:
+    """install_source() of the installed package this process runs from."""
+    try:
+        return install_source(importlib.metadata.distribution(SERVER_NAME).read_text("direct_url.json"))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def bridge_command(environ: Mapping[str, str], script: str, source: str | None = None) -> list[str]:
+    """The command a client runs to start this same program, with absolute paths: apps
+    started from a desktop do not inherit the shell's PATH. Run by uvx, the bridge lives in
+    a throw-away environment in uv's cache (uv sets UV to its own path): `uv tool run`,
+    with `--from SOURCE` when it was installed from a folder, a URL or a repository
+    (`source`, see install_source). Otherwise the console script it runs as (pipx, a venv,
+    `uv tool install`), or this interpreter with this module's file."""
     uv = environ.get("UV")
     if uv and Path(uv).is_absolute():
         try:
@@ -8821,14 +8943,53 @@ def bridge_command(environ: Mapping[str, str], script: str) -> list[str]:
         except (OSError, subprocess.SubprocessError):
             cache = ""
         if cache and Path(sys.prefix).resolve().is_relative_to(Path(cache).resolve()):
-            return [uv, "tool", "run", SERVER_NAME]
+            return [uv, "tool", "run", *(("--from", source) if source else ()), SERVER_NAME]
     path = Path(script)
-    if path.stem != SERVER_NAME or not path.is_file():
-        found = shutil.which(SERVER_NAME)
-        if found is None:
-            return [sys.executable, "-m", "mcp_server_code_execution_mode"]
-        path = Path(found)
-    return [str(path.absolute())]
+    if path.stem == SERVER_NAME and path.is_file():
+        return [str(path.absolute())]
+    return [sys.executable, str(Path(__file__).resolve())]  # `python -m ...` or the file itself
+
+
+# The settings an adopted entry carries (adopt_main): every MCP_BRIDGE_* variable adopt
+# ran with whose value differs from the default, plus each --env KEY=VALUE. Not those
+# that would make the entry useless to its client: it speaks stdio, and it must read the
+# servers file that adopt writes.
+_NOT_CARRIED = {
+    "transport": "the client talks to the entry over stdio",
+    "servers_config": "the bridge would read only that file, not %s where adopt moves the servers"
+    % SERVERS_FILE,
+}
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def env_pairs(values: Sequence[str]) -> dict[str, str]:
+    """adopt's --env KEY=VALUE arguments; AdoptError (status 2) for a malformed one."""
+    pairs: dict[str, str] = {}
+    for value in values:
+        key, equals, text = value.partition("=")
+        if not equals or not _ENV_NAME.fullmatch(key):
+            raise AdoptError("--env %s: write KEY=VALUE (KEY: letters, digits, _)." % ascii(value), status=2)
+        option = next((option for option in OPTIONS if option.env == key), None)
+        if option is not None and option.field in _NOT_CARRIED:
+            raise AdoptError("--env %s: %s." % (key, _NOT_CARRIED[option.field]), status=2)
+        pairs[key] = text
+    return pairs
+
+
+def carried_settings(
+    environ: Mapping[str, str], config: BridgeConfig, added: Mapping[str, str]
+) -> dict[str, str]:
+    """The env of the entry adopt adds: the settings (read into `config` from `environ`)
+    that differ from the defaults, then `added` (--env). (The state dir is plan_adoption's:
+    it may come from --state-dir.)"""
+    defaults = BridgeConfig()
+    carried: dict[str, str] = {}
+    for option in OPTIONS:
+        if option.field in _NOT_CARRIED or option.field == "state_dir" or not environ.get(option.env):
+            continue
+        if getattr(config, option.field) != getattr(defaults, option.field):
+            carried[option.env] = environ[option.env]
+    return {**carried, **added}
 
 
 def _bridge_entry_problem(entry: dict[str, Any], state_dir: Path, default_state_dir: Path) -> str | None:
@@ -8885,9 +9046,14 @@ def plan_adoption(
     state_dir: Path,
     default_state_dir: Path,
     command: Sequence[str],
+    env: Mapping[str, str] | None = None,
 ) -> tuple[list[FileChange], list[str]]:
-    """What `adopt --client ...` would write, and the lines that say so. Raises AdoptError,
-    having written nothing, when it must refuse."""
+    """What `adopt --client ...` would write, and the lines that say so; the bridge entry it
+    adds runs `command` with `env` (and the state dir, unless the default). Raises
+    AdoptError, having written nothing, when it must refuse."""
+    env = dict(env or {})
+    if state_dir != default_state_dir:  # a client starts the entry in a directory of its own
+        env["MCP_BRIDGE_STATE_DIR"] = str(state_dir.absolute())
     own_path = state_dir / SERVERS_FILE
     own_files: dict[Path, _ClientFile] = {}
     defined: dict[str, tuple[Path, Any]] = {}  # what the state dir's files already define
@@ -8930,7 +9096,8 @@ def plan_adoption(
                 "%s: moves %s from %s to %s" % (label, ", ".join(found.moved), found.source.path, own_path)
             )
             lines += ["%s: keeps %s (%s)" % (label, name, why) for name, why in found.kept.items()]
-            lines += ["%s: keeps %s (this bridge)" % (label, name) for name in found.bridges]
+            kept_as_is = "; its settings stay as they are" if env else ""
+            lines += ["%s: keeps %s (this bridge%s)" % (label, name, kept_as_is) for name in found.bridges]
             if add_bridge:
                 add_bridge = False
                 name, number = BRIDGE_ENTRY_NAME, 1
@@ -8940,10 +9107,11 @@ def plan_adoption(
                 entry = {"command": command[0], "args": list(command[1:])}
                 if found.keys[-1] == "servers":  # VS Code's tables: its docs always give the type
                     entry = {"type": "stdio", **entry}
-                if state_dir != default_state_dir:
-                    entry["env"] = {"MCP_BRIDGE_STATE_DIR": str(state_dir)}
+                if env:
+                    entry["env"] = dict(env)
                 table[name] = entry
-                lines.append("%s: adds %s (this bridge: %s)" % (label, name, " ".join(command)))
+                settings = "".join(" %s=%s" % pair for pair in env.items())
+                lines.append("%s: adds %s (this bridge:%s %s)" % (label, name, settings, " ".join(command)))
             changes.append(FileChange(found.source.path, found.data, _rewritten(found, table), found.stamp))
     if conflicts:
         raise AdoptError(
@@ -9156,6 +9324,14 @@ def build_adopt_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --undo: restore even files changed since (losing the changes)",
     )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a variable for the bridge entry adopt adds (repeat for several); the entry already "
+        "carries every MCP_BRIDGE_* setting adopt runs with that differs from the default",
+    )
     return parser
 
 
@@ -9164,7 +9340,12 @@ def adopt_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     args = build_adopt_parser().parse_args(list(argv))  # a bad command line: usage, status 2
     prefix = "%s %s: " % (SERVER_NAME, ADOPT_COMMAND)
     try:
-        config = load_config(["--state-dir=%s" % args.state_dir] if "state_dir" in args else [], environ)
+        added = env_pairs(args.env)
+        settings = {**environ, **added}  # --env MCP_BRIDGE_STATE_DIR=... moves the state dir too
+        config = load_config(["--state-dir=%s" % args.state_dir] if "state_dir" in args else [], settings)
+    except AdoptError as exc:
+        print(prefix + str(exc), file=sys.stderr)
+        return exc.status
     except ConfigError as exc:
         print(prefix + str(exc), file=sys.stderr)
         return 2
@@ -9182,10 +9363,11 @@ def adopt_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
             _list_adoptable(home, platform, environ, config.state_dir)
             return 0
         else:
-            command = bridge_command(environ, sys.argv[0])
+            command = bridge_command(environ, sys.argv[0], running_install_source())
             default_state_dir = BridgeConfig().state_dir
+            env = carried_settings(settings, config, added)
             changes, lines = plan_adoption(
-                clients, home, platform, environ, config.state_dir, default_state_dir, command
+                clients, home, platform, environ, config.state_dir, default_state_dir, command, env
             )
         if args.dry_run:
             sys.stdout.write(unified_diff(changes))
@@ -9219,39 +9401,445 @@ def adopt_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
 
 
 # --- the doctor subcommand ------------------------------------------------------------
-# `mcp-server-code-execution-mode doctor [server flags]`: what the bridge would find if it
-# started here (this working directory, these settings), starting nothing: the config
-# files it reads, the servers it offers, the project servers found but not trusted and
-# every other problem, each with what to do. The report goes to stdout.
+# `mcp-server-code-execution-mode doctor [--json] [server flags]`: what the bridge would
+# meet if it started here (this working directory, these settings), found by doing it
+# once: the engine and its version, whether it enforces the sandbox's limits, the image
+# (pulled if missing, as the bridge would), a real sandbox started and stopped (its
+# Python version), gVisor, every config file read and its problems, every configured
+# server started once through the client pool (time, tool count, tools code cannot use
+# well, the error when it fails), and the client configs that still start the same
+# servers themselves, with the `adopt` line that fixes it. Each probe is bounded by the
+# setting that bounds it in the bridge. Exit status: 0 healthy (warnings allowed), 1
+# when something would fail, 2 for a bad setting. The report goes to stdout.
 
 DOCTOR_COMMAND = "doctor"
+DOCTOR_PARALLEL_SERVERS = 4  # servers started at once
+DOCTOR_SERVER_SLACK = 15.0  # seconds beyond MCP_BRIDGE_SERVER_START_TIMEOUT before a probe gives up
+DoctorStatus = Literal["ok", "warn", "fail"]
+DOCTOR_SECTIONS = {
+    "sandbox": "Sandbox",
+    "config": "Config files read",
+    "servers": "MCP servers, each started once",
+    "clients": "Clients that still start the bridge's servers themselves",
+}
+# MCP's rule for tool names (1-128 of these); others may be refused by clients or mangled.
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 
-def doctor_report(config: BridgeConfig, discovery: DiscoveryResult) -> str:
-    lines = ["MCP_BRIDGE_PROJECT_SERVERS=%s (working directory %s)" % (config.project_servers, Path.cwd())]
-    lines += ["Config files read:", *("  %s" % label for label in discovery.sources or ["(none)"])]
-    rows = [("ALIAS", "NAME", "TRANSPORT", "SOURCE")]
-    rows += [(spec.alias, shown_name(spec.name), spec.transport, spec.source) for spec in discovery.servers]
-    lines += ["MCP servers offered (none is started until code uses it):"]
-    lines += ["  " + row for row in _table(rows).splitlines()] if discovery.servers else ["  (none)"]
-    if discovery.untrusted:
-        lines.append("Found but not trusted, not started: %s" % ", ".join(discovery.untrusted))
-    lines += ["Problems:", *("  " + printable(line) for line in discovery.problems or ["(none)"])]
+@dataclass(frozen=True)
+class DoctorCheck:
+    """One finding: its section (DOCTOR_SECTIONS), what it is about, ok/warn/fail, one
+    line for a person, and the facts behind it for --json."""
+
+    section: str
+    subject: str
+    status: DoctorStatus
+    message: str
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+def tool_problems(tools: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What makes a server's tools (as tools/list sent them) hard or impossible to use
+    from code: a name outside MCP's rule, an input schema that is not an object (no
+    arguments by name), two names that become the same Python name."""
+    problems: list[str] = []
+    seen: dict[str, str] = {}
+    for tool in tools:
+        name = _text(tool.get("name"))
+        if not _TOOL_NAME.fullmatch(name):
+            problems.append("tool %s: the name is not 1-128 of A-Z a-z 0-9 _ . -" % ascii(name[:130]))
+        if not _is_object_schema(tool.get("inputSchema")):
+            problems.append("tool %s: its inputSchema is not an object schema" % ascii(name[:130]))
+        identifier = python_identifier(name)
+        if identifier in seen:
+            problems.append(
+                "tools %s and %s are both .%s in code: one hides the other"
+                % (ascii(seen[identifier]), ascii(name), identifier)
+            )
+        seen.setdefault(identifier, name)
+    return problems
+
+
+async def _locate_engine(config: BridgeConfig) -> ContainerRuntime:
+    if config.runtime == "kubernetes":
+        return await locate_kubernetes(config)
+    return await detect_runtime(config.runtime)
+
+
+async def _doctor_image(runtime: ContainerRuntime, config: BridgeConfig) -> DoctorCheck:
+    """The image on this machine, or pulled now (as the bridge's first start would)."""
+    image = config.image
+    if isinstance(runtime, KubernetesRuntime):  # the nodes pull it: the start below tells
+        return DoctorCheck(
+            "sandbox", "image", "ok", "image %s: the cluster's nodes pull it" % image, {"image": image}
+        )
+    if await runtime.has_image(image):
+        return DoctorCheck("sandbox", "image", "ok", "image %s is on this machine" % image, {"image": image})
+    argv = [runtime.executable, "pull", image]
+    try:
+        pulled = await run_command(argv, timeout=config.start_timeout)
+    except TimeoutError:
+        reason = "pulling it took longer than %gs (MCP_BRIDGE_START_TIMEOUT)" % config.start_timeout
+    else:
+        lines = pulled.stderr.decode(errors="replace").strip().splitlines()
+        reason = "`%s pull %s` failed: %s" % (
+            runtime.name,
+            image,
+            lines[-1] if lines else "exit %d" % pulled.returncode,
+        )
+        if pulled.returncode == 0:
+            return DoctorCheck("sandbox", "image", "ok", "image %s was pulled" % image, {"image": image})
+    return DoctorCheck(
+        "sandbox",
+        "image",
+        "fail",
+        "image %s is not on this machine and cannot be pulled: %s. Set MCP_BRIDGE_IMAGE to an image with "
+        "python3 >= 3.9 that this machine has or can pull (`%s build-image` builds one)."
+        % (image, printable(reason), SERVER_NAME),
+        {"image": image, "reason": reason},
+    )
+
+
+async def _check_sandbox_start(runtime: ContainerRuntime, config: BridgeConfig) -> DoctorCheck:
+    """A real sandbox, started as the bridge starts it (hardening, seccomp, kernel), then stopped."""
+    async with anyio.create_task_group() as group:
+        host = HostAPI(ClientPool(DiscoveryResult((), (), ()), config, group), config)
+        session = SandboxSession(runtime, config, config.state_dir / "ipc", host)
+        started = time.monotonic()
+        try:
+            await session.start(group)
+        except SandboxStartError as exc:
+            return DoctorCheck("sandbox", "start", "fail", str(exc), {"image": config.image})
+        finally:
+            await session.stop()
+            group.cancel_scope.cancel()
+        seconds = time.monotonic() - started
+        python = str((session.hello or {}).get("python", "unknown"))
+    return DoctorCheck(
+        "sandbox",
+        "start",
+        "ok",
+        "a sandbox started in %.1fs (Python %s in %s) and was removed" % (seconds, python, config.image),
+        {"seconds": round(seconds, 2), "python": python, "image": config.image},
+    )
+
+
+def _limits_check(runtime: ContainerRuntime, facts: EngineFacts | None, config: BridgeConfig) -> DoctorCheck:
+    limits = {"memory": config.memory, "pids": config.pids, "cpus": config.cpus}
+    shown = ", ".join(
+        "%s %s" % (name, "%g" % value if isinstance(value, float) else value)
+        for name, value in limits.items()
+    )
+    if facts is None:
+        return DoctorCheck(
+            "sandbox",
+            "limits",
+            "ok",
+            "%s set on each Pod; the cluster enforces them (not checked here)" % shown,
+            limits,
+        )
+    if not facts.unenforced:
+        return DoctorCheck(
+            "sandbox", "limits", "ok", "%s enforced (cgroups %s)" % (shown, facts.cgroups or "?"), limits
+        )
+    how = (
+        "rootless on cgroups v1 has no cgroups"
+        if facts.rootless and facts.cgroups == "v1"
+        else ("its cgroups lack the controllers for them")
+    )
+    return DoctorCheck(
+        "sandbox",
+        "limits",
+        "warn",
+        "%s: %s NOT enforced: %s %s. Code can use all the memory, processes and CPU it likes; run the engine "
+        "rootful, or on cgroups v2 with the controllers delegated to this user."
+        % (shown, ", ".join(facts.unenforced), runtime.name, how),
+        {**limits, "unenforced": list(facts.unenforced)},
+    )
+
+
+def _gvisor_check(runtime: ContainerRuntime, facts: EngineFacts | None, config: BridgeConfig) -> DoctorCheck:
+    if runtime.gvisor:
+        return DoctorCheck(
+            "sandbox", "gvisor", "ok", "gVisor in use (%s)" % runtime.oci_runtime, {"in_use": True}
+        )
+    details = {"in_use": False, "available": None if facts is None else facts.gvisor}
+    if facts is None:
+        message = "gVisor: for Pods, MCP_BRIDGE_KUBE_RUNTIME_CLASS (e.g. gvisor) selects it"
+    elif facts.gvisor:
+        message = (
+            "gVisor available (%s), not in use: MCP_BRIDGE_OCI_RUNTIME=runsc isolates the sandbox further"
+            % (facts.gvisor)
+        )
+    else:
+        message = "gVisor not installed (optional: runsc isolates the sandbox further; see the README)"
+    return DoctorCheck("sandbox", "gvisor", "ok", message, details)
+
+
+async def check_sandbox(config: BridgeConfig) -> list[DoctorCheck]:
+    """The engine, its limits, gVisor, the image and a real sandbox start."""
+    try:
+        runtime = await _locate_engine(config)
+    except RuntimeUnavailableError as exc:
+        return [DoctorCheck("sandbox", "engine", "fail", str(exc))]
+    checks: list[DoctorCheck] = []
+    try:
+        try:
+            facts = await runtime.describe()
+        except (RuntimeUnavailableError, TimeoutError, OSError) as exc:
+            return [
+                DoctorCheck("sandbox", "engine", "fail", "%s stopped answering: %s" % (runtime.name, exc))
+            ]
+        version = "" if facts is None else " " + facts.version
+        how = (
+            ""
+            if facts is None
+            else " (%s, cgroups %s)" % ("rootless" if facts.rootless else "rootful", facts.cgroups or "?")
+        )
+        checks.append(
+            DoctorCheck(
+                "sandbox",
+                "engine",
+                "ok",
+                "engine %s%s at %s%s%s"
+                % (runtime.name, version, runtime.executable, how, ", remote" if runtime.remote else ""),
+                {
+                    "engine": runtime.name,
+                    "executable": runtime.executable,
+                    "version": None if facts is None else facts.version,
+                },
+            )
+        )
+        checks += [DoctorCheck("sandbox", "engine", "warn", warning) for warning in runtime.warnings]
+        checks.append(_limits_check(runtime, facts, config))
+        if not isinstance(runtime, KubernetesRuntime):
+            try:
+                await runtime.use_oci_runtime(config.oci_runtime)
+            except RuntimeUnavailableError as exc:
+                checks.append(DoctorCheck("sandbox", "gvisor", "fail", str(exc)))
+                return checks
+        checks.append(_gvisor_check(runtime, facts, config))
+        image = await _doctor_image(runtime, config)
+        checks.append(image)
+        if image.status != "fail":
+            checks.append(await _check_sandbox_start(runtime, config))
+    finally:
+        await runtime.release()
+    return checks
+
+
+async def _probe_server(client: PooledClient, limiter: anyio.CapacityLimiter) -> DoctorCheck:
+    spec = client.spec
+    where = {"server": spec.name, "alias": spec.alias, "transport": spec.transport, "source": spec.source}
+    async with limiter:
+        started = time.monotonic()
+        try:
+            with anyio.fail_after(client.config.server_start_timeout + DOCTOR_SERVER_SLACK):
+                await client.ensure_running()
+        except ServerUnavailableError as exc:
+            return DoctorCheck("servers", spec.name, "fail", str(exc), where)
+        except TimeoutError:
+            message = "MCP server %r did not start within %gs; check its entry in %s." % (
+                spec.name,
+                client.config.server_start_timeout + DOCTOR_SERVER_SLACK,
+                spec.source,
+            )
+            return DoctorCheck("servers", spec.name, "fail", message, where)
+        seconds = time.monotonic() - started
+    tools = [_tool_dict(tool) for tool in client.tools]
+    problems = tool_problems(tools)
+    details = {**where, "seconds": round(seconds, 2), "tools": len(tools), "tool_problems": problems}
+    message = "%s (mcp_%s): started in %.1fs, %d tool%s" % (
+        shown_name(spec.name),
+        spec.alias,
+        seconds,
+        len(tools),
+        "" if len(tools) == 1 else "s",
+    )
+    if problems:
+        return DoctorCheck("servers", spec.name, "warn", "%s; %s" % (message, "; ".join(problems)), details)
+    return DoctorCheck("servers", spec.name, "ok", message, details)
+
+
+async def check_servers(config: BridgeConfig, discovery: DiscoveryResult) -> list[DoctorCheck]:
+    """Every configured server the policy allows, started once through the client pool."""
+    checks = [
+        DoctorCheck(
+            "servers",
+            spec.name,
+            "ok",
+            "%s: not started (MCP_BRIDGE_ALLOW_SERVERS / MCP_BRIDGE_DENY_SERVERS leave it out)"
+            % shown_name(spec.name),
+        )
+        for spec in discovery.servers
+        if not server_allowed(spec.name, config)
+    ]
+    limiter = anyio.CapacityLimiter(DOCTOR_PARALLEL_SERVERS)
+    found: dict[str, DoctorCheck] = {}
+    async with anyio.create_task_group() as group:
+        pool = ClientPool(discovery, config, group)
+
+        async def probe(alias: str, client: PooledClient) -> None:
+            found[alias] = await _probe_server(client, limiter)
+
+        try:
+            async with anyio.create_task_group() as probes:
+                for alias, client in pool.clients.items():
+                    probes.start_soon(probe, alias, client)
+        finally:
+            await pool.aclose()
+    return [*(found[alias] for alias in sorted(found)), *checks]
+
+
+def check_config_files(discovery: DiscoveryResult) -> list[DoctorCheck]:
+    """Each file read, then its problems; problems of no one file (policy) last."""
+    checks: list[DoctorCheck] = []
+    problems = list(discovery.problems)
+    for label in discovery.sources:
+        checks.append(DoctorCheck("config", label, "ok", label))
+        path = label.split(" projects[")[0]
+        mine = [line for line in problems if line.startswith((label + ":", path + ":"))]
+        problems = [line for line in problems if line not in mine]
+        checks += [  # the client's own entry for this bridge is as it should be
+            DoctorCheck(
+                "config", label, "ok" if line.endswith(SELF_ENTRY_SKIPPED) else "warn", printable(line)
+            )
+            for line in mine
+        ]
+    checks += [DoctorCheck("config", "", "warn", printable(line)) for line in problems]
+    if not discovery.sources:
+        checks.insert(0, DoctorCheck("config", "", "ok", "(no config file lists MCP servers here)"))
+    return checks
+
+
+def check_direct_clients(
+    config: BridgeConfig, discovery: DiscoveryResult, environ: Mapping[str, str]
+) -> list[DoctorCheck]:
+    """Client configs that start this bridge AND, directly, servers the bridge offers too:
+    each such server runs twice and its schemas fill the model's context anyway."""
+    offered = {spec.name for spec in discovery.servers}
+    checks = []
+    for client, label in ADOPT_CLIENTS.items():
+        for source in _client_sources(client, Path.home(), sys.platform, environ, config.state_dir):
+            try:
+                found = _sorted_file(source, config.state_dir)
+            except AdoptError:
+                continue  # discovery's own problem line says why it cannot be read
+            twice = (
+                [name for name in found.moved if name in offered]
+                if found is not None and found.bridges
+                else []
+            )
+            if twice:
+                fix = "%s %s --client %s" % (SERVER_NAME, ADOPT_COMMAND, client)
+                checks.append(
+                    DoctorCheck(
+                        "clients",
+                        client,
+                        "warn",
+                        "%s (%s) starts %s itself and again through this bridge: `%s` moves them"
+                        % (
+                            label,
+                            source.path,
+                            ", ".join(shown_name(name) for name in twice),
+                            fix,
+                        ),
+                        {"client": client, "path": str(source.path), "servers": twice, "fix": fix},
+                    )
+                )
+    return checks
+
+
+async def doctor_checks(
+    config: BridgeConfig, discovery: DiscoveryResult, environ: Mapping[str, str]
+) -> list[DoctorCheck]:
+    return [
+        *await check_sandbox(config),
+        *check_config_files(discovery),
+        *await check_servers(config, discovery),
+        *check_direct_clients(config, discovery, environ),
+    ]
+
+
+def doctor_status(checks: Sequence[DoctorCheck]) -> int:
+    return 1 if any(check.status == "fail" for check in checks) else 0
+
+
+def doctor_report(config: BridgeConfig, checks: Sequence[DoctorCheck]) -> str:
+    lines = [
+        "%s %s %s (working directory %s, state dir %s, MCP_BRIDGE_PROJECT_SERVERS=%s)"
+        % (SERVER_NAME, __version__, DOCTOR_COMMAND, Path.cwd(), config.state_dir, config.project_servers)
+    ]
+    for section, title in DOCTOR_SECTIONS.items():
+        mine = [check for check in checks if check.section == section]
+        if mine or section == "servers":
+            lines += ["", title]
+            # Servers' errors and files' names may hold anything: escape what a terminal would run.
+            lines += ["  %-4s  %s" % (check.status, printable(check.message)) for check in mine]
+            lines += [] if mine else ["  (none configured)"]
+    failures = sum(check.status == "fail" for check in checks)
+    warnings = sum(check.status == "warn" for check in checks)
+    lines += [
+        "",
+        "%d failure%s, %d warning%s: %s"
+        % (
+            failures,
+            "" if failures == 1 else "s",
+            warnings,
+            "" if warnings == 1 else "s",
+            "something would fail (exit 1)." if failures else "the bridge can start here.",
+        ),
+    ]
     return "\n".join(lines) + "\n"
 
 
+def doctor_json(checks: Sequence[DoctorCheck]) -> str:
+    return json.dumps(
+        {
+            "version": __version__,
+            "status": doctor_status(checks),
+            "checks": [
+                {
+                    "section": c.section,
+                    "subject": c.subject,
+                    "status": c.status,
+                    "message": c.message,
+                    **c.details,
+                }
+                for c in checks
+            ],
+        },
+        indent=2,
+        ensure_ascii=False,
+    )
+
+
 def doctor_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
-    """The ``doctor`` subcommand: 0 with the report, 2 for a bad setting."""
+    """The ``doctor`` subcommand: 0 healthy, 1 when something would fail, 2 for a bad setting."""
+    parser = argparse.ArgumentParser(
+        prog="%s %s" % (SERVER_NAME, DOCTOR_COMMAND),
+        description="Check, by doing each once, what the bridge would meet if it started here: "
+        "the engine, its limits, gVisor, the image and a real sandbox, every config file, every "
+        "configured MCP server (started once), and clients that still start those servers "
+        "themselves. Takes the server's own flags too (`%s --help`). Exit status: 0 healthy, 1 "
+        "when something would fail, 2 for a bad setting." % SERVER_NAME,
+    )
+    parser.add_argument("--json", action="store_true", help="print the findings as one JSON object")
+    args, settings = parser.parse_known_args(list(argv))
     try:
-        config = load_config(argv, environ)  # the server's own flags and variables
+        config = load_config(settings, environ)  # the server's own flags and variables
     except ConfigError as exc:
         print("%s %s: %s" % (SERVER_NAME, DOCTOR_COMMAND, exc), file=sys.stderr)
         return 2
+    # The servers' own logs reach stderr anyway; the bridge's INFO lines would only repeat the report.
+    level = config.log_level if config.log_level == "DEBUG" else "WARNING"
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s: %(message)s")
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(encoding="utf-8")
-    sys.stdout.write(doctor_report(config, configured_servers(config, environ)))
+    checks = anyio.run(doctor_checks, config, configured_servers(config, environ), environ)
+    sys.stdout.write(doctor_json(checks) + "\n" if args.json else doctor_report(config, checks))
     sys.stdout.flush()
-    return 0
+    return doctor_status(checks)
 
 
 # --- the build-image subcommand --------------------------------------------------------

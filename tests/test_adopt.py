@@ -10,20 +10,25 @@ import json
 import os
 import re
 import shlex
+import shutil
 import stat
 import subprocess
 import sys
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
 
 import mcp_server_code_execution_mode as bridge
 from tests.conftest import (
     REPO,
     Engine,
     bridge_client,
+    claude_desktop_home,
     console_script,
     proxy_env,
     real_server,
@@ -35,17 +40,20 @@ PREFIX = "mcp-server-code-execution-mode adopt: "
 BRIDGE_ENTRY = {"command": console_script(), "args": []}
 
 
-def adopt(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """The console script's adopt subcommand with HOME=`home` and nothing else that could
-    point it at another config (no MCP_BRIDGE_*, XDG_CONFIG_HOME or CODEX_HOME)."""
+def adopt(
+    home: Path, *args: str, argv: Sequence[str] = (), **settings: str
+) -> subprocess.CompletedProcess[str]:
+    """The console script's adopt subcommand (or `argv`'s) with HOME=`home`, `settings`,
+    and nothing else that could point it at another config (no other MCP_BRIDGE_*,
+    XDG_CONFIG_HOME or CODEX_HOME)."""
     env = {
         key: value
         for key, value in os.environ.items()
         if not key.startswith("MCP_") and key not in ("XDG_CONFIG_HOME", "CODEX_HOME", "APPDATA")
     }
-    env["HOME"] = str(home)
+    env.update(settings, HOME=str(home))
     return subprocess.run(
-        [console_script(), "adopt", *args],
+        [*(argv or [console_script()]), "adopt", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -540,6 +548,11 @@ def test_several_clients_are_adopted_and_undone_together(tmp_path: Path) -> None
 def test_bridge_command_is_the_absolute_script_or_uv_tool_run_from_uvx_cache(tmp_path: Path) -> None:
     script = console_script()
     assert bridge.bridge_command({}, script) == [script]
+    # `python -m mcp_server_code_execution_mode adopt`: this interpreter and this module's file.
+    assert bridge.bridge_command({}, bridge.__file__) == [
+        sys.executable,
+        str(Path(bridge.__file__).resolve()),
+    ]
     fake_uv = tmp_path / "uv"
 
     def uv_cache_dir_is(directory: Path) -> None:  # a real executable that answers `uv cache dir`
@@ -547,14 +560,149 @@ def test_bridge_command_is_the_absolute_script_or_uv_tool_run_from_uvx_cache(tmp
         fake_uv.chmod(0o755)
 
     uv_cache_dir_is(Path(sys.prefix).parent)  # this environment lives in "uv's cache": uvx
-    assert bridge.bridge_command({"UV": str(fake_uv)}, script) == [
-        str(fake_uv),
-        "tool",
-        "run",
+    uv_run = [str(fake_uv), "tool", "run"]
+    assert bridge.bridge_command({"UV": str(fake_uv)}, script) == [*uv_run, bridge.SERVER_NAME]
+    # `uvx --from ~/src/checkout ...`: the same source again, or uv would look for it on PyPI.
+    assert bridge.bridge_command({"UV": str(fake_uv)}, script, "/src/checkout") == [
+        *uv_run,
+        "--from",
+        "/src/checkout",
         bridge.SERVER_NAME,
     ]
     uv_cache_dir_is(tmp_path / "elsewhere")  # `uv run` in a project: its own, lasting environment
-    assert bridge.bridge_command({"UV": str(fake_uv)}, script) == [script]
+    assert bridge.bridge_command({"UV": str(fake_uv)}, script, "/src/checkout") == [script]
+
+
+@pytest.mark.parametrize(
+    ("direct_url", "source"),
+    [
+        (None, None),  # installed from an index: the name finds it
+        ('{"url": "file:///home/me/src/x%20y", "dir_info": {}}', "/home/me/src/x y"),
+        ('{"url": "file:///home/me/src/x", "dir_info": {"editable": true}}', "/home/me/src/x"),
+        ('{"url": "file:///C:/src/x", "dir_info": {}}', "C:/src/x"),
+        ('{"url": "file:///tmp/x-0.1-py3-none-any.whl", "archive_info": {}}', "/tmp/x-0.1-py3-none-any.whl"),
+        (
+            '{"url": "https://example.org/x-0.1.tar.gz", "archive_info": {}}',
+            "https://example.org/x-0.1.tar.gz",
+        ),
+        (
+            '{"url": "https://github.com/o/r", "vcs_info": {"vcs": "git", "commit_id": "abc123", '
+            '"requested_revision": "main"}, "subdirectory": "pkg"}',
+            "git+https://github.com/o/r@abc123#subdirectory=pkg",
+        ),
+        ("not json", None),
+        ('{"dir_info": {}}', None),
+    ],
+)
+def test_install_source_is_what_uvx_from_takes_to_install_it_again(
+    direct_url: str | None, source: str | None
+) -> None:
+    assert bridge.install_source(direct_url) == source
+
+
+# --- the entry adopt adds starts this program with this program's settings ------------------
+
+
+def entry_params(entry: dict[str, Any], home: Path, **machine: str) -> StdioServerParameters:
+    """How a client starts an entry: its command, args and env on top of the client's own
+    environment (the SDK's default one, HOME the user's; `machine`: what the user's machine has)."""
+    return StdioServerParameters(
+        command=entry["command"],
+        args=entry["args"],
+        env={**entry.get("env", {}), "HOME": str(home), **machine},
+    )
+
+
+async def run_six_times_seven(params: StdioServerParameters) -> dict[str, Any]:
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        return await run_cell(session, "from mcp import runtime\n(6 * 7, runtime.discovered_servers())")
+
+
+@pytest.mark.anyio
+async def test_the_entry_adopt_adds_carries_its_settings_and_runs_code(
+    proxy_engine: Engine, tmp_path: Path
+) -> None:
+    home = claude_desktop_home(tmp_path, {"stub": stub_entry()})
+    settings = {
+        "MCP_BRIDGE_IMAGE": proxy_engine.image,  # not the default image: the sandbox cannot start without it
+        "MCP_BRIDGE_RUNTIME": proxy_engine.name,
+        "MCP_BRIDGE_TIMEOUT": "30",  # the default: nothing to carry
+    }
+    done = adopt(
+        home,
+        "--client",
+        "claude-desktop",
+        "--env",
+        "MCP_BRIDGE_PIDS=100",
+        "--env",
+        "LANG=C.UTF-8",
+        **settings,
+    )
+    assert done.returncode == 0, done.stderr
+    entry = json.loads(claude_desktop_config(home).read_text())["mcpServers"]["code-execution"]
+    assert entry == {
+        "command": console_script(),
+        "args": [],
+        "env": {
+            "MCP_BRIDGE_IMAGE": proxy_engine.image,
+            "MCP_BRIDGE_RUNTIME": proxy_engine.name,
+            "MCP_BRIDGE_PIDS": "100",
+            "LANG": "C.UTF-8",
+        },
+    }
+    assert "MCP_BRIDGE_IMAGE=%s" % proxy_engine.image in done.stderr  # adopt says what the entry carries
+    found = await run_six_times_seven(entry_params(entry, home))
+    assert found["value"] == "(42, ['stub'])", found
+
+
+@pytest.mark.parametrize(
+    ("argument", "says"),
+    [
+        ("LANG", "write KEY=VALUE"),
+        ("1X=y", "write KEY=VALUE"),
+        ("MCP_SERVERS_CONFIG=/x.json", "would read only that file"),
+        ("MCP_BRIDGE_TRANSPORT=http", "over stdio"),
+    ],
+)
+def test_adopt_refuses_an_env_the_entry_cannot_carry(tmp_path: Path, argument: str, says: str) -> None:
+    home = claude_desktop_home(tmp_path, {"stub": stub_entry()})
+    before = snapshot(tmp_path)
+    result = adopt(home, "--client", "claude-desktop", "--env", argument)
+    assert result.returncode == 2 and says in result.stderr, result
+    assert snapshot(tmp_path) == before
+
+
+def uv_executable() -> str:
+    found = shutil.which("uv", path=os.path.dirname(sys.executable))
+    assert found, "uv is not installed in this environment: pip install -e .[dev]"
+    return found
+
+
+@pytest.mark.anyio
+async def test_adopt_run_by_uvx_from_a_checkout_writes_an_entry_that_starts_the_same_checkout(
+    proxy_engine: Engine, tmp_path: Path
+) -> None:
+    """The issue's case: `uvx --from CHECKOUT ... adopt` wrote `uv tool run NAME`, which
+    looks for the package on PyPI, where it is not; and no MCP_BRIDGE_IMAGE."""
+    home = claude_desktop_home(tmp_path, {"stub": stub_entry()})
+    uv = uv_executable()
+    # The user's machine, which the client inherits: uv's cache (the adopt run's too), no
+    # Python downloads, and the certificates this machine's TLS needs to reach the index.
+    machine = {"UV_CACHE_DIR": str(tmp_path / "uv-cache"), "UV_PYTHON_DOWNLOADS": "never"}
+    machine.update({key: os.environ[key] for key in ("SSL_CERT_FILE", "SSL_CERT_DIR") if key in os.environ})
+    settings = {"MCP_BRIDGE_IMAGE": proxy_engine.image, "MCP_BRIDGE_RUNTIME": proxy_engine.name}
+    argv = [uv, "tool", "run", "--from", str(REPO), bridge.SERVER_NAME]
+    done = adopt(home, "--client", "claude-desktop", argv=argv, **machine, **settings)
+    assert done.returncode == 0, done.stderr
+    entry = json.loads(claude_desktop_config(home).read_text())["mcpServers"]["code-execution"]
+    assert entry == {
+        "command": uv,
+        "args": ["tool", "run", "--from", str(REPO), bridge.SERVER_NAME],
+        "env": settings,
+    }
+    found = await run_six_times_seven(entry_params(entry, home, **machine))
+    assert found["value"] == "(42, ['stub'])", found
 
 
 # --- README: every client snippet is read by the discovery section as the bridge ----------

@@ -314,7 +314,12 @@ def test_help_lists_every_environment_variable_and_flag(
 def test_help_lists_each_other_command_on_a_line_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "100")
     lines = build_arg_parser().format_help().splitlines()
-    for command in (bridge.MEMORY_COMMAND, bridge.ADOPT_COMMAND, bridge.BUILD_IMAGE_COMMAND):
+    for command in (
+        bridge.MEMORY_COMMAND,
+        bridge.ADOPT_COMMAND,
+        bridge.DOCTOR_COMMAND,
+        bridge.BUILD_IMAGE_COMMAND,
+    ):
         assert [line for line in lines if line.startswith("  %s " % command)], (command, lines[-5:])
     # The line that introduces them names the program to type them after.
     assert "Other commands (%s COMMAND ...; each has --help):" % bridge.SERVER_NAME in lines
