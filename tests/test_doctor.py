@@ -129,7 +129,7 @@ def test_doctor_exits_2_for_a_bad_setting(tmp_path: Path, state_dir: Path) -> No
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip() == (
         "mcp-server-code-execution-mode doctor: MCP_BRIDGE_PIDS='0' is invalid: "
-        "must be a positive whole number"
+        "must be a positive whole number such as 128"
     )
 
 
