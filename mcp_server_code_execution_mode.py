@@ -4668,6 +4668,9 @@ def describe_params_error(method: str, exc: ValidationError) -> str:
     return "Bad arguments for runtime.%s: %s." % (method, problems)
 
 
+MAX_CONFIG_PROBLEMS = 20  # unusable config files named to the kernel (a line each)
+
+
 class HostAPI:
     """Serves the sandbox's ``request`` frames: discovery, docs, search and tool calls.
     Every request is validated here, on the host: only configured, allowed servers and
@@ -4721,6 +4724,11 @@ class HostAPI:
         return [
             {"alias": alias, "name": client.spec.name} for alias, client in sorted(self.pool.clients.items())
         ]
+
+    def config_problems(self) -> list[str]:
+        """The config files that could not be used, for the kernel to name where servers go
+        missing (runtime.discovered_servers(), the error for an unknown mcp_<alias>)."""
+        return list(self.pool.discovery.unusable[:MAX_CONFIG_PROBLEMS])
 
     async def handle(self, method: str, params: dict[str, Any], execute: PendingExecute | None = None) -> Any:
         """Serve one request of a sandbox whose running execute (if any) is ``execute``:
@@ -5006,7 +5014,6 @@ SIGKILL_EXIT = 128 + signal.SIGKILL
 # How long after the grace period the supervisor has to kill the code and start a fresh
 # executor before the bridge gives up on it and removes the container.
 SUPERVISOR_MARGIN = 5.0
-MAX_CONFIG_PROBLEMS = 20  # unusable config files named to the kernel (a line each)
 
 
 @dataclass
@@ -5282,7 +5289,7 @@ class SandboxSession:
             "workdir": WORKDIR,
             "servers": self.host.server_list(),
             # Named by runtime.discovered_servers() and by the error for an unknown mcp_<alias>.
-            "config_problems": list(self.host.pool.discovery.unusable[:MAX_CONFIG_PROBLEMS]),
+            "config_problems": self.host.config_problems(),
             "saved_tools": True,  # the executor asks for them before its first call
         }
 

@@ -743,6 +743,9 @@ class NoServers:
     def server_list(self) -> list[dict[str, str]]:
         return [{"alias": "time", "name": "time"}]
 
+    def config_problems(self) -> list[str]:
+        return []
+
 
 def test_ipc_directory_is_private_and_read_only_content_is_readable(tmp_path: Path) -> None:
     import json

@@ -767,6 +767,9 @@ class FakeHost:
     def server_list(self) -> list[dict[str, str]]:
         return []
 
+    def config_problems(self) -> list[str]:
+        return []
+
     async def handle(self, method: str, params: dict[str, Any], execute: Any = None) -> Any:
         if method == "boom":
             raise RuntimeError("a bug in the bridge")

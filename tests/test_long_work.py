@@ -111,7 +111,7 @@ async def test_reset_and_a_cancelled_wait_stop_code_that_runs_on(engine: Engine,
         assert not reset.is_error and "Reset: started a fresh session" in str(reset.content), reset
         notices = structured(reset)["notices"]
         stopped = "Reset stopped the code of an earlier call, still running after "
-        assert notices[0].startswith(stopped) and "its result is gone" in notices[0], notices
+        assert notices[0].startswith(stopped) and "its result is gone" in notices[0], structured(reset)
         await run_cell(client, "marker = 'before'")
         slow = await run_cell(client, "import time\nfor _ in range(600):\n    time.sleep(0.1)", timeout=120)
         assert slow["status"] == "running", slow

@@ -255,7 +255,7 @@ async def test_runtime_progress_reaches_the_call_of_its_own_session(engine: Engi
 
 def test_sessions_are_named_in_the_kernels_session_config(tmp_path: Path) -> None:
     runtime = bridge.PodmanRuntime("/nonexistent/podman")
-    host: Any = SimpleNamespace(server_list=list)
+    host: Any = SimpleNamespace(server_list=list, config_problems=list)
     session = bridge.SandboxSession(runtime, bridge.BridgeConfig(), tmp_path / "ipc", host, session="a")
     session.prepare_ipc_dir()
     config = json.loads((session.ipc_dir / bridge.SESSION_CONFIG_FILENAME).read_text())
