@@ -2586,8 +2586,10 @@ async def list_all_tools(session: ClientSession) -> list[types.Tool]:
 # servers ship such tools) makes the whole list fail, and every tool of that server
 # vanishes. The relay between transport and session (PooledClient._relay) checks each
 # listing on its way to the session: a tool that fails alone is repaired when that is
-# safe (an inputSchema without "type" gets "type": "object", which tool arguments always
-# are) or else left out and named; the session sees a valid list of the rest.
+# safe (an inputSchema or outputSchema without "type" gets "type": "object", which tool
+# arguments and structured results always are) or else left out and named; the session
+# sees a valid list of the rest, and its output-schema checks of call results use the
+# repaired schemas.
 MAX_NAMED_BAD_TOOLS = 10  # tools a notice names; more are counted
 
 
@@ -2618,6 +2620,20 @@ class CheckedListing:
     dropped: tuple[tuple[str, str], ...] = ()
 
 
+def _mended_tool(tool: object) -> dict[str, Any] | None:
+    """``tool`` with "type": "object" added to an inputSchema or outputSchema that has no
+    "type" (tool arguments and structured results are objects in every MCP version, so
+    it says what the schema left implicit), or None when neither lacks it."""
+    if not isinstance(tool, dict):
+        return None
+    mended = dict(tool)
+    for key in ("inputSchema", "outputSchema"):
+        schema = tool.get(key)
+        if isinstance(schema, dict) and "type" not in schema:
+            mended[key] = {"type": "object", **schema}
+    return mended if mended != tool else None
+
+
 def check_tool_listing(result: dict[str, Any], version: str) -> CheckedListing:
     """``result`` of tools/list, checked tool by tool when the SDK would refuse it whole.
     Unchanged when it is valid, or when what is wrong is not in its tools (the session
@@ -2638,9 +2654,8 @@ def check_tool_listing(result: dict[str, Any], version: str) -> CheckedListing:
         if problem is None:
             kept.append(tool)
             continue
-        schema = tool.get("inputSchema") if isinstance(tool, dict) else None
-        if isinstance(schema, dict) and "type" not in schema:
-            mended = {**tool, "inputSchema": {"type": "object", **schema}}
+        mended = _mended_tool(tool)
+        if mended is not None:
             problem = _listing_problem(page | {"tools": [mended]}, version)
             if problem is None:
                 kept.append(mended)

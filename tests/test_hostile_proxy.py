@@ -325,7 +325,7 @@ def test_a_tool_without_schema_type_is_repaired_and_a_hopeless_one_left_out(vers
         "tools": [
             GOOD,
             {"name": "empty", "inputSchema": {}},
-            {"name": "untyped", "inputSchema": {"properties": {"q": {"type": "string"}}}},
+            {"name": "untyped", "inputSchema": {"properties": {"q": {"type": "string"}}}, "outputSchema": {}},
             {"name": "string", "inputSchema": {"type": "string"}},
             {"description": "no name", "inputSchema": {"type": "object"}},
             "not even an object",
@@ -336,6 +336,7 @@ def test_a_tool_without_schema_type_is_repaired_and_a_hopeless_one_left_out(vers
     assert checked.result["nextCursor"] == "2"
     assert [tool["name"] for tool in checked.result["tools"]] == ["good", "empty", "untyped"]
     assert checked.result["tools"][1]["inputSchema"] == {"type": "object"}
+    assert checked.result["tools"][2]["outputSchema"] == {"type": "object"}
     assert checked.result["tools"][2]["inputSchema"] == {
         "type": "object",
         "properties": {"q": {"type": "string"}},

@@ -672,7 +672,8 @@ async def test_servers_get_the_certificate_proxy_and_locale_variables_and_their_
 async def test_a_malformed_tool_is_repaired_or_left_out_and_the_rest_of_its_server_works(
     proxy_engine: Engine, state_dir: Path, tmp_path: Path
 ) -> None:
-    # The stub's "pair" is listed with inputSchema {} (repairable), "blob" with a
+    # The stub's "pair" is listed with inputSchema and outputSchema {} (repairable: its
+    # structured result is still checked against the repaired one), "blob" with a
     # schema of type "string" (not: arguments are an object); the stub still serves both.
     stub = stub_entry()
     entry = {

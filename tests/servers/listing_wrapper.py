@@ -1,8 +1,8 @@
 """Runs an MCP server (the command after two tool names) and rewrites its tools/list
-answers the way real servers get them wrong: the first named tool's inputSchema becomes
-``{}`` (no "type": repairable), the second's ``{"type": "string"}`` (tool arguments are
-always an object: not repairable). Everything else passes through unchanged, so the
-server behind still answers calls."""
+answers the way real servers get them wrong: the first named tool's inputSchema (and
+outputSchema) becomes ``{}`` (no "type": repairable), the second's inputSchema
+``{"type": "string"}`` (tool arguments are always an object: not repairable).
+Everything else passes through unchanged, so the server behind still answers calls."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ def rewritten(line: bytes, empty: str, hopeless: str) -> bytes:
     for tool in tools:
         if tool.get("name") == empty:
             tool["inputSchema"] = {}
+            if "outputSchema" in tool:  # its results are still checked against it, as {"type": "object"}
+                tool["outputSchema"] = {}
         elif tool.get("name") == hopeless:
             tool["inputSchema"] = {"type": "string"}
     return json.dumps(message).encode() + b"\n"
