@@ -4872,7 +4872,9 @@ class HostAPI:
                 "transport": client.spec.transport,
                 "source": client.spec.source,
                 "running": client.running,
-                "tools": len(client.tools) if client.starts else None,
+                "tools": len(client.tools) if client.ran else None,
+                # Why it is not running: it could not be started, crashed or was stopped.
+                "failure": None if client.running else client.failure,
             }
             for alias, client in sorted(self.pool.clients.items())
         ]

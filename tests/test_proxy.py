@@ -609,6 +609,9 @@ async def test_a_server_that_cannot_start_is_named_with_its_command_exit_status_
             again = await run_ok(client, CATCH % "mcp_keyless.anything()")
             assert "could not be started: its process exited with status 3" in again["json"]
             assert not any("restarted" in notice for notice in again["notices"]), again["notices"]
+            detailed = await run_ok(client, "runtime.discovered_servers(detailed=True)['servers'][0]")
+            assert (detailed["json"]["running"], detailed["json"]["tools"]) == (False, None)
+            assert "exited with status 3" in detailed["json"]["failure"], detailed
     # The bridge's log names the server on each of its stderr lines.
     assert "MCP server keyless: fatal: missing API_KEY \\x1b[31m" in log.read_text()
 
