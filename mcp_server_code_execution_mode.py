@@ -50,6 +50,7 @@ import os
 import random
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -63,6 +64,7 @@ import time
 import tomllib
 import urllib.parse
 import zoneinfo
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field, replace
@@ -77,6 +79,7 @@ import anyio
 import anyio.abc
 import h11
 import mcp_types as types
+import mcp_types.methods
 import toon_format
 import uvicorn
 import uvicorn.protocols.http.h11_impl
@@ -270,6 +273,7 @@ class BridgeConfig:
     deny_tools: tuple[str, ...] = ()
     server_start_timeout: float = 30.0
     tool_timeout: float = 120.0
+    pass_env: tuple[str, ...] = ()
     max_tool_result_bytes: int = 16 * 1024 * 1024
     oci_runtime: str | None = None
     kernel_delivery: KernelDelivery = "auto"
@@ -373,6 +377,17 @@ def _existing_file(text: str) -> Path:
 
 def _patterns(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _env_names(text: str) -> tuple[str, ...]:
+    names = _patterns(text)
+    for name in names:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\*?", name):
+            raise ValueError(
+                "each entry is a variable name (e.g. GITHUB_TOKEN) or a prefix ending in * (e.g. AWS_*); "
+                "%s is neither" % ascii(name[:60])
+            )
+    return names
 
 
 def _tool_patterns(text: str) -> tuple[str, ...]:
@@ -549,6 +564,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "tool_timeout", "MCP_BRIDGE_TOOL_TIMEOUT", _positive_float, "seconds one proxied tool call may take"
+    ),
+    Option(
+        "pass_env",
+        "MCP_BRIDGE_PASS_ENV",
+        _env_names,
+        "comma-separated variables (or PREFIX_* patterns) of the bridge's environment that stdio MCP "
+        "servers get, besides the CA, proxy and locale ones they always get",
+        "none",
     ),
     Option(
         "discover",
@@ -2679,6 +2702,104 @@ async def list_all_tools(session: ClientSession) -> list[types.Tool]:
             return tools
 
 
+# --- tool lists, tool by tool -----------------------------------------------------------
+# The SDK validates a tools/list result as a whole: one tool whose inputSchema is {} (real
+# servers ship such tools) makes the whole list fail, and every tool of that server
+# vanishes. The relay between transport and session (PooledClient._relay) checks each
+# listing on its way to the session: a tool that fails alone is repaired when that is
+# safe (an inputSchema or outputSchema without "type" gets "type": "object", which tool
+# arguments and structured results always are) or else left out and named; the session
+# sees a valid list of the rest, and its output-schema checks of call results use the
+# repaired schemas.
+MAX_NAMED_BAD_TOOLS = 10  # tools a notice names; more are counted
+
+
+def _listing_problem(result: Mapping[str, Any], version: str) -> str | None:
+    """Why the SDK's session would refuse ``result`` as a tools/list answer (its checks:
+    the negotiated version's wire schema, then the SDK's model), or None."""
+    try:
+        with suppress(KeyError):  # a method or version the SDK has no wire schema for
+            mcp_types.methods.validate_server_result("tools/list", version, result)
+        types.ListToolsResult.model_validate(result, by_name=False)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
+        if not errors:
+            return type(exc).__name__
+        first = errors[0]
+        where = ".".join(str(part) for part in first["loc"] if not isinstance(part, int))
+        return clean_text("%s: %s" % (where, first["msg"]) if where else first["msg"])[:200]
+    return None
+
+
+@dataclass(frozen=True)
+class CheckedListing:
+    """A tools/list result as the session gets it: ``result``, with ``repaired`` (tool
+    names) mended and ``dropped`` ((tool name, why)) left out."""
+
+    result: dict[str, Any]
+    repaired: tuple[str, ...] = ()
+    dropped: tuple[tuple[str, str], ...] = ()
+
+
+def _mended_tool(tool: object) -> dict[str, Any] | None:
+    """``tool`` with "type": "object" added to an inputSchema or outputSchema that has no
+    "type" (tool arguments and structured results are objects in every MCP version, so
+    it says what the schema left implicit), or None when neither lacks it."""
+    if not isinstance(tool, dict):
+        return None
+    mended = dict(tool)
+    for key in ("inputSchema", "outputSchema"):
+        schema = tool.get(key)
+        if isinstance(schema, dict) and "type" not in schema:
+            mended[key] = {"type": "object", **schema}
+    return mended if mended != tool else None
+
+
+def check_tool_listing(result: dict[str, Any], version: str) -> CheckedListing:
+    """``result`` of tools/list, checked tool by tool when the SDK would refuse it whole.
+    Unchanged when it is valid, or when what is wrong is not in its tools (the session
+    then reports that as before)."""
+    tools = result.get("tools")
+    if not isinstance(tools, list) or _listing_problem(result, version) is None:
+        return CheckedListing(result)
+    page = {key: value for key, value in result.items() if key != "tools"}
+    if _listing_problem(page | {"tools": []}, version) is not None:
+        return CheckedListing(result)
+    kept: list[Any] = []
+    repaired: list[str] = []
+    dropped: list[tuple[str, str]] = []
+    for number, tool in enumerate(tools, start=1):
+        name = tool.get("name") if isinstance(tool, dict) else None
+        shown = "'%s'" % shown_name(name) if isinstance(name, str) else "#%d (no name)" % number
+        problem = _listing_problem(page | {"tools": [tool]}, version)
+        if problem is None:
+            kept.append(tool)
+            continue
+        mended = _mended_tool(tool)
+        if mended is not None:
+            problem = _listing_problem(page | {"tools": [mended]}, version)
+            if problem is None:
+                kept.append(mended)
+                repaired.append(shown)
+                continue
+        dropped.append((shown, str(problem).removeprefix("tools.")))
+    return CheckedListing(page | {"tools": kept}, tuple(repaired), tuple(dropped))
+
+
+def _plural(count: int) -> str:
+    return "" if count == 1 else "s"
+
+
+def dropped_tools_notice(server: str, dropped: Sequence[tuple[str, str]], kept: int) -> str:
+    named = "; ".join("%s (%s)" % pair for pair in dropped[:MAX_NAMED_BAD_TOOLS])
+    more = " and %d more" % (len(dropped) - MAX_NAMED_BAD_TOOLS) if len(dropped) > MAX_NAMED_BAD_TOOLS else ""
+    return (
+        "MCP server %r lists %d tool%s that MCP clients cannot use, left out: %s%s. Its other %d tool%s "
+        "work; the server's authors can fix the listing."
+        % (server, len(dropped), _plural(len(dropped)), named, more, kept, _plural(kept))
+    )
+
+
 # --- stdio transport with a size cap ---------------------------------------------------
 # The SDK's stdio_client re-joins its whole line buffer on every 64 KiB read, so a line
 # costs quadratic time: measured through the bridge, a 20 MB result line took 2 s, 50 MB
@@ -2856,21 +2977,116 @@ def _without_lone_surrogates(value: Any) -> Any:
     return value
 
 
+# --- a stdio server's environment -------------------------------------------------------
+# What a stdio server inherits from the bridge's environment, on top of the SDK's default
+# (HOME, LOGNAME, PATH, SHELL, TERM, USER) and below its entry's own "env" (which wins):
+# where the CA certificates and proxies are (without them `uvx mcp-server-time` behind a
+# corporate proxy fails with "invalid peer certificate: UnknownIssuer"), the package
+# indexes uvx/npx/pip install from, locale, time zone and the usual folders. No secrets
+# by default: more names (or NAME_* prefixes) come from MCP_BRIDGE_PASS_ENV.
+SERVER_ENV_PASSTHROUGH = (
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
+    "PIP_CERT", "UV_NATIVE_TLS", "NPM_CONFIG_CAFILE", "npm_config_cafile",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
+    "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+    "UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_EXTRA_INDEX_URL", "UV_CACHE_DIR", "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL", "NPM_CONFIG_REGISTRY", "npm_config_registry",
+    "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ",
+    "TMPDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR",
+)  # fmt: skip
+
+
+def server_environment(
+    pass_env: Iterable[str], environ: Mapping[str, str], entry_env: Mapping[str, str]
+) -> dict[str, str]:
+    """The variables a stdio server gets besides the SDK's default environment: those of
+    SERVER_ENV_PASSTHROUGH and ``pass_env`` (names, or ``PREFIX_*``) that ``environ`` has,
+    then its entry's own ``entry_env`` over them. Shell functions (values starting with
+    "()") are left out, as the SDK does."""
+    names = [*SERVER_ENV_PASSTHROUGH, *pass_env]
+    exact = {name for name in names if not name.endswith("*")}
+    prefixes = tuple(name[:-1] for name in names if name.endswith("*"))
+    env = {
+        key: value
+        for key, value in environ.items()
+        if (key in exact or (prefixes and key.startswith(prefixes))) and not value.startswith("()")
+    }
+    return env | dict(entry_env)
+
+
+# --- what a stdio server's process says, and how it ends --------------------------------
+STDERR_TAIL_LINES = 10  # last lines of a server's stderr kept for the error when it fails to start
+MAX_STDERR_LINE_CHARS = 300  # of one stderr line, in the log and in that error
+_STDERR_LINE_BYTES = 8 * 1024  # a longer line is read as its first _LINE_EDGE bytes (LineSplitter)
+MAX_SHOWN_COMMAND_CHARS = 300
+
+
+class ServerProcessLog:
+    """One run of a stdio server's process: each line of its stderr goes to the bridge's
+    log with the server's name (cleaned, bounded); the last STDERR_TAIL_LINES are kept
+    for the error when it cannot be started; and how the process ended, once it has."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        self.returncode: int | None = None
+
+    def add(self, line: bytes | OversizedLine) -> None:
+        data = line.head if isinstance(line, OversizedLine) else line
+        text = printable(data.decode("utf-8", "replace").rstrip("\r"))
+        if len(text) > MAX_STDERR_LINE_CHARS or isinstance(line, OversizedLine):
+            text = text[:MAX_STDERR_LINE_CHARS] + "..."
+        if text.strip():
+            logger.info("MCP server %s: %s", shown_name(self.name), text)
+            self.tail.append(text)
+
+    @property
+    def ending(self) -> str | None:
+        """How the process ended ("exited with status 1", "was killed by signal 9
+        (SIGKILL)"), or None while it runs or when it is not known."""
+        code = self.returncode
+        if code is None:
+            return None
+        if code < 0:
+            try:
+                signame = " (%s)" % signal.Signals(-code).name
+            except ValueError:
+                signame = ""
+            return "was killed by signal %d%s" % (-code, signame)
+        return "exited with status %d" % code
+
+    def stderr_tail(self) -> str:
+        """The kept stderr lines as the end of an error message ("" when there are none)."""
+        if not self.tail:
+            return ""
+        return " Its last stderr lines:\n%s\n" % "\n".join("  " + line for line in self.tail)
+
+
+def shown_command(command: str, args: Sequence[str]) -> str:
+    """A server's command line as the model and the log see it: shell-quoted, printable, bounded."""
+    text = printable(shlex.join([command, *args]))
+    return text[:MAX_SHOWN_COMMAND_CHARS] + ("..." if len(text) > MAX_SHOWN_COMMAND_CHARS else "")
+
+
 @asynccontextmanager
-async def capped_stdio_transport(params: StdioServerParameters, cap: int) -> AsyncIterator[Any]:
+async def capped_stdio_transport(
+    params: StdioServerParameters, cap: int, process_log: ServerProcessLog
+) -> AsyncIterator[Any]:
     """What the SDK's stdio_client does (on POSIX), with a linear, capped reader: a line
     over `cap` + RESULT_ENVELOPE_SLACK bytes is never held. If it answered one of our
     requests, that request gets an error naming the cap and the connection stays;
-    otherwise (no id found) the connection is ended so the server is restarted."""
+    otherwise (no id found) the connection is ended so the server is restarted. The
+    server's stderr goes to `process_log`, which also learns how the process ended."""
     process = await anyio.open_process(
         [params.command, *params.args],
         env=get_default_environment() | (params.env or {}),
-        stderr=sys.stderr,  # the server's log joins the bridge's; never its stdout
+        stderr=subprocess.PIPE,  # read into process_log (the bridge's log); never its stdout
         cwd=params.cwd,
         start_new_session=True,  # its own process group, killed as a whole at the end
     )
-    stdin, stdout = process.stdin, process.stdout
-    assert stdin is not None and stdout is not None
+    stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
+    assert stdin is not None and stdout is not None and stderr is not None
+    stderr_read = anyio.Event()
     read_send, read_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_send, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
 
@@ -2908,22 +3124,37 @@ async def capped_stdio_transport(params: StdioServerParameters, cap: int) -> Asy
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             read_send.close()  # the server stopped reading: end the session, do not hang it
 
+    async def read_stderr() -> None:
+        splitter = LineSplitter(_STDERR_LINE_BYTES)
+        try:
+            with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                while True:
+                    for line in splitter.feed(await stderr.receive(_READ_CHUNK)):
+                        process_log.add(line)
+            for line in splitter.feed(b"\n"):  # a last line without its newline
+                process_log.add(line)
+        finally:
+            stderr_read.set()
+
     async with anyio.create_task_group() as pipes:
         pipes.start_soon(read_stdout)
         pipes.start_soon(write_stdin)
+        pipes.start_soon(read_stderr)
         try:
             yield read_receive, write_send
         finally:
             with anyio.CancelScope(shield=True):
                 write_send.close()
                 read_receive.close()
-                await _stop_server_process(process)
+                await _stop_server_process(process, stderr_read)
+                process_log.returncode = process.returncode
             pipes.cancel_scope.cancel()
 
 
-async def _stop_server_process(process: anyio.abc.Process) -> None:
+async def _stop_server_process(process: anyio.abc.Process, stderr_read: anyio.Event | None = None) -> None:
     """The MCP shutdown sequence, every step bounded: close stdin, wait, SIGTERM then
-    SIGKILL the server's whole process group, release the pipes."""
+    SIGKILL the server's whole process group, let its last stderr lines be read
+    (`stderr_read`), release the pipes."""
     assert process.stdin is not None
     with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         await process.stdin.aclose()
@@ -2931,10 +3162,16 @@ async def _stop_server_process(process: anyio.abc.Process) -> None:
         await process.wait()
     if process.returncode is None:
         await terminate_posix_process_tree(process, _SERVER_EXIT_GRACE)
+    if stderr_read is not None:
+        with anyio.move_on_after(_SERVER_EXIT_GRACE):  # a leftover child may hold the pipe open
+            await stderr_read.wait()
     with anyio.move_on_after(_SERVER_EXIT_GRACE):
         await process.aclose()
     if process.returncode is None:
         logger.warning("MCP server process %d survived SIGKILL; abandoning it", process.pid)
+
+
+_CONNECTION_ENDED = "exited or closed its connection"
 
 
 class PooledClient:
@@ -2958,6 +3195,7 @@ class PooledClient:
         self.tools_stale = False
         self.failure: str | None = None
         self.starts = 0
+        self.ran = False  # whether the last start got the server running (else it could not be started)
         self.notices: list[str] = []
         self._start_lock = anyio.Lock()
         self._closed = anyio.Event()
@@ -2971,30 +3209,42 @@ class PooledClient:
         async with self._start_lock:
             if self.running and self.session is not None:
                 return self.session
-            if self.starts:
-                self.notices.append(
-                    "MCP server %r %s; it was restarted." % (self.spec.name, self.failure or "had stopped")
-                )
+            # What the notice says once it runs again: a restart only of a server that ran.
+            before, ran = self.failure or "had stopped", self.ran
             await self._start()
+            if self.starts > 1:
+                self.notices.append(
+                    "MCP server %r %s; it was restarted." % (self.spec.name, before)
+                    if ran
+                    else "MCP server %r could not be started before (%s); it has started now."
+                    % (self.spec.name, before)
+                )
             assert self.session is not None
             return self.session
 
     async def _start(self) -> None:
-        self.failure = None
+        self.failure, self.ran = None, False
         self.starts += 1
         ready, self._closed, self._stop = anyio.Event(), anyio.Event(), anyio.Event()
-        self.task_group.start_soon(self._own, ready, self._closed, self._stop)
+        process_log = ServerProcessLog(self.spec.name)
+        self.task_group.start_soon(self._own, ready, self._closed, self._stop, process_log)
         await ready.wait()
         if self.session is None:
+            spec = self.spec
+            command = " (command: %s)" % shown_command(spec.command, spec.args) if spec.command else ""
+            reason, stderr_tail = self.failure or "unknown error", process_log.stderr_tail()
             raise ServerUnavailableError(
-                "MCP server %r could not be started: %s. Check its entry in %s."
-                % (self.spec.name, self.failure or "unknown error", self.spec.source)
+                "MCP server %r%s could not be started: %s.%s Check its entry in %s."
+                % (spec.name, command, reason, stderr_tail, spec.source)
             )
+        self.ran = True
 
-    async def _own(self, ready: anyio.Event, closed: anyio.Event, stop: anyio.Event) -> None:
+    async def _own(
+        self, ready: anyio.Event, closed: anyio.Event, stop: anyio.Event, process_log: ServerProcessLog
+    ) -> None:
         owned: ClientSession | None = None
         try:
-            async with self._transport() as (read, write), anyio.create_task_group() as relays:
+            async with self._transport(process_log) as (read, write), anyio.create_task_group() as relays:
                 relayed_send, relayed_read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
                 relays.start_soon(self._relay, read, relayed_send, closed)
                 async with ClientSession(relayed_read, write, message_handler=self._on_message) as session:
@@ -3005,14 +3255,18 @@ class PooledClient:
                     ready.set()
                     await _first_of(stop, closed)
                     if closed.is_set() and not stop.is_set() and stop is self._stop:
-                        self.failure = self.failure or "exited or closed its connection"
+                        self.failure = self.failure or _CONNECTION_ENDED
                 relays.cancel_scope.cancel()
+            if process_log.ending is not None and self.failure == _CONNECTION_ENDED and stop is self._stop:
+                self.failure = "%s: its process %s" % (_CONNECTION_ENDED, process_log.ending)
         except Exception as exc:  # any failure of a user-configured server is reported, never fatal
             reason = _describe_exception(exc)
             if isinstance(_innermost(exc), TimeoutError) and not ready.is_set():
                 reason = "it did not finish initializing within %gs (MCP_BRIDGE_SERVER_START_TIMEOUT)" % (
                     self.config.server_start_timeout
                 )
+            elif process_log.ending is not None and not ready.is_set():
+                reason = "its process %s before it finished initializing (%s)" % (process_log.ending, reason)
             if stop is self._stop:  # else a restart already owns `failure`
                 self.failure = self.failure or reason
             logger.info("MCP server %s stopped: %s", self.spec.name, reason)
@@ -3023,38 +3277,39 @@ class PooledClient:
             closed.set()
             ready.set()
 
-    @staticmethod
     async def _relay(
-        source: Any, target: anyio.abc.ObjectSendStream[SessionMessage | Exception], closed: anyio.Event
+        self, source: Any, target: anyio.abc.ObjectSendStream[SessionMessage | Exception], closed: anyio.Event
     ) -> None:
         try:
             async with target:
                 async for item in source:
-                    await target.send(item)
+                    await target.send(self._checked(item))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
         finally:
             closed.set()
 
     @asynccontextmanager
-    async def _transport(self) -> AsyncIterator[Any]:
+    async def _transport(self, process_log: ServerProcessLog) -> AsyncIterator[Any]:
         """The (read, write) streams of this server's transport, closed on exit
-        (including the HTTP client, which the SDK does not close when handed one)."""
+        (including the HTTP client, which the SDK does not close when handed one); a stdio
+        server's stderr and exit go to `process_log`."""
         spec = self.spec
         if spec.transport == "stdio":
             assert spec.command is not None
             params = StdioServerParameters(
                 command=spec.command,
                 args=list(spec.args),
-                env=dict(spec.env) or None,
+                env=server_environment(self.config.pass_env, os.environ, spec.env),
                 cwd=spec.cwd,
                 encoding_error_handler="replace",  # a server's binary junk must not end the session
             )
-            if sys.platform == "win32":  # the SDK's transport: results are capped only after arrival
+            if sys.platform == "win32":  # the SDK's: results capped after arrival, stderr passed as is
                 async with stdio_client(params) as streams:
                     yield streams
             else:
-                async with capped_stdio_transport(params, self.config.max_tool_result_bytes) as streams:
+                cap = self.config.max_tool_result_bytes
+                async with capped_stdio_transport(params, cap, process_log) as streams:
                     yield streams
             return
         assert spec.url is not None
@@ -3070,6 +3325,31 @@ class PooledClient:
             ) as streams,
         ):
             yield streams
+
+    def _checked(self, item: SessionMessage | Exception) -> SessionMessage | Exception:
+        """``item``, or, when it answers tools/list (the one result with a "tools" list)
+        with tools the session would refuse, the same answer without them (check_tool_listing),
+        with a notice naming those left out."""
+        message = item.message if isinstance(item, SessionMessage) else None
+        if not (isinstance(message, types.JSONRPCResponse) and isinstance(message.result.get("tools"), list)):
+            return item
+        version = self.initialized.protocol_version if self.initialized else types.LATEST_PROTOCOL_VERSION
+        checked = check_tool_listing(message.result, str(version))
+        if checked.result is message.result:
+            return item
+        name = self.spec.name
+        if checked.repaired:
+            logger.info(
+                'MCP server %s: tools whose inputSchema lacks "type": "object" were mended: %s',
+                shown_name(name),
+                ", ".join(checked.repaired),
+            )
+        if checked.dropped:
+            notice = dropped_tools_notice(name, checked.dropped, len(checked.result["tools"]))
+            logger.warning("%s", notice)
+            self.notices.append(notice)
+        response = types.JSONRPCResponse(jsonrpc="2.0", id=message.id, result=checked.result)
+        return SessionMessage(response, metadata=item.metadata) if isinstance(item, SessionMessage) else item
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, types.ToolListChangedNotification):
@@ -3137,7 +3417,7 @@ class PooledClient:
             )
         if code == CONNECTION_CLOSED or (code is None and _is_transport_failure(exc)):
             if code == CONNECTION_CLOSED:  # the reason may be known: a crash, a stop, a discarded message
-                cause = self.failure or "exited or closed its connection"
+                cause = self.failure or _CONNECTION_ENDED
             else:
                 cause = "lost its connection: %s" % _describe_exception(exc)
             self._fail(session, cause)
@@ -3188,11 +3468,13 @@ class ClientPool:
         return client
 
     def drain_notices(self) -> list[str]:
+        """Every client's notices since the last drain, each once (a loop of searches over
+        a broken server says so once per call)."""
         notices: list[str] = []
         for client in self.clients.values():
             notices.extend(client.notices)
             client.notices.clear()
-        return notices
+        return list(dict.fromkeys(notices))
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
@@ -4757,7 +5039,9 @@ class HostAPI:
                 "transport": client.spec.transport,
                 "source": client.spec.source,
                 "running": client.running,
-                "tools": len(client.tools) if client.starts else None,
+                "tools": len(client.tools) if client.ran else None,
+                # Why it is not running: it could not be started, crashed or was stopped.
+                "failure": None if client.running else client.failure,
             }
             for alias, client in sorted(self.pool.clients.items())
         ]
@@ -4825,18 +5109,25 @@ class HostAPI:
     ) -> list[str] | list[dict[str, Any]]:
         """One line per hit (render_tool_line), or docs with their score and line ("summary", "full").
         Every configured server is searched, so those not started yet are started here
-        (concurrently); a server that fails is left out of the ranking."""
+        (concurrently); a server that fails is left out of the ranking, and the call's
+        notices say which and why."""
         catalogue: list[IndexedTool] = []
+        skipped: list[tuple[str, str]] = []
 
         async def collect(client: PooledClient) -> None:
             try:
                 catalogue.extend(await self._indexed_tools(client))
             except BridgeError as exc:
                 logger.info("search skipped %s: %s", client.spec.alias, exc)
+                skipped.append((client.spec.alias, str(exc)))
 
         async with anyio.create_task_group() as group:
             for client in self.pool.clients.values():
                 group.start_soon(collect, client)
+        for alias, reason in sorted(skipped):
+            self.pool.client(alias).notices.append(
+                "runtime.search_tool_docs(...) left out the tools of MCP server %r: %s" % (alias, reason)
+            )
         catalogue.sort(key=lambda entry: (entry.alias, str(entry.tool.get("name"))))
         ranked = await anyio.to_thread.run_sync(
             rank_tools, query, catalogue, limit, limiter=self._search_limiter, abandon_on_cancel=True

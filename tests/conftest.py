@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import mcp_types as types
 import pytest
@@ -105,10 +105,13 @@ def bridge_env(engine: Engine | None, state_dir: Path, **overrides: str) -> dict
 
 
 @asynccontextmanager
-async def bridge_client(env: dict[str, str], cwd: Path | None = None) -> AsyncIterator[ClientSession]:
-    """The installed console script behind the MCP SDK's own stdio client."""
+async def bridge_client(
+    env: dict[str, str], cwd: Path | None = None, errlog: TextIO = sys.stderr
+) -> AsyncIterator[ClientSession]:
+    """The installed console script behind the MCP SDK's own stdio client; ``errlog``: a
+    file for the bridge's log (stderr)."""
     params = StdioServerParameters(command=console_script(), env=env, cwd=cwd)
-    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+    async with stdio_client(params, errlog) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         yield session
 
@@ -223,6 +226,7 @@ REPO = Path(__file__).resolve().parent.parent
 NPM_BIN = REPO / ".cache" / "mcp-servers" / "node_modules" / ".bin"
 STUB_SERVER = REPO / "tests" / "servers" / "stub_server.py"
 JUNK_WRAPPER = REPO / "tests" / "servers" / "junk_wrapper.py"
+LISTING_WRAPPER = REPO / "tests" / "servers" / "listing_wrapper.py"
 
 
 def real_server(name: str) -> str:

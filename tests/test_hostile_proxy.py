@@ -306,3 +306,91 @@ def test_an_invalid_response_answers_its_request_at_once(line: bytes, problem: s
 )
 def test_other_unreadable_lines_are_reported_to_the_session(line: bytes) -> None:
     assert isinstance(bridge._server_item(line, 1000), ValueError)
+
+
+# --- tool lists, tool by tool; a server's environment; its stderr --------------------------
+
+GOOD = {"name": "good", "inputSchema": {"type": "object", "properties": {"a": {"type": "integer"}}}}
+
+
+@pytest.mark.parametrize("version", ["2025-06-18", "2025-11-25"])
+def test_a_valid_tool_list_passes_unchanged(version: str) -> None:
+    result = {"tools": [GOOD], "nextCursor": "2"}
+    assert bridge.check_tool_listing(result, version).result is result
+
+
+@pytest.mark.parametrize("version", ["2025-06-18", "2025-11-25"])
+def test_a_tool_without_schema_type_is_repaired_and_a_hopeless_one_left_out(version: str) -> None:
+    listing = {
+        "tools": [
+            GOOD,
+            {"name": "empty", "inputSchema": {}},
+            {"name": "untyped", "inputSchema": {"properties": {"q": {"type": "string"}}}, "outputSchema": {}},
+            {"name": "string", "inputSchema": {"type": "string"}},
+            {"description": "no name", "inputSchema": {"type": "object"}},
+            "not even an object",
+        ],
+        "nextCursor": "2",
+    }
+    checked = bridge.check_tool_listing(listing, version)
+    assert checked.result["nextCursor"] == "2"
+    assert [tool["name"] for tool in checked.result["tools"]] == ["good", "empty", "untyped"]
+    assert checked.result["tools"][1]["inputSchema"] == {"type": "object"}
+    assert checked.result["tools"][2]["outputSchema"] == {"type": "object"}
+    assert checked.result["tools"][2]["inputSchema"] == {
+        "type": "object",
+        "properties": {"q": {"type": "string"}},
+    }
+    assert checked.repaired == ("'empty'", "'untyped'")
+    assert [name for name, _ in checked.dropped] == ["'string'", "#5 (no name)", "#6 (no name)"]
+    assert "inputSchema.type" in checked.dropped[0][1] and "name" in checked.dropped[1][1]
+    notice = bridge.dropped_tools_notice("srv", checked.dropped, 3)
+    assert notice.startswith(
+        "MCP server 'srv' lists 3 tools that MCP clients cannot use, left out: 'string' ("
+    )
+    assert "Its other 3 tools work" in notice
+
+
+def test_a_list_whose_fault_is_outside_its_tools_is_left_to_the_session() -> None:
+    listing = {"tools": [{"name": "empty", "inputSchema": {}}], "nextCursor": 7}
+    assert bridge.check_tool_listing(listing, "2025-11-25").result is listing
+
+
+def test_a_servers_environment_is_the_allowlist_the_pass_env_names_and_its_entry() -> None:
+    environ = {
+        "SSL_CERT_FILE": "/ca.pem",
+        "https_proxy": "http://proxy:1",
+        "LANG": "de_DE.UTF-8",
+        "AWS_SECRET_ACCESS_KEY": "secret",
+        "GITHUB_TOKEN": "token",
+        "MY_APP_HOME": "/app",
+        "BASH_FUNC_x%%": "() { :; }",
+        "TZ": "() { evil; }",
+    }
+    env = bridge.server_environment(("GITHUB_TOKEN", "MY_APP_*"), environ, {"LANG": "C.UTF-8"})
+    assert env == {
+        "SSL_CERT_FILE": "/ca.pem",
+        "https_proxy": "http://proxy:1",
+        "LANG": "C.UTF-8",
+        "GITHUB_TOKEN": "token",
+        "MY_APP_HOME": "/app",
+    }
+
+
+def test_a_servers_stderr_is_logged_with_its_name_and_its_last_lines_kept(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = bridge.ServerProcessLog("gh\x1bserver")
+    with caplog.at_level("INFO"):
+        for number in range(bridge.STDERR_TAIL_LINES + 2):
+            log.add(b"line %d \x1b[2J\r" % number)
+        log.add(b"")
+        log.add(bridge.OversizedLine(100_000, b"x" * 1024, b"y"))
+    assert caplog.messages[0] == "MCP server gh\\x1bserver: line 0 \\x1b[2J"
+    assert log.tail[0] == "line 3 \\x1b[2J"
+    assert log.tail[-1] == "x" * bridge.MAX_STDERR_LINE_CHARS + "..."
+    assert log.ending is None
+    log.returncode = 2
+    assert log.ending == "exited with status 2"
+    log.returncode = -9
+    assert log.ending == "was killed by signal 9 (SIGKILL)"

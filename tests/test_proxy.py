@@ -23,6 +23,7 @@ import pytest
 
 from tests.conftest import (
     JUNK_WRAPPER,
+    LISTING_WRAPPER,
     Engine,
     bridge_client,
     bridge_pids,
@@ -359,7 +360,10 @@ async def test_a_server_that_never_initializes_fails_within_its_start_timeout(
             """,
         )
         assert time.monotonic() - started < 15
-        assert "'mute' could not be started" in result["value"]
+        assert (
+            "'mute' (command: %s -c 'import time; time.sleep(600)') could not be started" % sys.executable
+            in (result["json"])
+        )
         assert "did not finish initializing within 3s" in result["value"]
 
 
@@ -587,3 +591,164 @@ async def test_requests_beyond_the_in_flight_limit_are_refused_not_queued(
         assert refused > 0 and "Too many MCP requests in flight" in message
         after = await run_ok(client, "mcp_stub.pair(a=1)")
         assert after["value"] == "{'sum': 3, 'product': 2}"
+
+
+# --- issue 17 items 4, 5, 7: start failures, the servers' environment, malformed tools -----
+
+CATCH = """
+from mcp import runtime
+try:
+    %s
+except runtime.MCPError as exc:
+    message = str(exc)
+message
+"""
+
+
+async def test_a_server_that_cannot_start_is_named_with_its_command_exit_status_and_stderr(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    code = (
+        "import sys; print('starting up', file=sys.stderr); "
+        "print('fatal: missing API_KEY \\x1b[31m', file=sys.stderr); sys.exit(3)"
+    )
+    home = claude_desktop_home(tmp_path, {"keyless": {"command": sys.executable, "args": ["-c", code]}})
+    log = tmp_path / "bridge.log"
+    env = proxy_env(proxy_engine, state_dir, home, MCP_BRIDGE_LOG_LEVEL="INFO")
+    with log.open("w") as errlog:
+        async with bridge_client(env, errlog=errlog) as client:
+            first = await run_ok(client, CATCH % "mcp_keyless.anything()")
+            message = first["json"]
+            assert message.startswith("MCP server 'keyless' (command: %s -c " % sys.executable), message
+            assert "could not be started: its process exited with status 3 before it finished" in message
+            # Its last stderr lines, control characters escaped.
+            assert "starting up\n  fatal: missing API_KEY \\x1b[31m\n" in message, message
+            assert "\x1b" not in message
+            # Called again: it is tried again and fails the same way; nothing says "restarted".
+            again = await run_ok(client, CATCH % "mcp_keyless.anything()")
+            assert "could not be started: its process exited with status 3" in again["json"]
+            assert not any("restarted" in notice for notice in again["notices"]), again["notices"]
+            detailed = await run_ok(client, "runtime.discovered_servers(detailed=True)['servers'][0]")
+            assert (detailed["json"]["running"], detailed["json"]["tools"]) == (False, None)
+            assert "exited with status 3" in detailed["json"]["failure"], detailed
+    # The bridge's log names the server on each of its stderr lines.
+    assert "MCP server keyless: fatal: missing API_KEY \\x1b[31m" in log.read_text()
+
+
+async def test_a_server_that_could_not_start_and_then_does_is_not_said_to_be_restarted(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "second-try"
+    # Fails its first start (leaving a marker), starts as the stub server the next time.
+    code = (
+        "import os, sys, runpy; m = %r\n"
+        "if not os.path.exists(m):\n"
+        "    open(m, 'w').close(); print('first start fails', file=sys.stderr); sys.exit(1)\n"
+        "sys.argv = [%r]; runpy.run_path(%r, run_name='__main__')"
+    ) % (str(marker), stub_entry()["args"][0], stub_entry()["args"][0])
+    home = claude_desktop_home(tmp_path, {"flaky": {"command": sys.executable, "args": ["-c", code]}})
+    async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+        first = await run_ok(client, CATCH % "mcp_flaky.pair(a=1)")
+        assert "'flaky'" in first["json"] and "exited with status 1" in first["json"], first
+        second = await run_ok(client, "mcp_flaky.pair(a=1)")
+        assert second["value"] == "{'sum': 3, 'product': 2}"
+        (notice,) = second["notices"]
+        assert "could not be started before" in notice and "it has started now" in notice, notice
+        assert "restarted" not in notice
+
+
+async def test_servers_get_the_certificate_proxy_and_locale_variables_and_their_entry_env_wins(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    entry = dict(stub_entry(), env={"HTTPS_PROXY": "http://entry-proxy:3128"})
+    home = claude_desktop_home(tmp_path, {"stub": entry})
+    env = proxy_env(
+        proxy_engine,
+        state_dir,
+        home,
+        SSL_CERT_FILE="/etc/corp/ca.pem",
+        NODE_EXTRA_CA_CERTS="/etc/corp/ca.pem",
+        HTTPS_PROXY="http://user-proxy:3128",
+        no_proxy="localhost,.corp",
+        TZ="Europe/Paris",
+        CORP_TOKEN="not for every server",
+        MCP_BRIDGE_PASS_ENV="EXTRA_SETTING,MY_TOOL_*",
+        EXTRA_SETTING="passed by name",
+        MY_TOOL_HOME="passed by prefix",
+    )
+    names = [
+        "SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "HTTPS_PROXY", "no_proxy", "TZ", "CORP_TOKEN",
+        "EXTRA_SETTING", "MY_TOOL_HOME", "PATH",
+    ]  # fmt: skip
+    async with bridge_client(env) as client:
+        result = await run_ok(client, "mcp_stub.environment(names=%r)" % names)
+    seen = result["json"]
+    assert seen["SSL_CERT_FILE"] == seen["NODE_EXTRA_CA_CERTS"] == "/etc/corp/ca.pem"
+    assert seen["HTTPS_PROXY"] == "http://entry-proxy:3128"  # the entry's own env wins
+    assert (seen["no_proxy"], seen["TZ"]) == ("localhost,.corp", "Europe/Paris")
+    assert (seen["EXTRA_SETTING"], seen["MY_TOOL_HOME"]) == ("passed by name", "passed by prefix")
+    assert seen["CORP_TOKEN"] is None  # not on the list: not passed
+    assert seen["PATH"]  # the SDK's default stays
+
+
+async def test_a_malformed_tool_is_repaired_or_left_out_and_the_rest_of_its_server_works(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    # The stub's "pair" is listed with inputSchema and outputSchema {} (repairable: its
+    # structured result is still checked against the repaired one), "blob" with a
+    # schema of type "string" (not: arguments are an object); the stub still serves both.
+    stub = stub_entry()
+    entry = {
+        "command": sys.executable,
+        "args": [str(LISTING_WRAPPER), "pair", "blob", stub["command"], *stub["args"]],
+    }
+    home = claude_desktop_home(tmp_path, {"shaky": entry, "time": {"command": real_server("time")}})
+    async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+        listed = await run_ok(
+            client,
+            """
+            from mcp import runtime
+            names = [tool["name"] for tool in runtime.list_tools("shaky")]
+            (sorted(names), runtime.query_tool_docs("shaky", "pair")["signature"])
+            """,
+        )
+        names, signature = listed["json"]
+        assert "pair" in names and "slow" in names and "blob" not in names, names
+        assert signature.startswith("pair("), signature
+        (notice,) = listed["notices"]
+        assert "'shaky'" in notice and "'blob'" in notice and "inputSchema.type" in notice, notice
+        calls = await run_ok(
+            client,
+            """
+            hits = [hit["tool"] for hit in runtime.search_tool_docs("sleep then answer", 10)]
+            try:
+                mcp_shaky.blob(size=1)
+            except AttributeError as exc:
+                gone = str(exc)
+            (mcp_shaky.pair(a=3), mcp_shaky.slow(seconds=0), "slow" in hits, gone)
+            """,
+        )
+        pair, slow, found, gone = calls["json"]
+        assert (pair, slow, found) == ({"sum": 5, "product": 6}, "slept 0", True), calls
+        assert "blob" in gone
+
+
+async def test_search_says_which_servers_it_left_out_and_why(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    broken = {"command": sys.executable, "args": ["-c", "import sys; sys.exit('no config file')"]}
+    home = claude_desktop_home(tmp_path, {"broken": broken, "stub": stub_entry()})
+    async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+        result = await run_ok(
+            client,
+            """
+            from mcp import runtime
+            first = [hit["tool"] for hit in runtime.search_tool_docs("sum of two numbers")]
+            again = runtime.search_tool_docs("product")
+            first
+            """,
+        )
+        assert "pair" in result["json"]
+        (notice,) = result["notices"]  # two searches, one notice
+        assert "runtime.search_tool_docs(...) left out the tools of MCP server 'broken'" in notice, notice
+        assert "exited with status 1" in notice and "no config file" in notice, notice

@@ -134,6 +134,12 @@ def pixel() -> Image:
     return Image(data=PIXEL, format="png")
 
 
+@server.tool()
+def environment(names: list[str]) -> dict[str, str | None]:
+    """The values of the environment variables `names` in this server's process (None: unset)."""
+    return {name: os.environ.get(name) for name in names}
+
+
 @server.tool(name="kebab-name")
 def kebab_name() -> str:
     """A tool whose name is not a Python identifier."""
