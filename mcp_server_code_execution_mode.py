@@ -10072,8 +10072,12 @@ def doctor_report(config: BridgeConfig, checks: Sequence[DoctorCheck]) -> str:
         mine = [check for check in checks if check.section == section]
         if mine or section == "servers":
             lines += ["", title]
-            # Servers' errors and files' names may hold anything: escape what a terminal would run.
-            lines += ["  %-4s  %s" % (check.status, printable(check.message)) for check in mine]
+            for check in mine:
+                # Servers' errors and files' names may hold anything: escape what a terminal
+                # would run. A message of several lines (a server's stderr) stays indented.
+                first, *rest = check.message.splitlines() or [""]
+                lines.append("  %-4s  %s" % (check.status, printable(first)))
+                lines += ["        %s" % printable(line) for line in rest]
             lines += [] if mine else ["  (none configured)"]
     failures = sum(check.status == "fail" for check in checks)
     warnings = sum(check.status == "warn" for check in checks)

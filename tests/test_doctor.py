@@ -103,11 +103,13 @@ def test_doctor_names_a_server_that_fails_to_start_and_json_says_the_same(
     done = doctor(env)
     assert done.returncode == 1, done.stdout + done.stderr
     (failure,) = lines_of(done.stdout, "fail")
-    assert (
-        failure.startswith("MCP server 'broken' could not be started: ")
-        and "claude_desktop_config.json" in failure
-    )
-    assert "fatal" in done.stdout + done.stderr  # what the server said (its stderr)
+    assert failure.startswith(
+        "MCP server 'broken' (command: sh -c 'echo fatal >&2; exit 3') could not be started: "
+        "its process exited with status 3"
+    ), failure
+    # What the server said (its stderr) is in the report itself, on the lines that follow.
+    shown = done.stdout.split(failure, 1)[1].split("\n\n", 1)[0]
+    assert "\n          fatal\n" in shown and "claude_desktop_config.json" in shown, shown
     assert re.search(r"ok +stub \(mcp_stub\): started", done.stdout), done.stdout
 
     as_json = doctor(env, "--json")
@@ -115,7 +117,8 @@ def test_doctor_names_a_server_that_fails_to_start_and_json_says_the_same(
     found: dict[str, Any] = json.loads(as_json.stdout)
     assert found["status"] == 1 and found["version"] == bridge.__version__
     servers = {check["subject"]: check for check in found["checks"] if check["section"] == "servers"}
-    assert servers["broken"]["status"] == "fail" and servers["broken"]["message"] == failure
+    assert servers["broken"]["status"] == "fail" and servers["broken"]["message"].startswith(failure)
+    assert "\n  fatal\n" in servers["broken"]["message"]
     assert (
         servers["stub"]["status"] == "ok" and servers["stub"]["tools"] > 0 and servers["stub"]["seconds"] >= 0
     )

@@ -891,7 +891,8 @@ async def test_a_repositorys_mcp_json_runs_on_the_host_only_once_trusted(
         assert "evil" not in servers and not marker.exists()
     else:  # trusted, so started once, and named: it is no MCP server
         assert doctor.returncode == 1, doctor.stdout + doctor.stderr
-        assert "  fail  MCP server 'evil' could not be started" in servers
+        assert "  fail  MCP server 'evil' (command: sh -c 'id > " in servers, servers
+        assert "could not be started: its process exited with status 0" in servers, servers
         assert "not trusted" not in doctor.stdout
 
 
