@@ -146,20 +146,29 @@ def test_the_typescript_client_gets_still_running_before_its_60_second_timeout(
     assert result["structuredContent"]["stdout"].startswith("tick 0\ntick 1\n"), result
 
 
+class FakeSession:
+    """A sandbox for unit tests of the manager: code named in ``seconds`` runs that long,
+    printing "started CODE" first; any other code ends at once; the value is its repr."""
+
+    alive = True
+    config = bridge.BridgeConfig()
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        self.seconds = seconds
+
+    async def execute(
+        self, code: str, timeout: float, pending: Any, saved_tools: bool = True
+    ) -> bridge.ExecutionOutcome:
+        pending.streams["stdout"].append("started %s\n" % code)
+        await anyio.sleep(self.seconds.get(code, 0))
+        return bridge.ExecutionOutcome(status="ok", value=repr(code))
+
+
 async def test_the_end_of_earlier_code_is_kept_when_the_call_collecting_it_fails() -> None:
     # Unit test of the manager with a fake sandbox: the call that collects the earlier
     # code's end fails to start its own sandbox; the next call still gets that end.
-    class FakeSession:
-        alive = True
-        config = bridge.BridgeConfig()
-
-        async def execute(
-            self, code: str, timeout: float, pending: Any, saved_tools: bool = True
-        ) -> bridge.ExecutionOutcome:
-            await anyio.sleep(1.3 if code == "slow" else 0)
-            return bridge.ExecutionOutcome(status="ok", value=repr(code))
-
-    starts: list[Any] = [FakeSession(), bridge.SandboxStartError("no sandbox this time"), FakeSession()]
+    failed = bridge.SandboxStartError("no sandbox this time")
+    starts: list[Any] = [FakeSession({"slow": 1.3}), failed, FakeSession({"slow": 1.3})]
 
     async def ensure_session(notices: list[str]) -> Any:
         start = starts.pop(0)
@@ -184,19 +193,8 @@ async def test_a_reset_says_what_became_of_code_an_earlier_call_left_running() -
     # Unit test of the manager with a fake sandbox: code still running when a reset comes
     # is stopped, and the reset's result says so; code that ended before the reset (its
     # end not yet returned) is returned with the reset's result, not dropped.
-    class FakeSession:
-        alive = True
-        config = bridge.BridgeConfig()
-
-        async def execute(
-            self, code: str, timeout: float, pending: Any, saved_tools: bool = True
-        ) -> bridge.ExecutionOutcome:
-            pending.streams["stdout"].append("started %s\n" % code)
-            await anyio.sleep({"forever": 600, "short": 1.5}.get(code, 0))
-            return bridge.ExecutionOutcome(status="ok", value=repr(code))
-
     async def ensure_session(notices: list[str]) -> Any:
-        return FakeSession()
+        return FakeSession({"forever": 600, "short": 1.5})
 
     host: Any = SimpleNamespace(pool=SimpleNamespace(drain_notices=list))
     async with anyio.create_task_group() as group:
