@@ -797,7 +797,12 @@ async def test_running_code_counts_toward_the_calls_a_principal_may_have(
         assert "reset: true" in over["text"], over
         waited = await call(alice, "1", session="a1")  # her own running code: she may wait for it
         assert waited["view"]["status"] == "running" and not waited["is_error"], waited
-        assert value(await call(bob, "'bob still runs'", session="b1")) == "bob still runs"
+        bobs = await call(bob, "'bob still runs'", session="b1")
+        if bobs["view"] is not None and bobs["view"]["status"] == "running":
+            # His sandbox took longer than respond_after (1 s) to start on a loaded machine:
+            # still served, not refused; the next call brings the value.
+            bobs = {**bobs, "view": (await call(bob, "None", session="b1"))["view"]["earlier"]}
+        assert value(bobs) == "bob still runs"
         assert (await running.health())["sessions"] == 3
 
 
