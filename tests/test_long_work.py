@@ -105,6 +105,7 @@ async def test_the_timeout_still_ends_code_that_runs_on_in_the_background(
 
 async def test_reset_and_a_cancelled_wait_stop_code_that_runs_on(engine: Engine, state_dir: Path) -> None:
     async with bridge_client(bridge_env(engine, state_dir, MCP_BRIDGE_RESPOND_AFTER="3")) as client:
+        await run_cell(client, "pass")  # the sandbox is up: what follows times the code, not its start
         first = await run_cell(client, "import time\ntime.sleep(60)", timeout=120)
         assert first["status"] == "running", first
         reset = await client.call_tool("run_python", {"code": "'fresh'", "reset": True})
