@@ -16,7 +16,9 @@ Sections, in dependency order (``grep -n '^# ====' mcp_server_code_execution_mod
     container runtime    -> Podman / Docker strategies, detection, hardened argv, sweeping
     server discovery     -> the user's MCP servers, read from every client's config files
     MCP client pool      -> one long-lived client per server, each owned by one task
-    tool docs            -> Python-style signatures and a fuzzy search over all tools
+    tool docs            -> Python-style signatures of the tools' schemas
+    search               -> a fuzzy search over all tools (search_tool_docs)
+    memory store         -> memories (SQLite) and saved tools, written by the host only
     sandbox API (host)   -> serves the sandbox's requests: discovery, docs, tool calls
     sandbox session      -> one container + kernel; SessionManager keeps it warm
     rendering            -> ExecutionOutcome -> text / TOON + structuredContent
@@ -3541,7 +3543,7 @@ def tool_allowed(server: str, tool: str, config: BridgeConfig) -> bool:
 
 
 # =============================================================================
-# tool docs: signatures and search
+# tool docs
 # =============================================================================
 
 _PRIMITIVES = {"string": "str", "integer": "int", "number": "float", "boolean": "bool", "null": "None"}
@@ -4815,7 +4817,7 @@ def _iso_time(seconds: float) -> str:
 
 
 # =============================================================================
-# sandbox API (host side)
+# sandbox API (host)
 # =============================================================================
 
 
