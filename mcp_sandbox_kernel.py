@@ -2329,21 +2329,25 @@ def _quoted_name(message: str, before: str, after: str) -> str | None:
     return message[len(before) + 1 : end] if end > len(before) else None
 
 
+def _alias_of_global(name: str | None) -> str | None:
+    """``x`` for the global ``mcp_x`` a server would be; None for any other name."""
+    return name[len("mcp_") :] if name and name.startswith("mcp_") and len(name) > 4 else None
+
+
 def missing_server_alias(exc: BaseException) -> str | None:
     """The server alias user code looked for, when ``exc`` is Python's error for a name of
     a server: ``mcp_x`` (NameError), ``from mcp.servers import x`` and ``from mcp import
     mcp_x`` (ImportError), ``import mcp.servers.x`` (ModuleNotFoundError)."""
     if type(exc) is NameError:
-        name = getattr(exc, "name", None) or _quoted_name(str(exc), "name ", " is not defined")
-        return name[len("mcp_") :] if name and name.startswith("mcp_") and len(name) > 4 else None
+        return _alias_of_global(
+            getattr(exc, "name", None) or _quoted_name(str(exc), "name ", " is not defined")
+        )
     if type(exc) is ModuleNotFoundError:
         module = exc.name or ""
         return module[len("mcp.servers.") :] if module.startswith("mcp.servers.") else None
     if type(exc) is ImportError and exc.name in ("mcp", "mcp.servers"):
         name = _quoted_name(str(exc), "cannot import name ", " from ")
-        if name and exc.name == "mcp":
-            return name[len("mcp_") :] if name.startswith("mcp_") and len(name) > 4 else None
-        return name
+        return _alias_of_global(name) if exc.name == "mcp" else name
     return None
 
 

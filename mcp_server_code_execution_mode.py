@@ -940,6 +940,20 @@ WORKDIR = "/workspace"
 DECODE_IN_THREAD_BYTES = 256 * 1024
 
 
+def json_depth(value: object, limit: int) -> int:
+    """How deeply JSON data nests (a scalar 0, ``{}`` 1), walked with a stack of its own so
+    no depth makes the count itself fail; counting stops past `limit`."""
+    deepest, stack = 0, [(value, 1)]
+    while stack and deepest <= limit:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return deepest
+
+
 # =============================================================================
 # container runtime
 # =============================================================================
@@ -4265,18 +4279,12 @@ def validate_memory_key(key: str) -> str:
 
 
 def check_memory_depth(value: Any, what: str) -> None:
-    """MemoryStoreError if ``value`` nests lists and objects deeper than MAX_MEMORY_DEPTH;
-    walked with a stack of its own, so no depth makes the check itself fail."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list):
-            if depth >= MAX_MEMORY_DEPTH:
-                raise MemoryStoreError(
-                    "The %s nests lists and objects deeper than %d levels, the most a memory may hold; "
-                    "flatten it (e.g. store the deep part as a JSON string)." % (what, MAX_MEMORY_DEPTH)
-                )
-            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    """MemoryStoreError if ``value`` nests lists and objects deeper than MAX_MEMORY_DEPTH."""
+    if json_depth(value, MAX_MEMORY_DEPTH) > MAX_MEMORY_DEPTH:
+        raise MemoryStoreError(
+            "The %s nests lists and objects deeper than %d levels, the most a memory may hold; "
+            "flatten it (e.g. store the deep part as a JSON string)." % (what, MAX_MEMORY_DEPTH)
+        )
 
 
 def memory_json(value: Any, what: str) -> str:
@@ -4563,9 +4571,8 @@ def _stored_json(text: str, key: str, what: str) -> Any:
     except (RecursionError, ValueError) as exc:
         raise MemoryStoreError(
             "The %s of the memory %r cannot be read back (%s: it nests deeper than %d levels or "
-            "is not JSON); delete it with delete_memory(%r) or, on the host, "
-            "`mcp-server-code-execution-mode memory delete %s`."
-            % (what, key, type(exc).__name__, MAX_MEMORY_DEPTH, key, key)
+            "is not JSON); delete it with delete_memory(%r) or, on the host, `%s memory delete %s`."
+            % (what, key, type(exc).__name__, MAX_MEMORY_DEPTH, key, SERVER_NAME, key)
         ) from None
 
 
@@ -7798,10 +7805,8 @@ def client_line_item(
     except ValueError as exc:
         refused = exc
     else:
-        if not isinstance(message, types.JSONRPCNotification) or not _has_id(text):
+        if not isinstance(message, types.JSONRPCNotification):
             return SessionMessage(message)
-        # A request whose id is of no type an id takes (null, a float, an object) passes
-        # the SDK's validator as a notification, which is never answered.
     try:
         value = json.loads(text)
     except RecursionError:  # deeper than Python's own parser goes: the id is read from the head
@@ -7810,15 +7815,11 @@ def client_line_item(
         return jsonrpc_error_reply(
             None, types.PARSE_ERROR, "The line is not JSON (%s); send one JSON-RPC 2.0 object per line." % exc
         )
+    if refused is None and not (isinstance(value, dict) and "id" in value):
+        return SessionMessage(message)
+    # Refused, or a request whose id is of no type an id takes (null, a float, an object),
+    # which passes the SDK's validator as a notification, never answered.
     return _invalid_message_reply(value, refused)
-
-
-def _has_id(text: str) -> bool:
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
-        return False
-    return isinstance(value, dict) and "id" in value
 
 
 def jsonrpc_error_reply(request_id: int | str | None, code: int, message: str) -> bytes:
@@ -7846,20 +7847,6 @@ def _shown(value: object) -> str:
     return clean_text(json.dumps(value))[:40]
 
 
-def json_depth(value: object, limit: int = MAX_MESSAGE_DEPTH) -> int:
-    """How deeply JSON data nests (a scalar 0, ``{}`` 1), without recursion; counting stops
-    past `limit`."""
-    deepest, stack = 0, [(value, 1)]
-    while stack and deepest <= limit:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
-        deepest = max(deepest, depth)
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
-    return deepest
-
-
 def _invalid_message_reply(value: object, refused: ValueError | None) -> bytes | None:
     """The error reply for JSON that is not a JSON-RPC message the SDK accepts (`refused`:
     why its validator refused it, or None when it took a request for a notification)."""
@@ -7882,7 +7869,7 @@ def _invalid_message_reply(value: object, refused: ValueError | None) -> bytes |
     request_id = _readable_id(value.get("id"))
     version, method, params = value.get("jsonrpc"), value.get("method"), value.get("params")
     code = types.INVALID_REQUEST
-    if json_depth(value) > MAX_MESSAGE_DEPTH:
+    if json_depth(value, MAX_MESSAGE_DEPTH) > MAX_MESSAGE_DEPTH:
         return _too_deep_reply(request_id)
     if version != "2.0":
         message = 'The "jsonrpc" member must be "2.0"' + (
@@ -9954,7 +9941,7 @@ async def _probe_server(client: PooledClient, limiter: anyio.CapacityLimiter) ->
         spec.alias,
         seconds,
         len(tools),
-        "" if len(tools) == 1 else "s",
+        _plural(len(tools)),
     )
     if problems:
         return DoctorCheck("servers", spec.name, "warn", "%s; %s" % (message, "; ".join(problems)), details)
@@ -10088,9 +10075,9 @@ def doctor_report(config: BridgeConfig, checks: Sequence[DoctorCheck]) -> str:
         "%d failure%s, %d warning%s: %s"
         % (
             failures,
-            "" if failures == 1 else "s",
+            _plural(failures),
             warnings,
-            "" if warnings == 1 else "s",
+            _plural(warnings),
             "something would fail (exit 1)." if failures else "the bridge can start here.",
         ),
     ]

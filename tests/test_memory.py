@@ -906,3 +906,12 @@ async def test_deep_metadata_already_in_a_store_is_listed_as_unreadable_not_a_ha
         assert "delete_memory('deep')" in metadata["unreadable"], listed
         assert (await run_cell(client, "delete_memory('deep')"))["value"] == "True"
         assert (await run_cell(client, "6 * 7"))["value"] == "42"
+
+
+def test_the_depth_check_refuses_only_past_max_memory_depth() -> None:
+    limit = bridge.MAX_MEMORY_DEPTH
+    for accepted in (1, nested(limit), {"a": nested(limit - 1)}, [{"a": 1}] * 3):
+        bridge.check_memory_depth(accepted, "value")
+    for refused in (nested(limit + 1), {"a": nested(limit)}, [1, [nested(limit)]]):
+        with pytest.raises(bridge.MemoryStoreError, match="deeper than %d levels" % limit):
+            bridge.check_memory_depth(refused, "value")
