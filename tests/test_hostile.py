@@ -393,10 +393,11 @@ async def test_large_tool_arguments_are_capped_and_never_hold_the_event_loop(
         assert "over the 16777216-byte cap for a request to the host" in outcomes[2], outcomes
         for over in outcomes[3:]:
             assert "refused: Tool arguments hold more than 250000 values" in over, outcomes
-        # Before the fix the 12 MB call alone held the event loop for about 3 s (its
-        # arguments were walked on it); decoding, checking and measuring now run in
-        # worker threads, and what the SDK serializes on the loop is bounded by the caps.
-        assert len(latencies) >= 5 and max(latencies) < 1.0, latencies
+        # Before the fix the 12 MB call alone held the event loop for about 3 s on an idle
+        # machine (its arguments were walked on it); decoding, checking and measuring now
+        # run in worker threads, and what the SDK serializes on the loop is bounded by the
+        # caps (about 0.3 s, which three test workers on two cores stretched to 1.16 s).
+        assert len(latencies) >= 5 and max(latencies) < 2.0, latencies
         await assert_still_serves(client)
 
 
