@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
@@ -58,6 +60,94 @@ class Engine:
             argv, capture_output=True, text=True, timeout=30, check=True, env={**os.environ, **self.env}
         )
         return result.stdout.split()
+
+
+# --- the `container` marker -----------------------------------------------------------
+# A test that starts a container engine, a container, or a bridge that starts one is marked
+# `container`; `pytest -m "not container"` runs the rest in seconds. The mark comes from the
+# fixtures a test uses (CONTAINER_FIXTURES), or by hand (`@pytest.mark.container`, a
+# module's `pytestmark`) for a test that reaches an engine its own way. The guard below
+# makes a missing mark fail the test instead of passing slowly.
+
+CONTAINER_FIXTURES = frozenset({"engine", "proxy_engine", "first_engine"})
+ENGINES = ("podman", "docker")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if CONTAINER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.container)
+
+
+class EngineGuard:
+    """A test not marked `container` runs, from its first fixture to its last teardown, with
+    `podman` and `docker` on PATH as shims that fail loudly and log their argv; a logged
+    call fails the test even when the test, or a bridge it started, swallowed the failure."""
+
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="engine-shims-"))
+        self.log = self.folder / "calls.log"
+        self.log.touch()
+        for name in ENGINES:
+            shim = self.folder / name
+            shim.write_text(
+                "#!/bin/sh\n"
+                'echo "%s $*" >> %s\n'
+                'echo "%s was run by a test not marked container (see tests/conftest.py)" >&2\n'
+                "exit 97\n" % (name, shlex.quote(str(self.log)), name)
+            )
+            shim.chmod(0o755)
+        self.path: str | None = None
+        self.seen = 0
+
+    def arm(self) -> None:
+        self.path = os.environ.get("PATH", "")
+        self.seen = self.log.stat().st_size
+        os.environ["PATH"] = "%s%s%s" % (self.folder, os.pathsep, self.path)
+
+    def disarm(self) -> str:
+        """Restores PATH; what the shims logged since `arm`."""
+        assert self.path is not None
+        os.environ["PATH"], self.path = self.path, None
+        with self.log.open() as calls:
+            calls.seek(self.seen)
+            return calls.read()
+
+
+GUARD_KEY = pytest.StashKey[EngineGuard]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[GUARD_KEY] = EngineGuard()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    guard = session.config.stash.get(GUARD_KEY, None)
+    if guard is not None:
+        shutil.rmtree(guard.folder, ignore_errors=True)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    if item.get_closest_marker("container") is None:
+        item.config.stash[GUARD_KEY].arm()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    try:
+        result = yield
+    finally:
+        guard = item.config.stash[GUARD_KEY]
+        ran = guard.disarm() if guard.path is not None else ""
+    if ran:
+        pytest.fail(
+            "%s is not marked container but ran a container engine:\n%s"
+            "mark it (@pytest.mark.container) or add its fixture to CONTAINER_FIXTURES" % (item.nodeid, ran),
+            pytrace=False,
+        )
+    return result
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -78,6 +78,7 @@ def test_the_mirror_comes_from_the_machines_own_apt_sources(tmp_path: Path) -> N
     assert bridge.apt_mirror(tmp_path) is None
 
 
+@pytest.mark.container  # a dry run asks the engine for its facts
 def test_dry_runs_print_each_methods_commands_and_build_nothing() -> None:
     pip = build_image("--dry-run", "--method", "pip", "--from", "python:3.14-slim", "--tag", "localhost/x:1")
     assert pip.returncode == 0, pip.stderr
@@ -102,7 +103,11 @@ def test_dry_runs_print_each_methods_commands_and_build_nothing() -> None:
     [
         (["--packages", "numpy;rm -rf /"], "not a package name: numpy;rm -rf /"),
         (["--packages", "numpy,--index-url=http://evil"], "not a package name: --index-url=http://evil"),
-        (["--method", "debian", "--packages", "numpy==1.0"], "versions cannot be pinned"),
+        pytest.param(
+            ["--method", "debian", "--packages", "numpy==1.0"],
+            "versions cannot be pinned",
+            marks=pytest.mark.container,  # refused after the engine is asked for its facts
+        ),
     ],
 )
 def test_bad_requests_are_refused_with_a_clear_message(args: list[str], message: str) -> None:
@@ -111,6 +116,7 @@ def test_bad_requests_are_refused_with_a_clear_message(args: list[str], message:
     assert "Traceback" not in refused.stderr
 
 
+@pytest.mark.container  # the engine is asked for the base image
 def test_an_explicit_base_that_cannot_be_used_fails_instead_of_switching_method() -> None:
     # A pinned package: were auto to fall back to debian anyway, that would refuse it
     # (status 2) rather than run debootstrap here.

@@ -174,6 +174,7 @@ def logged(log: Path) -> list[list[str]]:
 
 
 @pytest.mark.anyio
+@pytest.mark.container  # the stand-in runs the Pod on Podman
 async def test_simulated_cluster_runs_a_session_over_the_stdin_bootstrap(
     standin: tuple[Path, Path], state_dir: Path
 ) -> None:

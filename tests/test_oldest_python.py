@@ -23,7 +23,7 @@ from tests.conftest import (
 from tests.test_proxy import run_ok
 from tests.test_server_config import broken_servers_json, check_a_broken_config_file_is_named
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.container]
 
 OLDEST_IMAGE = os.environ.get("MCP_TEST_OLDEST_IMAGE", "localhost/mcp-sandbox-python:bullseye")
 

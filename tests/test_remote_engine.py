@@ -26,7 +26,7 @@ from tests.conftest import (
     text_of,
 )
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.container]
 
 DOCKER_TCP = "tcp://127.0.0.1:%s" % os.environ.get("MCP_TEST_DOCKER_TCP_PORT", "23750")
 
