@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -39,11 +38,19 @@ import anyio
 import mcp_types as types
 from anthropic_tokenizer import count_tokens  # Rust-native local tokenizer: no network.
 from mcp.client.session import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
 
-CONSOLE_SCRIPT = "mcp-server-code-execution-mode"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout, for tests.harness
+from tests.harness import (
+    DEFAULT_IMAGE,
+    Engine,
+    NotInstalledError,
+    bridge_client,
+    console_script,
+    isolated_env,
+    text_of,
+)
+
 TOOL_NAME = "run_python"
-DEFAULT_IMAGE = "localhost/mcp-sandbox-python:bookworm"
 RUNTIMES = ("podman", "docker")
 MIN_CALLS = 50
 TRIVIAL_CODE = "1"
@@ -131,16 +138,12 @@ def percentile(samples: Sequence[float], fraction: float) -> float:
     return ordered[rank - 1]
 
 
-def text_of(result: types.CallToolResult) -> str:
-    return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
-
-
 def server_command() -> str:
-    """The console script next to this interpreter (the project's venv), else on PATH."""
-    found = shutil.which(CONSOLE_SCRIPT, path=os.path.dirname(sys.executable)) or shutil.which(CONSOLE_SCRIPT)
-    if found is None:
-        raise SystemExit("%s is not installed; run scripts/setup.sh first" % CONSOLE_SCRIPT)
-    return found
+    """The console script of this checkout; exits with a message when it is not installed."""
+    try:
+        return console_script()
+    except NotInstalledError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def server_env(runtime: str, image: str, prewarm: bool) -> dict[str, str]:
@@ -176,23 +179,7 @@ def isolated_bridge_env(
     home.mkdir(exist_ok=True)
     state.mkdir(exist_ok=True)
     config.write_text(json.dumps({"mcpServers": servers}), encoding="utf-8")
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith("MCP_BRIDGE_") and key not in ("MCP_SERVERS_CONFIG", "XDG_CONFIG_HOME")
-    }
-    env.update(
-        {
-            "HOME": str(home),
-            "MCP_SERVERS_CONFIG": str(config),
-            "MCP_BRIDGE_STATE_DIR": str(state),
-            "MCP_BRIDGE_RUNTIME": runtime,
-            "MCP_BRIDGE_IMAGE": image,
-            "MCP_BRIDGE_LOG_LEVEL": "WARNING",
-            **settings,
-        }
-    )
-    return env
+    return isolated_env(Engine(runtime, image), state, home, MCP_SERVERS_CONFIG=str(config), **settings)
 
 
 class ToolCallError(Exception):
@@ -225,10 +212,6 @@ def tools_list_size(result: types.ListToolsResult) -> tuple[str, int, int]:
     return text, tokens, tools_only
 
 
-def server_params(runtime: str, image: str, prewarm: bool) -> StdioServerParameters:
-    return StdioServerParameters(command=server_command(), env=server_env(runtime, image, prewarm))
-
-
 @contextmanager
 def captured_stderr() -> Iterator[TextIO]:
     """A temporary file for the server's stderr (its logs), shown only when a run fails."""
@@ -247,23 +230,19 @@ async def measure_main_run(
     report: RuntimeReport, runtime: str, image: str, calls: int, verbose: bool
 ) -> None:
     """Start -> initialize, first call right after initialize, tools/list size, warm calls."""
-    params = server_params(runtime, image, prewarm=True)
+    env = server_env(runtime, image, prewarm=True)
     with captured_stderr() as errlog:
-        await _main_run(report, params, errlog, calls, verbose)
+        await _main_run(report, env, errlog, calls, verbose)
 
 
 async def _main_run(
-    report: RuntimeReport, params: StdioServerParameters, errlog: TextIO, calls: int, verbose: bool
+    report: RuntimeReport, env: dict[str, str], errlog: TextIO, calls: int, verbose: bool
 ) -> None:
     runtime = report.runtime
     try:
         with anyio.fail_after(RUN_DEADLINE_S):
             start = time.perf_counter()
-            async with (
-                stdio_client(params, errlog=errlog) as (read, write),
-                ClientSession(read, write) as session,
-            ):
-                await session.initialize()
+            async with bridge_client(env, errlog=errlog) as session:  # spawned and initialized
                 report.add(M_INIT, ms_since(start), "ms")
                 try:
                     report.add(M_FIRST_IMMEDIATE, await timed_call(session), "ms")
@@ -309,15 +288,11 @@ async def measure_first_call(
     target_ms: float | None = None,
 ) -> None:
     """A fresh server: initialize, optionally wait, then time exactly one call."""
-    params = server_params(runtime, image, prewarm)
+    env = server_env(runtime, image, prewarm)
     with captured_stderr() as errlog:
         try:
             with anyio.fail_after(RUN_DEADLINE_S):
-                async with (
-                    stdio_client(params, errlog=errlog) as (read, write),
-                    ClientSession(read, write) as session,
-                ):
-                    await session.initialize()
+                async with bridge_client(env, errlog=errlog) as session:
                     if wait_s > 0:
                         await anyio.sleep(wait_s)
                     elapsed = await timed_call(session)

@@ -48,12 +48,12 @@ from bench_core import (
     isolated_bridge_env,
     percentile,
     server_command,
-    text_of,
 )
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from mcp_server_code_execution_mode import BridgeConfig
+from tests.harness import text_of  # on the path once bench_core is imported
 
 ALICE = "alice-bench-token-" + "a" * 24
 BOB = "bob-bench-token-" + "b" * 24

@@ -53,13 +53,13 @@ from bench_core import (  # the sibling benchmark: same conventions, same helper
     percentile,
     server_command,
     tail_of,
-    text_of,
 )
 from bench_proxy import Row, render_table  # the same table as the proxy benchmark
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from mcp_server_code_execution_mode import MEMORY_DIRNAME, MEMORY_FILENAME
+from tests.harness import text_of  # on the path once bench_core is imported
 
 MIN_CALLS = 50
 DEFAULT_CALLS = 200

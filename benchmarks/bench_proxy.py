@@ -50,12 +50,12 @@ from bench_core import (  # the sibling benchmark: same conventions, same helper
     percentile,
     server_command,
     tail_of,
-    text_of,
 )
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from mcp_server_code_execution_mode import list_all_tools
+from tests.harness import text_of  # on the path once bench_core is imported
 
 REPO = Path(__file__).resolve().parent.parent
 EVERYTHING = REPO / ".cache" / "mcp-servers" / "node_modules" / ".bin" / "mcp-server-everything"

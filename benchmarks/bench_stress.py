@@ -57,13 +57,13 @@ from bench_core import (  # the sibling benchmark: same conventions, same helper
     percentile,
     server_command,
     tail_of,
-    text_of,
 )
 from bench_proxy import EVERYTHING, missing_programs  # the same server, the same check
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from mcp_server_code_execution_mode import OWNER_PID_LABEL, BridgeConfig
+from tests.harness import text_of  # on the path once bench_core is imported
 
 REPO = Path(__file__).resolve().parent.parent
 TIME_SERVER = Path(sys.executable).parent / "mcp-server-time"

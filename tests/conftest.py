@@ -16,50 +16,39 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import mcp_types as types
 import pytest
 from mcp.client.session import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
 
-DEFAULT_IMAGE = "localhost/mcp-sandbox-python:bookworm"
-CONTAINER_LABEL = "io.github.mcp-server-code-execution-mode"
+from tests.harness import (
+    CONTAINER_LABEL,
+    DEFAULT_IMAGE,
+    Engine,
+    bridge_client,
+    bridge_env,
+    console_script,
+    isolated_env,
+    text_of,
+)
+
+# Tests import these from here, as they did before tests/harness.py held them.
+__all__ = [
+    "CONTAINER_LABEL",
+    "DEFAULT_IMAGE",
+    "Engine",
+    "bridge_client",
+    "bridge_env",
+    "console_script",
+    "text_of",
+]
 
 
 def requested_runtimes() -> list[str]:
     return [name for name in os.environ.get("MCP_TEST_RUNTIMES", "podman,docker").split(",") if name]
-
-
-def console_script() -> str:
-    found = shutil.which("mcp-server-code-execution-mode", path=os.path.dirname(sys.executable))
-    assert found, "the console script is not installed in this environment: pip install -e .[dev]"
-    return found
-
-
-@dataclass(frozen=True)
-class Engine:
-    """One container runtime the tests drive directly (to look for leftover containers);
-    ``env``: how to reach it, e.g. ``{"DOCKER_HOST": "tcp://..."}`` (none: the local one)."""
-
-    name: str
-    image: str
-    env: Mapping[str, str] = field(default_factory=dict)
-
-    def containers(self, *, running_only: bool = True, owner_pid: int | None = None) -> list[str]:
-        argv = [self.name, "ps", "--filter", "label=" + CONTAINER_LABEL, "--format", "{{.Names}}"]
-        if not running_only:
-            argv.append("--all")
-        if owner_pid is not None:
-            argv += ["--filter", "label=%s.owner-pid=%d" % (CONTAINER_LABEL, owner_pid)]
-        result = subprocess.run(
-            argv, capture_output=True, text=True, timeout=30, check=True, env={**os.environ, **self.env}
-        )
-        return result.stdout.split()
 
 
 # --- the `container` marker -----------------------------------------------------------
@@ -185,27 +174,6 @@ def state_dir(tmp_path: Path) -> Iterator[Path]:
     yield path
 
 
-def bridge_env(engine: Engine | None, state_dir: Path, **overrides: str) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("MCP_BRIDGE_")}
-    env.update({"MCP_BRIDGE_STATE_DIR": str(state_dir), "MCP_BRIDGE_LOG_LEVEL": "WARNING"})
-    if engine is not None:
-        env.update({"MCP_BRIDGE_RUNTIME": engine.name, "MCP_BRIDGE_IMAGE": engine.image})
-    env.update(overrides)
-    return env
-
-
-@asynccontextmanager
-async def bridge_client(
-    env: dict[str, str], cwd: Path | None = None, errlog: TextIO = sys.stderr
-) -> AsyncIterator[ClientSession]:
-    """The installed console script behind the MCP SDK's own stdio client; ``errlog``: a
-    file for the bridge's log (stderr)."""
-    params = StdioServerParameters(command=console_script(), env=env, cwd=cwd)
-    async with stdio_client(params, errlog) as (read, write), ClientSession(read, write) as session:
-        await session.initialize()
-        yield session
-
-
 def bridge_pids(state_dir: Path) -> list[int]:
     """Pids of bridge processes started with this (unique) state directory."""
     pids = []
@@ -233,13 +201,6 @@ def claude_desktop_home(tmp_path: Path, servers: dict[str, Any]) -> Path:
     return home
 
 
-def proxy_env(engine: Engine, state_dir: Path, home: Path, **overrides: str) -> dict[str, str]:
-    """bridge_env with HOME set to `home`, so only its client configs are discovered."""
-    env = bridge_env(engine, state_dir, HOME=str(home), **overrides)
-    env.pop("XDG_CONFIG_HOME", None)
-    return env
-
-
 # Code that swallows every KeyboardInterrupt: a timeout can only end it by a kill.
 IGNORES_INTERRUPTS = """
 import time
@@ -263,10 +224,6 @@ async def run_cell(client: ClientSession, code: str, timeout: float = 60) -> dic
         fields = structured(result)
     counts = {"images": len(images), "files": len(files)}
     return {**fields, "text": text_of(result), "is_error": result.is_error, **counts}
-
-
-def text_of(result: types.CallToolResult) -> str:
-    return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
 
 
 # What structuredContent leaves out when a call has none of it.
@@ -317,6 +274,9 @@ NPM_BIN = REPO / ".cache" / "mcp-servers" / "node_modules" / ".bin"
 STUB_SERVER = REPO / "tests" / "servers" / "stub_server.py"
 JUNK_WRAPPER = REPO / "tests" / "servers" / "junk_wrapper.py"
 LISTING_WRAPPER = REPO / "tests" / "servers" / "listing_wrapper.py"
+
+
+proxy_env = isolated_env  # the name the proxy tests know it by
 
 
 def real_server(name: str) -> str:

@@ -1,0 +1,94 @@
+"""What the tests and the benchmarks share to drive the bridge as an MCP host does: the
+installed console script, the environment of one isolated bridge, the MCP SDK's own stdio
+client, and the text of a tool result. No pytest here: benchmarks/ imports it too.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import mcp_types as types
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+CONSOLE_SCRIPT = "mcp-server-code-execution-mode"
+DEFAULT_IMAGE = "localhost/mcp-sandbox-python:bookworm"
+CONTAINER_LABEL = "io.github.mcp-server-code-execution-mode"
+
+
+class NotInstalledError(RuntimeError):
+    """The console script is not installed in this environment."""
+
+
+def console_script() -> str:
+    """The console script next to this interpreter: the checkout installed in the project's
+    venv (never another installation that happens to be on PATH)."""
+    found = shutil.which(CONSOLE_SCRIPT, path=os.path.dirname(sys.executable))
+    if found is None:
+        raise NotInstalledError(
+            "%s is not installed next to %s; run scripts/setup.sh" % (CONSOLE_SCRIPT, sys.executable)
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One container runtime the tests drive directly (to look for leftover containers);
+    ``env``: how to reach it, e.g. ``{"DOCKER_HOST": "tcp://..."}`` (none: the local one)."""
+
+    name: str
+    image: str
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def containers(self, *, running_only: bool = True, owner_pid: int | None = None) -> list[str]:
+        argv = [self.name, "ps", "--filter", "label=" + CONTAINER_LABEL, "--format", "{{.Names}}"]
+        if not running_only:
+            argv.append("--all")
+        if owner_pid is not None:
+            argv += ["--filter", "label=%s.owner-pid=%d" % (CONTAINER_LABEL, owner_pid)]
+        result = subprocess.run(
+            argv, capture_output=True, text=True, timeout=30, check=True, env={**os.environ, **self.env}
+        )
+        return result.stdout.split()
+
+
+def bridge_env(engine: Engine | None, state_dir: Path, **overrides: str) -> dict[str, str]:
+    """This environment without any MCP_BRIDGE_* setting, plus the bridge's state dir, a
+    quiet log, ``engine`` (none: the bridge chooses) and ``overrides``."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MCP_BRIDGE_")}
+    env.update({"MCP_BRIDGE_STATE_DIR": str(state_dir), "MCP_BRIDGE_LOG_LEVEL": "WARNING"})
+    if engine is not None:
+        env.update({"MCP_BRIDGE_RUNTIME": engine.name, "MCP_BRIDGE_IMAGE": engine.image})
+    env.update(overrides)
+    return env
+
+
+def isolated_env(engine: Engine | None, state_dir: Path, home: Path, **overrides: str) -> dict[str, str]:
+    """bridge_env with HOME set to ``home``, so only its client configs are discovered."""
+    env = bridge_env(engine, state_dir, HOME=str(home), **overrides)
+    env.pop("XDG_CONFIG_HOME", None)
+    return env
+
+
+@asynccontextmanager
+async def bridge_client(
+    env: dict[str, str], cwd: Path | None = None, errlog: TextIO = sys.stderr
+) -> AsyncIterator[ClientSession]:
+    """The installed console script behind the MCP SDK's own stdio client, initialized;
+    ``errlog``: a file for the bridge's log (stderr)."""
+    params = StdioServerParameters(command=console_script(), env=env, cwd=cwd)
+    async with stdio_client(params, errlog) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+def text_of(result: types.CallToolResult) -> str:
+    return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
