@@ -75,9 +75,13 @@ prepare_tools() {
     python3 -m venv .venv
   fi
   if ! .venv/bin/python -c 'import mcp_server_code_execution_mode' >/dev/null 2>&1 \
-     || [ pyproject.toml -nt .venv/.installed ]; then
-    log "installing the project into .venv"
-    .venv/bin/pip install -q -e '.[dev]'
+     || [ pyproject.toml -nt .venv/.installed ] || [ uv.lock -nt .venv/.installed ]; then
+    # The dependencies at the versions uv.lock pins (`uv lock` after editing pyproject.toml),
+    # the project editable; --inexact keeps the venv's own pip. uv itself is locked too.
+    log "installing the project and its locked dependencies (uv.lock) into .venv"
+    uv_version=$(sed -n '/^name = "uv"$/{n;s/^version = "\(.*\)"$/\1/p;}' uv.lock)
+    [ -x .venv/bin/uv ] || .venv/bin/pip install -q "uv==$uv_version"
+    UV_PROJECT_ENVIRONMENT=.venv .venv/bin/uv sync --frozen --inexact --extra dev --quiet
     touch .venv/.installed
   fi
   # --- real third-party MCP servers for the proxy tests ---------------------------
