@@ -5458,6 +5458,11 @@ def checked_attachments(
     return kept
 
 
+def sandbox_error_result(kind: str, message: str) -> dict[str, Any]:
+    """A result frame for an execute the kernel could not run to its own result."""
+    return {"type": "result", "status": "error", "error": {"type": kind, "message": message, "traceback": ""}}
+
+
 class PendingExecute:
     """Collects the frames of one execute until its result (or the session's death)."""
 
@@ -5488,15 +5493,26 @@ class PendingExecute:
             self.result = result
             self.done.set()
 
+    def receive(self, frame: dict[str, Any]) -> None:
+        """A valid stream, result or error frame of this execute's."""
+        if frame["type"] == "stream":
+            self.add_stream(frame["name"], frame["text"])
+        elif frame["type"] == "result":
+            self.complete(frame)
+        else:
+            self.complete(sandbox_error_result("SandboxError", frame["message"]))
+
+    async def tick(self, started: float) -> None:
+        """Progress for whichever call is waiting for this execute now (it may change)."""
+        while True:
+            await anyio.sleep(PROGRESS_INTERVAL)
+            if self.progress is not None:
+                await self.progress.tick(time.monotonic() - started)
+
 
 class SandboxImageMissingError(SandboxStartError):
     """The container did not start, and its image is not on this machine (not found, or
     the pull failed): the one start failure that is not retried at once."""
-
-
-def sandbox_error_result(kind: str, message: str) -> dict[str, Any]:
-    """A result frame for an execute the kernel could not run to its own result."""
-    return {"type": "result", "status": "error", "error": {"type": kind, "message": message, "traceback": ""}}
 
 
 class ProblemLog:
@@ -5519,9 +5535,13 @@ class ProblemLog:
             )
 
 
-class SandboxSession:
-    """One container running the kernel, the tasks that read its frames, and the tasks
-    serving its requests to the host (many may be in flight at once)."""
+# --- a sandbox's parts: its launch, its request desk, its exit, its outcome -------------
+
+
+class SandboxContainer:
+    """One sandbox's container on the engine's side: its name, its private IPC directory
+    (the kernel, its settings, the seccomp profile), the launch spec, the process that
+    starts it and the first bytes the kernel reads, why it did not start, and its removal."""
 
     def __init__(
         self,
@@ -5529,44 +5549,17 @@ class SandboxSession:
         config: BridgeConfig,
         ipc_root: Path,
         host: HostAPI,
-        owner: OwnerIdentity | None = None,
-        problems: ProblemLog | None = None,
-        session: str = DEFAULT_SESSION,
+        owner: OwnerIdentity,
+        session: str,
     ) -> None:
         self.runtime = runtime
         self.config = config
         self.host = host
-        self.session = session  # run_python's name for it (runtime.session inside)
-        self.task_group: anyio.abc.TaskGroup | None = None
-        self.requests: dict[str | int, anyio.CancelScope] = {}
-        self.in_flight = 0
-        self.request_bytes = 0  # frame bytes of the requests in flight (capped, see _accept_request)
-        self.owner = owner or bridge_owner()
-        self.name = container_name(self.owner)
-        self.ipc_dir = ipc_root / session_dir_name(self.owner, self.name) / "ipc"
-        self.process: anyio.abc.Process | None = None
-        self.hello: dict[str, Any] | None = None
-        self.hello_received = anyio.Event()
-        self.exited = anyio.Event()
-        self.pending: PendingExecute | None = None
-        self.killed_by_bridge = False
-        self.death_reason: str | None = None
-        self.stderr_tail: list[str] = []
-        self.kernel_errors: list[str] = []  # the last few id-less error frames, for the exit reason
-        self.malformed_frames = 0
-        self.first_malformed: str | None = None
-        # Shared by the bridge's sessions: a sandbox restarted again and again logs once.
-        self.problems = problems or ProblemLog()
-        self.frame_key = secrets.token_bytes(32)  # signs what the supervisor sends (see the kernel)
-        self.refusing = 0  # refusal answers being sent
-        self._write_lock = anyio.Lock()
-        self._reader_scopes: list[anyio.CancelScope] = []
+        self.owner = owner
+        self.session = session
+        self.name = container_name(owner)
+        self.ipc_dir = ipc_root / session_dir_name(owner, self.name) / "ipc"
 
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and not self.exited.is_set()
-
-    # --- start ------------------------------------------------------------------
     @property
     def kernel_via_stdin(self) -> bool:
         """Whether the kernel reaches the container on its stdin (BOOTSTRAP) rather than
@@ -5630,20 +5623,22 @@ class SandboxSession:
     def seccomp_path(self) -> Path:
         return self.ipc_dir.parent / SECCOMP_FILENAME
 
-    async def start(self, task_group: anyio.abc.TaskGroup) -> None:
-        try:
-            await self._start(task_group)
-        except BaseException:
-            await self.stop()  # cancelled or failed half-way: the container must not outlive it
-            raise
+    def opening(self, frame_key: bytes) -> bytes:
+        """What the kernel reads first: with the kernel on stdin, BOOTSTRAP's payload (the
+        kernel and its settings); then the key the supervisor signs its frames with."""
+        key = encode_frame({"type": "key", "key": frame_key.hex()}, self.config.max_frame_bytes)
+        if not self.kernel_via_stdin:
+            return key
+        return boot_payload(KERNEL_SOURCE.read_text(encoding="utf-8"), self.session_config()) + key
 
-    async def _start(self, task_group: anyio.abc.TaskGroup) -> None:
+    async def open_process(self) -> anyio.abc.Process:
+        """Prepare the IPC directory and run the engine's CLI, which starts the container."""
         argv = self.runtime.run_argv(self.launch_spec())
         try:
             self.prepare_ipc_dir()
             # cwd: Podman's conmon drops an "oom" marker file into the working directory
             # when the container is OOM-killed; keep it in the session's private directory.
-            self.process = await anyio.open_process(
+            process = await anyio.open_process(
                 argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -5656,34 +5651,408 @@ class SandboxSession:
                 "MCP_BRIDGE_STATE_DIR is a writable directory." % (exc, self.config.state_dir)
             ) from None
         logger.debug("starting sandbox: %s", " ".join(argv))
-        self.task_group = task_group
+        return process
+
+    async def failure(self, reason: str) -> SandboxStartError:
+        """Why the sandbox did not start (``reason``), and what the user can do about it."""
+        tried = "`%s run ... %s`" % (Path(self.runtime.executable).name, self.config.image)
+        if not await self.runtime.has_image(self.config.image):
+            return SandboxImageMissingError(
+                "The sandbox image %s could not be found or pulled: %s. Tried: %s. Set MCP_BRIDGE_IMAGE "
+                "to an image with python3 >= 3.9 that this machine has or can pull (`%s build-image` "
+                "builds one), then restart the MCP server; the server log has the runtime's output."
+                % (self.config.image, reason, tried, SERVER_NAME)
+            )
+        # A cluster's nodes pull the image: whether they can is not known here.
+        where = "" if isinstance(self.runtime, KubernetesRuntime) else " (the image is on this machine)"
+        return SandboxStartError(
+            "The sandbox container did not start: %s. Tried: %s%s. Check the sandbox settings "
+            "(MCP_BRIDGE_OCI_RUNTIME, MCP_BRIDGE_MEMORY, MCP_BRIDGE_CONTAINER_USER, ...) and the "
+            "runtime's output in the server log, then restart the MCP server." % (reason, tried, where)
+        )
+
+    async def remove(self) -> None:
+        """Remove the container, running or not."""
+        try:
+            await run_command(self.runtime.kill_argv(self.name))
+        except TimeoutError:
+            logger.warning("%s rm --force %s timed out", self.runtime.name, self.name)
+
+    async def clean_up(self, launched: bool) -> None:
+        """Remove what is left once the process has ended: what the engine keeps of a
+        container that was ``launched`` (e.g. a Pod that has ended is kept until it is
+        deleted), and the IPC directory."""
+        leftover = self.runtime.leftover_argv(self.name) if launched else None
+        if leftover is not None:
+            try:
+                await run_command(leftover)
+            except (TimeoutError, OSError) as exc:  # swept by label at the next start
+                logger.warning("could not remove sandbox %s: %s", self.name, exc)
+        shutil.rmtree(self.ipc_dir.parent, ignore_errors=True)
+
+
+def execute_frame(execute_id: str, code: str, saved_tools: bool, max_frame_bytes: int) -> bytes:
+    """The execute frame for ``code``; InvalidRequestError when it is too large to send."""
+    frame: dict[str, Any] = {"type": "execute", "id": execute_id, "code": code}
+    if not saved_tools:
+        frame["saved_tools"] = False
+    try:
+        return encode_frame(frame, max_frame_bytes)
+    except ProtocolError as exc:
+        raise InvalidRequestError(
+            "The code is too large to send to the sandbox (%s). Split it into smaller calls, "
+            "or raise MCP_BRIDGE_MAX_FRAME_BYTES." % exc
+        ) from None
+
+
+class RequestDesk:
+    """The sandbox's requests to the host while a call runs. Each is served in a task of
+    its own (many may be in flight), within caps on how many and on their bytes together;
+    each gets exactly one answer, also when it is refused, fails, is cancelled (the call
+    that made it ended) or its answer cannot be sent. Nothing here raises to the reader."""
+
+    def __init__(
+        self,
+        name: str,
+        serve: Callable[[dict[str, Any]], Awaitable[Any]],
+        send: Callable[[dict[str, Any]], Awaitable[None]],
+        max_bytes: int,
+        problems: ProblemLog,
+    ) -> None:
+        self.name = name  # the sandbox's, for the log
+        self.serve = serve  # a request frame -> its result; BridgeError: an answer for the code
+        self.send = send  # one frame into the sandbox
+        self.max_bytes = max_bytes  # per request, and of all requests in flight together
+        self.problems = problems
+        self.task_group: anyio.abc.TaskGroup | None = None  # none yet: every request is refused
+        self.requests: dict[str | int, anyio.CancelScope] = {}  # in flight, by id
+        self.request_bytes = 0  # frame bytes of the requests in flight
+        self.refusing = 0  # refusal answers being sent
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.requests)
+
+    def accept(self, frame: dict[str, Any], size: int) -> None:
+        """Serve a valid request frame of ``size`` bytes, or refuse it (a duplicate id is dropped)."""
+        request_id, cap = frame["id"], self.max_bytes
+        if request_id in self.requests:
+            self.problems.report("duplicate id", "sandbox %s reused request id %r", self.name, request_id)
+        elif self.in_flight >= MAX_REQUESTS_IN_FLIGHT or self.task_group is None:
+            # Defense in depth (the supervisor caps requests in flight too): code that fires
+            # requests without bound must not make the bridge hold unbounded server calls.
+            self.refuse(request_id, TOO_MANY_REQUESTS)
+        elif size > cap:
+            # Defense in depth: a request's arguments are held (and checked, and sent on)
+            # by the bridge, so they are capped like a tool's result.
+            self.refuse(
+                request_id,
+                "runtime.%s: the request is %d bytes, over the %d-byte cap for a request to the host "
+                "(MCP_BRIDGE_MAX_TOOL_RESULT_BYTES). Pass less data per call (split it over several calls)."
+                % (frame["method"], size, cap),
+            )
+        elif self.request_bytes + size > cap:
+            # All requests in flight together hold at most the cap too (up to 256 of them
+            # could otherwise hold 256 times the cap).
+            self.refuse(
+                request_id,
+                "runtime.%s: the request is %d bytes, and requests still in flight hold %d bytes; together "
+                "they may hold at most %d bytes (MCP_BRIDGE_MAX_TOOL_RESULT_BYTES). Wait for those calls to "
+                "finish, or pass less data per call." % (frame["method"], size, self.request_bytes, cap),
+            )
+        else:
+            self.request_bytes += size
+            scope = self.requests[request_id] = anyio.CancelScope()
+            self.task_group.start_soon(self._serve, frame, scope, size)
+
+    def refuse(self, request_id: Any, message: str) -> None:
+        """Answer a request with an error from a task of its own: the reader must never
+        wait on a write to the sandbox (the sandbox may be waiting for the reader), and a
+        flood of refusals beyond MAX_REQUESTS_IN_FLIGHT is dropped, not queued."""
+        if self.refusing >= MAX_REQUESTS_IN_FLIGHT or self.task_group is None:
+            self.problems.report("refusal flood", "sandbox %s: request refusals dropped", self.name)
+            return
+        self.refusing += 1
+
+        async def answer() -> None:
+            try:
+                await self.respond(request_id, error=message)
+            finally:
+                self.refusing -= 1
+
+        self.task_group.start_soon(answer)
+
+    def cancel(self, request_id: str | int | None = None) -> None:
+        """Cancel one request in flight, or all of them (the call that made them ended)."""
+        for key, scope in list(self.requests.items()):
+            if request_id is None or key == request_id:
+                scope.cancel()
+
+    async def _serve(self, frame: dict[str, Any], scope: anyio.CancelScope, size: int) -> None:
+        """Serve one request and answer it exactly once; nothing raises out of here."""
+        request_id = frame["id"]
+        result: Any = None
+        error: str | None = None
+        try:
+            with scope:
+                try:
+                    result = await self.serve(frame)
+                except BridgeError as exc:
+                    error = str(exc)
+                except Exception as exc:  # a bug here must fail one request, not the bridge
+                    self.problems.report(
+                        "internal " + type(exc).__name__,
+                        "sandbox request %s failed",
+                        frame["method"],
+                        exc_info=True,
+                    )
+                    error = "internal bridge error (%s); the server log has details" % type(exc).__name__
+            if scope.cancelled_caught:
+                # Answered anyway: a background thread or task in the sandbox may still wait.
+                error = "cancelled: the run_python call that made this request has ended"
+        finally:
+            self.requests.pop(request_id, None)
+            self.request_bytes -= size
+        await self.respond(request_id, result=result, error=error)
+
+    async def respond(self, request_id: Any, result: Any = None, error: str | None = None) -> None:
+        """Send the one response to ``request_id``; a response too large for a frame
+        becomes an error response. Never raises: the sandbox may be gone already."""
+        response: dict[str, Any] = {"type": "response", "id": request_id}
+        if error is None:
+            response["result"] = result
+        else:
+            response["error"] = {"type": "MCPError", "message": error}
+        try:
+            try:
+                await self.send(response)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                raise
+            except Exception as exc:  # too large, or not encodable (RecursionError): still one answer
+                message = "the answer could not be sent into the sandbox: %s: %s" % (type(exc).__name__, exc)
+                await self.send(
+                    {
+                        "type": "response",
+                        "id": request_id,
+                        "error": {"type": "MCPError", "message": message[:2000]},
+                    }
+                )
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # the sandbox is gone; its reader reports that
+        except Exception:
+            self.problems.report(
+                "respond", "sandbox %s: could not answer request %r", self.name, request_id, exc_info=True
+            )
+
+
+class SandboxExit:
+    """How a sandbox ended, told to the model as "The sandbox <reason>": the bridge's own
+    reason when it stopped or removed it, else a reason read from the exit code and from
+    what the sandbox said last (the kernel's id-less errors, its stderr's last lines)."""
+
+    def __init__(self, memory: str) -> None:
+        self.memory = memory  # the memory limit, named when the out-of-memory killer struck
+        self.reason: str | None = None
+        self.by_bridge = False
+        self.stderr_tail: list[str] = []
+        self.kernel_errors: list[str] = []  # the last few
+
+    def stopped_by_bridge(self, reason: str) -> None:
+        self.by_bridge = True
+        self.reason = self.reason or reason
+
+    def saw_stderr(self, text: str) -> None:
+        self.stderr_tail = (self.stderr_tail + [line[:500] for line in text.splitlines()])[-20:]
+
+    def saw_kernel_error(self, message: str) -> None:
+        self.kernel_errors = [*self.kernel_errors[-4:], message[:500]]
+
+    def ended(self, code: int | None) -> None:
+        """The process ended with ``code``: the reason, unless one is known already."""
+        self.reason = self.reason or self.explain(code)
+
+    def explain(self, code: int | None) -> str:
+        if self.by_bridge:
+            return "was stopped by the bridge"
+        if code in (SIGKILL_EXIT, -signal.SIGKILL):
+            return (
+                "was killed (SIGKILL), almost certainly by the out-of-memory killer: the code "
+                "exceeded the sandbox's %s memory limit" % self.memory
+            )
+        if self.kernel_errors:
+            return "stopped (exit code %s); the kernel reported: %s" % (code, self.kernel_errors[-1])
+        tail = " Last kernel output: %s" % " | ".join(self.stderr_tail[-3:]) if self.stderr_tail else ""
+        return "exited unexpectedly with code %s.%s" % (code, tail)
+
+
+# Import names of common data packages, and the PyPI name build-image installs each by.
+# The sandbox has no network, so `pip install` cannot add one: the image must have it.
+DATA_PACKAGES = {
+    "numpy": "numpy", "pandas": "pandas", "matplotlib": "matplotlib", "scipy": "scipy",
+    "sklearn": "scikit-learn", "PIL": "pillow", "seaborn": "seaborn", "statsmodels": "statsmodels",
+    "sympy": "sympy", "polars": "polars", "pyarrow": "pyarrow", "openpyxl": "openpyxl",
+    "networkx": "networkx", "plotly": "plotly", "yaml": "pyyaml", "bs4": "beautifulsoup4",
+    "lxml": "lxml", "cv2": "opencv-python", "dateutil": "python-dateutil", "tabulate": "tabulate",
+}  # fmt: skip
+
+
+def missing_package_hint(error: Mapping[str, Any] | None, image: str) -> str | None:
+    """For code that failed to import a common data package (the kernel's ``module`` of a
+    ModuleNotFoundError): the image lacks it, and how the user gets one that has it."""
+    module = str((error or {}).get("module") or "")  # "a.b": a is there, a.b is not
+    if module not in DATA_PACKAGES:
+        return None
+    packages = list(BATTERIES) + [DATA_PACKAGES[module]] * (DATA_PACKAGES[module] not in BATTERIES)
+    return (
+        "%s is not installed in the sandbox image %s, and the sandbox has no network to pip install "
+        "it. Tell the user: `%s %s --packages %s` builds an image with it; then set MCP_BRIDGE_IMAGE=%s "
+        "in this MCP server's environment and restart it. Meanwhile, use the standard library."
+        % (module, image, SERVER_NAME, BUILD_IMAGE_COMMAND, ",".join(packages), BATTERIES_TAG)
+    )
+
+
+MAX_CRASH_REASON_CHARS = 1000
+
+
+def outcome_of_execute(
+    pending: PendingExecute,
+    *,
+    timeout: float,
+    timed_out: bool,
+    death_reason: str | None,
+    config: BridgeConfig,
+) -> ExecutionOutcome:
+    """What the kernel said about one execute (``pending``'s output and result, none when
+    the sandbox died), as the call's outcome: whether the code timed out (``timed_out``:
+    it had no result within ``timeout`` seconds), ended, crashed or failed, and what of
+    the session's state is left. ``death_reason`` completes "The sandbox ..."."""
+    result = pending.result or {}
+    status = result.get("status")
+    cuts = {name: OutputCut(**cut) for name, cut in (result.get("cut") or {}).items()}
+    for name, count in pending.cut.items():  # the host's own cap cut the head
+        if count:
+            cuts.setdefault(name, OutputCut()).count += count
+    outcome = ExecutionOutcome(
+        status="ok",
+        stdout="".join(pending.streams["stdout"]),
+        stderr="".join(pending.streams["stderr"]),
+        value=result.get("value"),
+        value_json=result.get("json"),
+        error=result.get("error"),
+        cuts=cuts,
+        notices=list(result.get("notices") or []),
+    )
+    outcome.images = checked_images(result.get("images") or [], config, outcome.notices)
+    outcome.attachments = checked_attachments(result.get("attachments") or [], config, outcome.notices)
+    if timed_out and status == "ok":
+        timed_out = False  # it finished during the grace period: an ordinary success
+    if timed_out and status == "killed":
+        # error (kept) says what the supervisor did and how fast a fresh process was up.
+        outcome.status, outcome.state_kept = "timeout", False
+        outcome.detail = (
+            "Timed out after %gs and did not stop when interrupted. Variables, imports and functions "
+            "are gone; files in /tmp and /workspace were kept." % timeout
+        )
+    elif timed_out and pending.result is not None:
+        outcome.status = "timeout"
+        outcome.detail = (
+            "Timed out after %gs: the code was interrupted (KeyboardInterrupt) and any processes it "
+            "started were stopped. The session and its variables were kept." % timeout
+        )
+    elif timed_out:
+        outcome.status, outcome.state_kept, outcome.error = "timeout", False, None
+        outcome.detail = (
+            "Timed out after %gs and did not stop when interrupted, so the sandbox was killed. "
+            "All state was lost; the next call starts a fresh session." % timeout
+        )
+    elif pending.result is None:
+        outcome.status, outcome.state_kept = "crashed", False
+        outcome.detail = "The sandbox %s. All state was lost; the next call starts a fresh session." % (
+            death_reason or "stopped"
+        )
+    elif status in ("crashed", "killed"):
+        reason = str((outcome.error or {}).get("message") or "the Python process running the code ended")
+        reason = reason[:MAX_CRASH_REASON_CHARS]  # the supervisor's word, from the sandbox
+        outcome.status, outcome.state_kept, outcome.error = "crashed", False, None
+        outcome.detail = (
+            "%s%s. Variables, imports and functions are gone; files in /tmp and /workspace were kept, "
+            "and the next call runs in a fresh Python process." % (reason[:1].upper(), reason[1:])
+        )
+    elif status != "ok":
+        outcome.status = "error"
+        outcome.detail = missing_package_hint(outcome.error, config.image)
+    return outcome
+
+
+class SandboxSession:
+    """One container running the kernel: its process, the tasks that read its frames, and
+    the calls it runs. Its container on the engine's side (SandboxContainer), its requests
+    to the host (RequestDesk), the story of its exit (SandboxExit) and what an execute's
+    result means (outcome_of_execute) are parts of their own."""
+
+    def __init__(
+        self,
+        runtime: ContainerRuntime,
+        config: BridgeConfig,
+        ipc_root: Path,
+        host: HostAPI,
+        owner: OwnerIdentity | None = None,
+        problems: ProblemLog | None = None,
+        session: str = DEFAULT_SESSION,
+    ) -> None:
+        self.runtime = runtime
+        self.config = config
+        self.host = host
+        self.session = session  # run_python's name for it (runtime.session inside)
+        self.container = SandboxContainer(runtime, config, ipc_root, host, owner or bridge_owner(), session)
+        self.name = self.container.name
+        self.process: anyio.abc.Process | None = None
+        self.hello: dict[str, Any] | None = None
+        self.hello_received = anyio.Event()
+        self.exited = anyio.Event()
+        self.exit = SandboxExit(config.memory)
+        self.pending: PendingExecute | None = None
+        self.malformed_frames = 0
+        self.first_malformed: str | None = None
+        # Shared by the bridge's sessions: a sandbox restarted again and again logs once.
+        self.problems = problems or ProblemLog()
+        self.desk = RequestDesk(
+            self.name, self._serve, self.send, config.max_tool_result_bytes, self.problems
+        )
+        self.frame_key = secrets.token_bytes(32)  # signs what the supervisor sends (see the kernel)
+        self._write_lock = anyio.Lock()
+        self._reader_scopes: list[anyio.CancelScope] = []
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and not self.exited.is_set()
+
+    @property
+    def death_reason(self) -> str | None:
+        """Why the sandbox ended (completes "The sandbox ..."); None while it runs."""
+        return self.exit.reason
+
+    # --- start ------------------------------------------------------------------
+    async def start(self, task_group: anyio.abc.TaskGroup) -> None:
+        try:
+            await self._start(task_group)
+        except BaseException:
+            await self.stop()  # cancelled or failed half-way: the container must not outlive it
+            raise
+
+    async def _start(self, task_group: anyio.abc.TaskGroup) -> None:
+        self.process = await self.container.open_process()
+        self.desk.task_group = task_group
         task_group.start_soon(self._read_frames)
         task_group.start_soon(self._read_stderr)
         with anyio.move_on_after(self.config.start_timeout):
             # Within the start timeout: an engine still pulling the image reads nothing yet.
             with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                if self.kernel_via_stdin:  # BOOTSTRAP reads the kernel and its settings first
-                    source = KERNEL_SOURCE.read_text(encoding="utf-8")
-                    await self.send_bytes(boot_payload(source, self.session_config()))
-                # The first frame: the key the supervisor signs its frames with (frame authentication).
-                await self.send({"type": "key", "key": self.frame_key.hex()})
+                await self.send_bytes(self.container.opening(self.frame_key))
             await _first_of(self.hello_received, self.exited)
         if self.hello is None:
-            reason = self.death_reason or "no hello from the kernel within %gs" % self.config.start_timeout
-            tried = "`%s run ... %s`" % (Path(self.runtime.executable).name, self.config.image)
-            # A cluster's nodes pull the image: whether they can is not known here.
-            where = "" if isinstance(self.runtime, KubernetesRuntime) else " (the image is on this machine)"
-            if not await self.runtime.has_image(self.config.image):
-                raise SandboxImageMissingError(
-                    "The sandbox image %s could not be found or pulled: %s. Tried: %s. Set MCP_BRIDGE_IMAGE "
-                    "to an image with python3 >= 3.9 that this machine has or can pull (`%s build-image` "
-                    "builds one), then restart the MCP server; the server log has the runtime's output."
-                    % (self.config.image, reason, tried, SERVER_NAME)
-                )
-            raise SandboxStartError(
-                "The sandbox container did not start: %s. Tried: %s%s. Check the sandbox settings "
-                "(MCP_BRIDGE_OCI_RUNTIME, MCP_BRIDGE_MEMORY, MCP_BRIDGE_CONTAINER_USER, ...) and the "
-                "runtime's output in the server log, then restart the MCP server." % (reason, tried, where)
+            raise await self.container.failure(
+                self.death_reason or "no hello from the kernel within %gs" % self.config.start_timeout
             )
         if self.hello.get("protocol") != PROTOCOL_VERSION:
             raise SandboxStartError(
@@ -5737,7 +6106,7 @@ class SandboxSession:
                 async for chunk in self.process.stderr:
                     text = chunk.decode(errors="replace")
                     logger.info("sandbox %s stderr: %s", self.name, text.rstrip())
-                    self.stderr_tail = (self.stderr_tail + [line[:500] for line in text.splitlines()])[-20:]
+                    self.exit.saw_stderr(text)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass
 
@@ -5753,32 +6122,31 @@ class SandboxSession:
         try:
             validate_frame(frame, KERNEL_FRAME_TYPES)
         except ProtocolError as exc:
-            await self._on_malformed(frame, exc)
+            self._on_malformed(frame, exc)
             return
-        kind = frame["type"]
-        pending = self.pending
-        matches = pending is not None and frame.get("id") == pending.id
-        if kind == "hello":
+        kind, pending = frame["type"], self.pending
+        if kind in ("stream", "result", "error") and pending is not None and frame.get("id") == pending.id:
+            pending.receive(frame)
+        elif kind == "hello":
             if self.hello is None:
                 self.hello = frame
                 self.hello_received.set()
-        elif kind == "stream":
-            if matches and pending is not None:
-                pending.add_stream(frame["name"], frame["text"])
-        elif kind == "result":
-            if matches and pending is not None:
-                pending.complete(frame)
-        elif kind == "error":
-            if matches and pending is not None:
-                pending.complete(sandbox_error_result("SandboxError", frame["message"]))
-            else:
-                self._note_kernel_error(frame["message"])
+        elif kind == "error":  # with no execute to end (e.g. why the kernel is stopping)
+            self.exit.saw_kernel_error(frame["message"])
+            self.problems.report("kernel error", "sandbox %s kernel: %s", self.name, frame["message"][:500])
+        elif kind == "request" and pending is None:
+            # The supervisor already refuses requests between calls; defense in depth.
+            self.desk.refuse(frame["id"], "refused: no run_python call is running")
         elif kind == "request":
-            await self._accept_request(frame, size)
+            self.desk.accept(frame, size)
         elif kind == "cancel":
             self.cancel_requests(frame["id"])
 
-    async def _on_malformed(self, frame: dict[str, Any], exc: ProtocolError) -> None:
+    async def _serve(self, frame: dict[str, Any]) -> Any:
+        """One request of the sandbox's, served by the host (see RequestDesk)."""
+        return await self.host.handle(frame["method"], frame["params"], self.pending)
+
+    def _on_malformed(self, frame: dict[str, Any], exc: ProtocolError) -> None:
         self.malformed_frames += 1
         self.first_malformed = self.first_malformed or str(exc)
         self.problems.report("malformed frame", "sandbox %s sent a malformed frame: %s", self.name, exc)
@@ -5789,150 +6157,19 @@ class SandboxSession:
                 sandbox_error_result("ProtocolError", "the sandbox sent a malformed result: %s" % exc)
             )
         elif kind == "request" and is_frame_id(frame_id):
-            self._refuse(frame_id, "the request was malformed: %s" % exc)
-
-    def _note_kernel_error(self, message: str) -> None:
-        """An error the kernel reports with no execute to end (e.g. why it is stopping)."""
-        self.kernel_errors = [*self.kernel_errors[-4:], message[:500]]
-        self.problems.report("kernel error", "sandbox %s kernel: %s", self.name, message[:500])
-
-    async def _accept_request(self, frame: dict[str, Any], size: int = 0) -> None:
-        request_id, cap = frame["id"], self.config.max_tool_result_bytes
-        if self.pending is None:
-            # The supervisor already refuses requests between calls; defense in depth.
-            self._refuse(request_id, "refused: no run_python call is running")
-        elif request_id in self.requests:
-            self.problems.report("duplicate id", "sandbox %s reused request id %r", self.name, request_id)
-        elif self.in_flight >= MAX_REQUESTS_IN_FLIGHT or self.task_group is None:
-            # Defense in depth (the supervisor caps requests in flight too): code that fires
-            # requests without bound must not make the bridge hold unbounded server calls.
-            self._refuse(request_id, TOO_MANY_REQUESTS)
-        elif size > cap:
-            # Defense in depth: a request's arguments are held (and checked, and sent on)
-            # by the bridge, so they are capped like a tool's result.
-            self._refuse(
-                request_id,
-                "runtime.%s: the request is %d bytes, over the %d-byte cap for a request to the host "
-                "(MCP_BRIDGE_MAX_TOOL_RESULT_BYTES). Pass less data per call (split it over several calls)."
-                % (frame["method"], size, cap),
-            )
-        elif self.request_bytes + size > cap:
-            # All requests in flight together hold at most the cap too (up to 256 of them
-            # could otherwise hold 256 times the cap).
-            self._refuse(
-                request_id,
-                "runtime.%s: the request is %d bytes, and requests still in flight hold %d bytes; together "
-                "they may hold at most %d bytes (MCP_BRIDGE_MAX_TOOL_RESULT_BYTES). Wait for those calls to "
-                "finish, or pass less data per call." % (frame["method"], size, self.request_bytes, cap),
-            )
-        else:
-            self.in_flight += 1
-            self.request_bytes += size
-            scope = self.requests[request_id] = anyio.CancelScope()
-            self.task_group.start_soon(self._serve_request, frame, scope, size)
-
-    def _refuse(self, request_id: Any, message: str) -> None:
-        """Answer a request with an error from a task of its own: the reader must never
-        wait on a write to the sandbox (the sandbox may be waiting for the reader), and a
-        flood of refusals beyond MAX_REQUESTS_IN_FLIGHT is dropped, not queued."""
-        if self.refusing >= MAX_REQUESTS_IN_FLIGHT or self.task_group is None:
-            self.problems.report("refusal flood", "sandbox %s: request refusals dropped", self.name)
-            return
-        self.refusing += 1
-
-        async def answer() -> None:
-            try:
-                await self._respond(request_id, error=message)
-            finally:
-                self.refusing -= 1
-
-        self.task_group.start_soon(answer)
-
-    async def _serve_request(self, frame: dict[str, Any], scope: anyio.CancelScope, size: int = 0) -> None:
-        """Serve one request and answer it exactly once; nothing raises out of here."""
-        request_id = frame["id"]
-        result: Any = None
-        error: str | None = None
-        try:
-            with scope:
-                try:
-                    result = await self.host.handle(frame["method"], frame["params"], self.pending)
-                except BridgeError as exc:
-                    error = str(exc)
-                except Exception as exc:  # a bug here must fail one request, not the bridge
-                    self.problems.report(
-                        "internal " + type(exc).__name__,
-                        "sandbox request %s failed",
-                        frame["method"],
-                        exc_info=True,
-                    )
-                    error = "internal bridge error (%s); the server log has details" % type(exc).__name__
-            if scope.cancelled_caught:
-                # Answered anyway: a background thread or task in the sandbox may still wait.
-                error = "cancelled: the run_python call that made this request has ended"
-        finally:
-            self.requests.pop(request_id, None)
-            self.in_flight -= 1
-            self.request_bytes -= size
-        await self._respond(request_id, result=result, error=error)
-
-    async def _respond(self, request_id: Any, result: Any = None, error: str | None = None) -> None:
-        """Send the one response to ``request_id``; a response too large for a frame
-        becomes an error response. Never raises: the sandbox may be gone already."""
-        response: dict[str, Any] = {"type": "response", "id": request_id}
-        if error is None:
-            response["result"] = result
-        else:
-            response["error"] = {"type": "MCPError", "message": error}
-        try:
-            try:
-                await self.send(response)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                raise
-            except Exception as exc:  # too large, or not encodable (RecursionError): still one answer
-                message = "the answer could not be sent into the sandbox: %s: %s" % (type(exc).__name__, exc)
-                await self.send(
-                    {
-                        "type": "response",
-                        "id": request_id,
-                        "error": {"type": "MCPError", "message": message[:2000]},
-                    }
-                )
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass  # the sandbox is gone; its reader reports that
-        except Exception:
-            self.problems.report(
-                "respond", "sandbox %s: could not answer request %r", self.name, request_id, exc_info=True
-            )
+            self.desk.refuse(frame_id, "the request was malformed: %s" % exc)
 
     def cancel_requests(self, request_id: str | int | None = None) -> None:
         """Cancel one outstanding sandbox request, or all of them (end of an execute)."""
-        for key, scope in list(self.requests.items()):
-            if request_id is None or key == request_id:
-                scope.cancel()
+        self.desk.cancel(request_id)
 
     async def _on_exit(self) -> None:
         assert self.process is not None
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):
-            code = await self.process.wait()
-            if self.death_reason is None:
-                self.death_reason = self._explain_exit(code)
+            self.exit.ended(await self.process.wait())
         self.exited.set()
         if self.pending is not None:
             self.pending.done.set()
-
-    def _explain_exit(self, code: int | None) -> str:
-        if self.killed_by_bridge:
-            return "was stopped by the bridge"
-        if code in (SIGKILL_EXIT, -signal.SIGKILL):
-            return (
-                "was killed (SIGKILL), almost certainly by the out-of-memory killer: the code "
-                "exceeded the sandbox's %s memory limit" % self.config.memory
-            )
-        if self.kernel_errors:
-            return "stopped (exit code %s); the kernel reported: %s" % (code, self.kernel_errors[-1])
-        tail = " Last kernel output: %s" % " | ".join(self.stderr_tail[-3:]) if self.stderr_tail else ""
-        return "exited unexpectedly with code %s.%s" % (code, tail)
 
     # --- execute ---------------------------------------------------------------------
     async def execute(
@@ -5948,18 +6185,8 @@ class SandboxSession:
         malformed_before, self.first_malformed = self.malformed_frames, None
         pending = pending or PendingExecute(secrets.token_hex(8), self.config.max_output_chars)
         pending.progress = progress or pending.progress  # a waiting call may have set its own
+        data = execute_frame(pending.id, code, saved_tools, self.config.max_frame_bytes)
         self.pending = pending
-        try:
-            frame: dict[str, Any] = {"type": "execute", "id": pending.id, "code": code}
-            if not saved_tools:
-                frame["saved_tools"] = False
-            data = encode_frame(frame, self.config.max_frame_bytes)
-        except ProtocolError as exc:
-            self.pending = None
-            raise InvalidRequestError(
-                "The code is too large to send to the sandbox (%s). Split it into smaller calls, "
-                "or raise MCP_BRIDGE_MAX_FRAME_BYTES." % exc
-            ) from None
         timed_out = False
         try:
             with anyio.move_on_after(timeout):
@@ -5967,7 +6194,7 @@ class SandboxSession:
                 with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                     await self.send_bytes(data)  # if gone, the reader completes `pending`
                 async with anyio.create_task_group() as ticking:
-                    ticking.start_soon(self._tick, pending, started)
+                    ticking.start_soon(pending.tick, started)
                     await pending.done.wait()
                     ticking.cancel_scope.cancel()
             if not pending.done.is_set():
@@ -5982,7 +6209,9 @@ class SandboxSession:
         finally:
             self.pending = None
             self.cancel_requests()
-        outcome = self._outcome(pending, timeout, timed_out)
+        outcome = outcome_of_execute(
+            pending, timeout=timeout, timed_out=timed_out, death_reason=self.death_reason, config=self.config
+        )
         defined = (pending.result or {}).get("defined_tools")
         notice = self.host.defined_tools_notice(defined) if defined is not None else None
         if notice is not None:
@@ -5998,19 +6227,11 @@ class SandboxSession:
             )
         return outcome
 
-    @staticmethod
-    async def _tick(pending: PendingExecute, started: float) -> None:
-        """Progress for whichever call is waiting for this execute now (it may change)."""
-        while True:
-            await anyio.sleep(PROGRESS_INTERVAL)
-            if pending.progress is not None:
-                await pending.progress.tick(time.monotonic() - started)
-
     def abandon(self, reason: str) -> None:
         """End the running execute now, without its result (the bridge is shutting down);
         ``reason`` completes "The sandbox ..." for the model."""
         if self.pending is not None:
-            self.death_reason = self.death_reason or reason
+            self.exit.reason = self.exit.reason or reason
             self.pending.done.set()
 
     async def _stop_running(self, pending: PendingExecute, when: str) -> None:
@@ -6028,77 +6249,11 @@ class SandboxSession:
             with anyio.move_on_after(10):
                 await self.exited.wait()
 
-    MAX_CRASH_REASON_CHARS = 1000
-
-    def _outcome(self, pending: PendingExecute, timeout: float, timed_out: bool) -> ExecutionOutcome:
-        result = pending.result or {}
-        status = result.get("status")
-        cuts = {name: OutputCut(**cut) for name, cut in (result.get("cut") or {}).items()}
-        for name, count in pending.cut.items():  # the host's own cap cut the head
-            if count:
-                cuts.setdefault(name, OutputCut()).count += count
-        outcome = ExecutionOutcome(
-            status="ok",
-            stdout="".join(pending.streams["stdout"]),
-            stderr="".join(pending.streams["stderr"]),
-            value=result.get("value"),
-            value_json=result.get("json"),
-            error=result.get("error"),
-            cuts=cuts,
-            notices=list(result.get("notices") or []),
-        )
-        outcome.images = checked_images(result.get("images") or [], self.config, outcome.notices)
-        outcome.attachments = checked_attachments(
-            result.get("attachments") or [], self.config, outcome.notices
-        )
-        if timed_out and status == "ok":
-            timed_out = False  # it finished during the grace period: an ordinary success
-        if timed_out and status == "killed":
-            # error (kept) says what the supervisor did and how fast a fresh process was up.
-            outcome.status, outcome.state_kept = "timeout", False
-            outcome.detail = (
-                "Timed out after %gs and did not stop when interrupted. Variables, imports and functions "
-                "are gone; files in /tmp and /workspace were kept." % timeout
-            )
-        elif timed_out and pending.result is not None:
-            outcome.status = "timeout"
-            outcome.detail = (
-                "Timed out after %gs: the code was interrupted (KeyboardInterrupt) and any processes it "
-                "started were stopped. The session and its variables were kept." % timeout
-            )
-        elif timed_out:
-            outcome.status, outcome.state_kept, outcome.error = "timeout", False, None
-            outcome.detail = (
-                "Timed out after %gs and did not stop when interrupted, so the sandbox was killed. "
-                "All state was lost; the next call starts a fresh session." % timeout
-            )
-        elif pending.result is None:
-            outcome.status, outcome.state_kept = "crashed", False
-            outcome.detail = "The sandbox %s. All state was lost; the next call starts a fresh session." % (
-                self.death_reason or "stopped"
-            )
-        elif status in ("crashed", "killed"):
-            reason = str((outcome.error or {}).get("message") or "the Python process running the code ended")
-            reason = reason[: self.MAX_CRASH_REASON_CHARS]  # the supervisor's word, from the sandbox
-            outcome.status, outcome.state_kept, outcome.error = "crashed", False, None
-            outcome.detail = (
-                "%s%s. Variables, imports and functions are gone; files in /tmp and /workspace were kept, "
-                "and the next call runs in a fresh Python process." % (reason[:1].upper(), reason[1:])
-            )
-        elif status != "ok":
-            outcome.status = "error"
-            outcome.detail = missing_package_hint(outcome.error, self.config.image)
-        return outcome
-
     # --- stop --------------------------------------------------------------------------
     async def _kill(self, reason: str) -> None:
         """Remove the container; `reason` completes "The sandbox ..." for the model."""
-        self.killed_by_bridge = True
-        self.death_reason = self.death_reason or reason
-        try:
-            await run_command(self.runtime.kill_argv(self.name))
-        except TimeoutError:
-            logger.warning("%s rm --force %s timed out", self.runtime.name, self.name)
+        self.exit.stopped_by_bridge(reason)
+        await self.container.remove()
         if self.process is not None and self.process.returncode is None:
             self.process.kill()
 
@@ -6109,8 +6264,7 @@ class SandboxSession:
         with anyio.CancelScope(shield=True):
             process = self.process
             if process is not None and process.returncode is None:
-                self.killed_by_bridge = True
-                self.death_reason = self.death_reason or "was stopped by the bridge"
+                self.exit.stopped_by_bridge("was stopped by the bridge")
                 if process.stdin is not None:
                     with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                         await process.stdin.aclose()
@@ -6120,44 +6274,13 @@ class SandboxSession:
                     await self._kill("was stopped by the bridge")
                     with anyio.move_on_after(10):
                         await process.wait()
-            leftover = self.runtime.leftover_argv(self.name) if process is not None else None
-            if leftover is not None:  # e.g. a Pod that has ended is kept until it is deleted
-                try:
-                    await run_command(leftover)
-                except (TimeoutError, OSError) as exc:  # swept by label at the next start
-                    logger.warning("could not remove sandbox %s: %s", self.name, exc)
+            await self.container.clean_up(launched=process is not None)
             for scope in self._reader_scopes:
                 scope.cancel()
             self.exited.set()
-            shutil.rmtree(self.ipc_dir.parent, ignore_errors=True)
 
 
 START_RETRY_SECONDS = 300
-
-# Import names of common data packages, and the PyPI name build-image installs each by.
-# The sandbox has no network, so `pip install` cannot add one: the image must have it.
-DATA_PACKAGES = {
-    "numpy": "numpy", "pandas": "pandas", "matplotlib": "matplotlib", "scipy": "scipy",
-    "sklearn": "scikit-learn", "PIL": "pillow", "seaborn": "seaborn", "statsmodels": "statsmodels",
-    "sympy": "sympy", "polars": "polars", "pyarrow": "pyarrow", "openpyxl": "openpyxl",
-    "networkx": "networkx", "plotly": "plotly", "yaml": "pyyaml", "bs4": "beautifulsoup4",
-    "lxml": "lxml", "cv2": "opencv-python", "dateutil": "python-dateutil", "tabulate": "tabulate",
-}  # fmt: skip
-
-
-def missing_package_hint(error: Mapping[str, Any] | None, image: str) -> str | None:
-    """For code that failed to import a common data package (the kernel's ``module`` of a
-    ModuleNotFoundError): the image lacks it, and how the user gets one that has it."""
-    module = str((error or {}).get("module") or "")  # "a.b": a is there, a.b is not
-    if module not in DATA_PACKAGES:
-        return None
-    packages = list(BATTERIES) + [DATA_PACKAGES[module]] * (DATA_PACKAGES[module] not in BATTERIES)
-    return (
-        "%s is not installed in the sandbox image %s, and the sandbox has no network to pip install "
-        "it. Tell the user: `%s %s --packages %s` builds an image with it; then set MCP_BRIDGE_IMAGE=%s "
-        "in this MCP server's environment and restart it. Meanwhile, use the standard library."
-        % (module, image, SERVER_NAME, BUILD_IMAGE_COMMAND, ",".join(packages), BATTERIES_TAG)
-    )
 
 
 class RunningCode:

@@ -701,7 +701,7 @@ async def test_a_remote_podman_gets_no_seccomp_file_of_this_machine_and_says_so(
         NoServers(),  # type: ignore[arg-type]
     )
 
-    argv = runtime.run_argv(session.launch_spec())
+    argv = runtime.run_argv(session.container.launch_spec())
 
     assert not any(item.startswith("seccomp=") for item in argv)  # the service would look for it there
     docker = bridge.DockerRuntime("/usr/bin/docker")
@@ -712,7 +712,7 @@ async def test_a_remote_podman_gets_no_seccomp_file_of_this_machine_and_says_so(
         tmp_path / "ipc",
         NoServers(),  # type: ignore[arg-type]
     )
-    assert any(item.startswith("seccomp=") for item in docker.run_argv(on_docker.launch_spec()))
+    assert any(item.startswith("seccomp=") for item in docker.run_argv(on_docker.container.launch_spec()))
     if sys.platform == "linux":
         assert any("default seccomp profile" in warning for warning in runtime.warnings)
 
@@ -729,13 +729,13 @@ def test_the_kernel_comes_on_stdin_for_a_remote_engine_or_when_asked(
     config = bridge.BridgeConfig(state_dir=tmp_path, kernel_delivery=delivery)
     session = bridge.SandboxSession(runtime, config, tmp_path / "ipc", NoServers())  # type: ignore[arg-type]
 
-    argv = runtime.run_argv(session.launch_spec())
+    argv = runtime.run_argv(session.container.launch_spec())
 
-    assert session.kernel_via_stdin is via_stdin
+    assert session.container.kernel_via_stdin is via_stdin
     assert (argv[-2:] == ["-c", BOOTSTRAP]) is via_stdin
     assert any(item.endswith(":%s:ro" % bridge.IPC_MOUNT) for item in argv) is not via_stdin
-    session.prepare_ipc_dir()
-    files = sorted(path.name for path in session.ipc_dir.parent.iterdir())
+    session.container.prepare_ipc_dir()
+    files = sorted(path.name for path in session.container.ipc_dir.parent.iterdir())
     assert files == (["seccomp.json"] if via_stdin else ["ipc", "seccomp.json"])  # nothing to mount
 
 
@@ -753,25 +753,29 @@ def test_ipc_directory_is_private_and_read_only_content_is_readable(tmp_path: Pa
     config = bridge.BridgeConfig(state_dir=tmp_path)
     runtime = bridge.PodmanRuntime("/usr/bin/podman")
     session = bridge.SandboxSession(runtime, config, tmp_path / "ipc", NoServers())  # type: ignore[arg-type]
-    session.prepare_ipc_dir()
+    session.container.prepare_ipc_dir()
 
     def mode(path: Path) -> int:
         return stat.S_IMODE(path.stat().st_mode)
 
-    assert mode(session.ipc_dir.parent) == 0o700  # other host users cannot reach the kernel or config
+    assert (
+        mode(session.container.ipc_dir.parent) == 0o700
+    )  # other host users cannot reach the kernel or config
     assert mode(tmp_path / "ipc") == 0o700
     # Named with this host's key, so a sweep can tell this host's directories from others'.
-    assert session.ipc_dir.parent == tmp_path / "ipc" / ("%s.%s" % (bridge.bridge_owner().host, session.name))
-    assert mode(session.ipc_dir) == 0o755  # the sandbox user (another uid) can read the mount
-    kernel = session.ipc_dir / bridge.KERNEL_FILENAME
+    assert session.container.ipc_dir.parent == tmp_path / "ipc" / (
+        "%s.%s" % (bridge.bridge_owner().host, session.name)
+    )
+    assert mode(session.container.ipc_dir) == 0o755  # the sandbox user (another uid) can read the mount
+    kernel = session.container.ipc_dir / bridge.KERNEL_FILENAME
     assert kernel.read_bytes() == bridge.KERNEL_SOURCE.read_bytes() and mode(kernel) == 0o644
-    settings = json.loads((session.ipc_dir / bridge.SESSION_CONFIG_FILENAME).read_text())
+    settings = json.loads((session.container.ipc_dir / bridge.SESSION_CONFIG_FILENAME).read_text())
     assert settings["protocol"] == mcp_sandbox_kernel.PROTOCOL_VERSION
     assert settings["servers"] == [{"alias": "time", "name": "time"}]
     # The seccomp profile sits beside ipc/ (read by the engine), never inside the mount.
-    assert sorted(path.name for path in session.ipc_dir.parent.iterdir()) == ["ipc", "seccomp.json"]
-    assert json.loads(session.seccomp_path.read_text()) == bridge.seccomp_profile()
-    assert session.launch_spec().seccomp_profile == session.seccomp_path
+    assert sorted(path.name for path in session.container.ipc_dir.parent.iterdir()) == ["ipc", "seccomp.json"]
+    assert json.loads(session.container.seccomp_path.read_text()) == bridge.seccomp_profile()
+    assert session.container.launch_spec().seccomp_profile == session.container.seccomp_path
 
 
 FAKE_PODMAN = """#!/bin/sh

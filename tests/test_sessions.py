@@ -257,6 +257,6 @@ def test_sessions_are_named_in_the_kernels_session_config(tmp_path: Path) -> Non
     runtime = bridge.PodmanRuntime("/nonexistent/podman")
     host: Any = SimpleNamespace(server_list=list, config_problems=list)
     session = bridge.SandboxSession(runtime, bridge.BridgeConfig(), tmp_path / "ipc", host, session="a")
-    session.prepare_ipc_dir()
-    config = json.loads((session.ipc_dir / bridge.SESSION_CONFIG_FILENAME).read_text())
+    session.container.prepare_ipc_dir()
+    config = json.loads((session.container.ipc_dir / bridge.SESSION_CONFIG_FILENAME).read_text())
     assert config["session"] == "a"
