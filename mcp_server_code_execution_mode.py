@@ -5535,7 +5535,7 @@ class ProblemLog:
             )
 
 
-# --- a sandbox's parts: its launch, its request desk, its exit, its outcome -------------
+# --- a sandbox's parts: its container, its request desk, its exit, its outcome ----------
 
 
 class SandboxContainer:
