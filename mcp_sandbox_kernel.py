@@ -17,7 +17,8 @@ wire-protocol section on the host too, so frames are built, parsed and validated
 exactly one place.
 
 Sections (``grep -n '^# ====' mcp_sandbox_kernel.py``):
-    wire protocol    -> newline-delimited JSON frames, size-capped, schema per frame type
+    wire protocol    -> newline-delimited JSON frames, size-capped, schema per frame type;
+                        the host request methods (REQUEST_METHODS)
     output capture   -> the supervisor's pumps on the executor's stdout/stderr pipes
     code execution   -> one persistent namespace, top-level await, REPL-style value
     sandbox API      -> ``from mcp import runtime``, ``mcp_<alias>``, host requests
