@@ -75,7 +75,7 @@ from difflib import SequenceMatcher
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, ClassVar, Literal, NoReturn
+from typing import Any, ClassVar, Literal, NoReturn, TypeVar, TypeVarTuple
 
 import anyio
 import anyio.abc
@@ -4828,8 +4828,10 @@ def _iso_time(seconds: float) -> str:
 # =============================================================================
 
 
-# One input model per sandbox request method: the validation and the error text the
-# sandbox code sees come from it. Strict: the sandbox must send the right JSON types.
+# One input model per sandbox request method of the kernel's REQUEST_METHODS (the protocol
+# is declared there; a test checks these models have its methods and parameters): the
+# validation and the error text the sandbox code sees come from it. Strict: the sandbox
+# must send the right JSON types.
 class _SandboxParams(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -4959,6 +4961,19 @@ def describe_params_error(method: str, exc: ValidationError) -> str:
     return "Bad arguments for runtime.%s: %s." % (method, problems)
 
 
+_Params = TypeVar("_Params", bound=_SandboxParams)
+_Result = TypeVar("_Result")
+_Args = TypeVarTuple("_Args")
+
+
+def parse_params(method: str, model: type[_Params], params: Mapping[str, object]) -> _Params:
+    """``params`` of a ``method`` request as its ``model``; ProxyError says what is wrong."""
+    try:
+        return model.model_validate(params)
+    except ValidationError as exc:
+        raise ProxyError(describe_params_error(method, exc)) from None
+
+
 MAX_CONFIG_PROBLEMS = 20  # unusable config files named to the kernel (a line each)
 
 
@@ -4972,25 +4987,6 @@ class HostAPI:
         HTTP principal has its own)."""
         self.pool = pool
         self.config = config
-        self.methods: dict[str, tuple[type[_SandboxParams], Callable[..., Awaitable[Any]]]] = {
-            "discovered_servers": (DiscoveredServersParams, self.discovered_servers),
-            "list_tools": (ListToolsParams, self.list_tools),
-            "query_tool_docs": (QueryToolDocsParams, self.query_tool_docs),
-            "search_tool_docs": (SearchToolDocsParams, self.search_tool_docs),
-            "call_tool": (CallToolParams, self.call_tool),
-            "capability_summary": (CapabilitySummaryParams, self.capability_summary),
-            "memory_save": (MemorySaveParams, self.memory_save),
-            "memory_load": (MemoryKeyParams, self.memory_load),
-            "memory_put_if": (MemoryPutIfParams, self.memory_put_if),
-            "memory_delete": (MemoryKeyParams, self.memory_delete),
-            "memory_info": (MemoryKeyParams, self.memory_info),
-            "memory_list": (MemoryPageParams, self.memory_list),
-            "tool_save": (ToolSaveParams, self.tool_save),
-            "tool_list": (MemoryListParams, self.tool_list),
-            "tool_delete": (ToolNameParams, self.tool_delete),
-            "tool_sources": (MemoryListParams, self.tool_sources),
-            "progress": (ProgressParams, self.progress),
-        }
         self.tool_pattern_problems: list[str] = []  # found as servers list their tools
         self.announced_tools: tuple[str, ...] | None = None  # see defined_tools_notice()
         store_dir = store_dir or config.state_dir / MEMORY_DIRNAME
@@ -5021,24 +5017,19 @@ class HostAPI:
         missing (runtime.discovered_servers(), the error for an unknown mcp_<alias>)."""
         return list(self.pool.discovery.unusable[:MAX_CONFIG_PROBLEMS])
 
-    async def handle(self, method: str, params: dict[str, Any], execute: PendingExecute | None = None) -> Any:
-        """Serve one request of a sandbox whose running execute (if any) is ``execute``:
-        one HostAPI serves every session, so the asking session says which one is its."""
-        entry = self.methods.get(method)
+    async def handle(self, method: str, params: Mapping[str, object]) -> object:
+        """Serve one request of any of the sandboxes this HostAPI serves (see HOST_METHODS);
+        the answer does not depend on which sandbox asked."""
+        entry = HOST_METHODS.get(method)
         if entry is None:
             raise ProxyError(
-                "Unknown sandbox request %r; the host serves %s." % (method[:100], ", ".join(self.methods))
+                "Unknown sandbox request %r; the host serves %s."
+                % (method[:100], ", ".join(mcp_sandbox_kernel.REQUEST_METHODS))
             )
-        model, handler = entry
-        try:
-            arguments = model.model_validate(params)
-        except ValidationError as exc:
-            raise ProxyError(describe_params_error(method, exc)) from None
-        if handler == self.progress:  # the one request about the asking session's own call
-            return await self.progress(execute, **dict(arguments))
-        return await handler(**dict(arguments))
+        arguments = parse_params(method, entry.params, params)
+        return await entry.handler(self, **dict(arguments))
 
-    async def discovered_servers(self, detailed: bool = False) -> Any:
+    async def discovered_servers(self, detailed: bool = False) -> object:
         if not detailed:
             return sorted(self.pool.clients)
         servers = [
@@ -5107,7 +5098,7 @@ class HostAPI:
 
     async def query_tool_docs(
         self, server: str, tool: str | None = None, detail: Literal["summary", "full"] = "summary"
-    ) -> Any:
+    ) -> object:
         client = self.pool.client(server)  # detail was checked by QueryToolDocsParams
         chosen = [await self._find_tool(client, tool)] if tool else await self._allowed_tools(client)
         docs = [render_tool_doc(client.spec.alias, _tool_dict(item), detail) for item in chosen]
@@ -5180,8 +5171,7 @@ class HostAPI:
         # The signature shows Python names (user_id); the server knows its own (user-id).
         renamed = await self._off_loop(schema_arguments, found.input_schema, arguments or {})
         result = await client.call_tool(found.name, renamed)
-        measured: tuple[dict[str, Any], int] = await self._off_loop(result_payload, result)
-        payload, size = measured
+        payload, size = await self._off_loop(result_payload, result)
         if size > self.config.max_tool_result_bytes:
             raise ProxyError(
                 "The result of %s.%s is %d bytes, over the %d-byte cap (MCP_BRIDGE_MAX_TOOL_RESULT_BYTES). "
@@ -5190,43 +5180,45 @@ class HostAPI:
             )
         return payload
 
-    async def _off_loop(self, function: Callable[..., Any], *args: Any) -> Any:
+    async def _off_loop(self, function: Callable[[*_Args], _Result], *args: *_Args) -> _Result:
         """``function(*args)`` in a worker thread: it walks data of up to the request or
         result cap, which would hold the event loop for a second or more."""
         return await anyio.to_thread.run_sync(function, *args, limiter=self._cpu_limiter)
 
     # --- memory: the store's methods, off the event loop ---------------------------------
-    async def _in_store(self, method: Callable[..., Any], *args: Any) -> Any:
+    async def _in_store(self, method: Callable[[*_Args], _Result], *args: *_Args) -> _Result:
         return await anyio.to_thread.run_sync(method, *args, limiter=self._memory_limiter)
 
-    async def memory_save(self, key: str, value: Any = None, metadata: dict[str, Any] | None = None) -> Any:
+    async def memory_save(
+        self, key: str, value: Any = None, metadata: dict[str, Any] | None = None
+    ) -> object:
         return await self._in_store(self.memory.save, key, value, metadata)
 
-    async def memory_load(self, key: str) -> Any:
+    async def memory_load(self, key: str) -> object:
         return await self._in_store(self.memory.load, key)
 
-    async def memory_put_if(self, key: str, value: Any, generation: int) -> Any:
+    async def memory_put_if(self, key: str, value: Any, generation: int) -> object:
         return await self._in_store(self.memory.put_if, key, value, generation)
 
-    async def memory_delete(self, key: str) -> Any:
+    async def memory_delete(self, key: str) -> object:
         return await self._in_store(self.memory.delete, key)
 
-    async def memory_info(self, key: str) -> Any:
+    async def memory_info(self, key: str) -> object:
         return await self._in_store(self.memory.info, key)
 
-    async def memory_list(self, after: str | None = None, limit: int = MEMORY_PAGE_ENTRIES) -> Any:
+    async def memory_list(self, after: str | None = None, limit: int = MEMORY_PAGE_ENTRIES) -> object:
         return await self._in_store(self.memory.page, after, limit)
 
-    async def tool_save(self, name: str, source: str) -> Any:
+    async def tool_save(self, name: str, source: str) -> object:
         return await self._in_store(self.saved_tools.save, name, source)
 
-    async def tool_list(self) -> Any:
+    async def tool_list(self) -> object:
         return await self._in_store(self.saved_tools.entries)
 
-    async def tool_delete(self, name: str) -> Any:
+    async def tool_delete(self, name: str) -> object:
         return await self._in_store(self.saved_tools.delete, name)
 
-    async def tool_sources(self) -> Any:
+    async def tool_sources(self) -> object:
         return await self._in_store(self.saved_tools.sources)
 
     def defined_tools_notice(self, names: Sequence[str]) -> str | None:
@@ -5239,7 +5231,7 @@ class HostAPI:
         self.announced_tools = defined
         return "Saved tools defined in this fresh session: %s." % ", ".join(names) if names else None
 
-    async def quarantine_tools(self, failed: Sequence[Mapping[str, str]]) -> list[str]:
+    async def quarantine_tools(self, failed: Sequence[mcp_sandbox_kernel.FailedTool]) -> list[str]:
         """Keep the saved tools whose definition killed or hung a sandbox's Python process
         (as its supervisor reports: names and digests the sandbox sent, so only checked
         against the files) out of new sessions until they change; a notice for each."""
@@ -5256,18 +5248,6 @@ class HostAPI:
             else:
                 notices.append("Saved tool %s was skipped: defining it %s." % (name, reason))
         return notices
-
-    async def progress(
-        self,
-        execute: PendingExecute | None,
-        done: float,
-        total: float | None = None,
-        message: str | None = None,
-    ) -> None:
-        """runtime.progress(): heard by the progress listener of the call waiting for
-        ``execute`` (the asking session's running code), if that call's client asked."""
-        if execute is not None and execute.progress is not None:
-            await execute.progress.from_code(done, total, message)
 
     async def capability_summary(self) -> str:
         lines = ["MCP servers available in this sandbox (none is started until used):"]
@@ -5293,6 +5273,54 @@ class HostAPI:
                 % len(self.pool.discovery.problems)
             )
         return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class HostMethod:
+    """A request method the host API serves: its name (one of the kernel's REQUEST_METHODS),
+    the model of its params, and the HostAPI method that answers, called with them by name."""
+
+    name: str
+    params: type[_SandboxParams]
+    handler: Callable[..., Awaitable[object]]
+
+
+# What HostAPI.handle serves: every request method but PROGRESS (see report_progress).
+HOST_METHODS: dict[str, HostMethod] = {
+    method.name: method
+    for method in (
+        HostMethod(
+            mcp_sandbox_kernel.DISCOVERED_SERVERS, DiscoveredServersParams, HostAPI.discovered_servers
+        ),
+        HostMethod(mcp_sandbox_kernel.LIST_TOOLS, ListToolsParams, HostAPI.list_tools),
+        HostMethod(mcp_sandbox_kernel.QUERY_TOOL_DOCS, QueryToolDocsParams, HostAPI.query_tool_docs),
+        HostMethod(mcp_sandbox_kernel.SEARCH_TOOL_DOCS, SearchToolDocsParams, HostAPI.search_tool_docs),
+        HostMethod(mcp_sandbox_kernel.CALL_TOOL, CallToolParams, HostAPI.call_tool),
+        HostMethod(
+            mcp_sandbox_kernel.CAPABILITY_SUMMARY, CapabilitySummaryParams, HostAPI.capability_summary
+        ),
+        HostMethod(mcp_sandbox_kernel.MEMORY_SAVE, MemorySaveParams, HostAPI.memory_save),
+        HostMethod(mcp_sandbox_kernel.MEMORY_LOAD, MemoryKeyParams, HostAPI.memory_load),
+        HostMethod(mcp_sandbox_kernel.MEMORY_PUT_IF, MemoryPutIfParams, HostAPI.memory_put_if),
+        HostMethod(mcp_sandbox_kernel.MEMORY_DELETE, MemoryKeyParams, HostAPI.memory_delete),
+        HostMethod(mcp_sandbox_kernel.MEMORY_INFO, MemoryKeyParams, HostAPI.memory_info),
+        HostMethod(mcp_sandbox_kernel.MEMORY_LIST, MemoryPageParams, HostAPI.memory_list),
+        HostMethod(mcp_sandbox_kernel.TOOL_SAVE, ToolSaveParams, HostAPI.tool_save),
+        HostMethod(mcp_sandbox_kernel.TOOL_LIST, MemoryListParams, HostAPI.tool_list),
+        HostMethod(mcp_sandbox_kernel.TOOL_DELETE, ToolNameParams, HostAPI.tool_delete),
+        HostMethod(mcp_sandbox_kernel.TOOL_SOURCES, MemoryListParams, HostAPI.tool_sources),
+    )
+}
+
+
+async def report_progress(execute: PendingExecute | None, params: Mapping[str, object]) -> None:
+    """runtime.progress() (a PROGRESS request): heard by the progress listener of the call
+    waiting for ``execute``, if that call's client asked. The request is about the asking
+    sandbox's own call, so its sandbox session answers it, not the HostAPI that all the
+    sandboxes of a principal share."""
+    arguments = parse_params(mcp_sandbox_kernel.PROGRESS, ProgressParams, params)
+    if execute is not None and execute.progress is not None:
+        await execute.progress.from_code(arguments.done, arguments.total, arguments.message)
 
 
 def result_payload(result: types.CallToolResult) -> tuple[dict[str, Any], int]:
@@ -5856,7 +5884,10 @@ class SandboxSession:
         try:
             with scope:
                 try:
-                    result = await self.host.handle(frame["method"], frame["params"], self.pending)
+                    if frame["method"] == mcp_sandbox_kernel.PROGRESS:  # about this session's own call
+                        await report_progress(self.pending, frame["params"])  # answered with null
+                    else:
+                        result = await self.host.handle(frame["method"], frame["params"])
                 except BridgeError as exc:
                     error = str(exc)
                 except Exception as exc:  # a bug here must fail one request, not the bridge
