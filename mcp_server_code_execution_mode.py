@@ -75,7 +75,7 @@ from difflib import SequenceMatcher
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, ClassVar, Literal, NoReturn
+from typing import Any, ClassVar, Literal, NoReturn, TypeVar, TypeVarTuple
 
 import anyio
 import anyio.abc
@@ -101,7 +101,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError as McpProtocolError
 from mcp.shared.message import SessionMessage
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 from pydantic.json_schema import SkipJsonSchema
 from starlette.applications import Starlette
 from starlette.authentication import AuthCredentials, AuthenticationBackend, BaseUser
@@ -4828,8 +4828,10 @@ def _iso_time(seconds: float) -> str:
 # =============================================================================
 
 
-# One input model per sandbox request method: the validation and the error text the
-# sandbox code sees come from it. Strict: the sandbox must send the right JSON types.
+# One input model per sandbox request method of the kernel's REQUEST_METHODS (the protocol
+# is declared there; a test checks these models have its methods and parameters): the
+# validation and the error text the sandbox code sees come from it. Strict: the sandbox
+# must send the right JSON types.
 class _SandboxParams(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -4959,6 +4961,19 @@ def describe_params_error(method: str, exc: ValidationError) -> str:
     return "Bad arguments for runtime.%s: %s." % (method, problems)
 
 
+_Params = TypeVar("_Params", bound=_SandboxParams)
+_Result = TypeVar("_Result")
+_Args = TypeVarTuple("_Args")
+
+
+def parse_params(method: str, model: type[_Params], params: Mapping[str, object]) -> _Params:
+    """``params`` of a ``method`` request as its ``model``; ProxyError says what is wrong."""
+    try:
+        return model.model_validate(params)
+    except ValidationError as exc:
+        raise ProxyError(describe_params_error(method, exc)) from None
+
+
 MAX_CONFIG_PROBLEMS = 20  # unusable config files named to the kernel (a line each)
 
 
@@ -4972,25 +4987,6 @@ class HostAPI:
         HTTP principal has its own)."""
         self.pool = pool
         self.config = config
-        self.methods: dict[str, tuple[type[_SandboxParams], Callable[..., Awaitable[Any]]]] = {
-            "discovered_servers": (DiscoveredServersParams, self.discovered_servers),
-            "list_tools": (ListToolsParams, self.list_tools),
-            "query_tool_docs": (QueryToolDocsParams, self.query_tool_docs),
-            "search_tool_docs": (SearchToolDocsParams, self.search_tool_docs),
-            "call_tool": (CallToolParams, self.call_tool),
-            "capability_summary": (CapabilitySummaryParams, self.capability_summary),
-            "memory_save": (MemorySaveParams, self.memory_save),
-            "memory_load": (MemoryKeyParams, self.memory_load),
-            "memory_put_if": (MemoryPutIfParams, self.memory_put_if),
-            "memory_delete": (MemoryKeyParams, self.memory_delete),
-            "memory_info": (MemoryKeyParams, self.memory_info),
-            "memory_list": (MemoryPageParams, self.memory_list),
-            "tool_save": (ToolSaveParams, self.tool_save),
-            "tool_list": (MemoryListParams, self.tool_list),
-            "tool_delete": (ToolNameParams, self.tool_delete),
-            "tool_sources": (MemoryListParams, self.tool_sources),
-            "progress": (ProgressParams, self.progress),
-        }
         self.tool_pattern_problems: list[str] = []  # found as servers list their tools
         self.announced_tools: tuple[str, ...] | None = None  # see defined_tools_notice()
         store_dir = store_dir or config.state_dir / MEMORY_DIRNAME
@@ -5021,24 +5017,19 @@ class HostAPI:
         missing (runtime.discovered_servers(), the error for an unknown mcp_<alias>)."""
         return list(self.pool.discovery.unusable[:MAX_CONFIG_PROBLEMS])
 
-    async def handle(self, method: str, params: dict[str, Any], execute: PendingExecute | None = None) -> Any:
-        """Serve one request of a sandbox whose running execute (if any) is ``execute``:
-        one HostAPI serves every session, so the asking session says which one is its."""
-        entry = self.methods.get(method)
+    async def handle(self, method: str, params: Mapping[str, object]) -> object:
+        """Serve one request of any of the sandboxes this HostAPI serves (see HOST_METHODS);
+        the answer does not depend on which sandbox asked."""
+        entry = HOST_METHODS.get(method)
         if entry is None:
             raise ProxyError(
-                "Unknown sandbox request %r; the host serves %s." % (method[:100], ", ".join(self.methods))
+                "Unknown sandbox request %r; the host serves %s."
+                % (method[:100], ", ".join(mcp_sandbox_kernel.REQUEST_METHODS))
             )
-        model, handler = entry
-        try:
-            arguments = model.model_validate(params)
-        except ValidationError as exc:
-            raise ProxyError(describe_params_error(method, exc)) from None
-        if handler == self.progress:  # the one request about the asking session's own call
-            return await self.progress(execute, **dict(arguments))
-        return await handler(**dict(arguments))
+        arguments = parse_params(method, entry.params, params)
+        return await entry.handler(self, **dict(arguments))
 
-    async def discovered_servers(self, detailed: bool = False) -> Any:
+    async def discovered_servers(self, detailed: bool = False) -> object:
         if not detailed:
             return sorted(self.pool.clients)
         servers = [
@@ -5107,7 +5098,7 @@ class HostAPI:
 
     async def query_tool_docs(
         self, server: str, tool: str | None = None, detail: Literal["summary", "full"] = "summary"
-    ) -> Any:
+    ) -> object:
         client = self.pool.client(server)  # detail was checked by QueryToolDocsParams
         chosen = [await self._find_tool(client, tool)] if tool else await self._allowed_tools(client)
         docs = [render_tool_doc(client.spec.alias, _tool_dict(item), detail) for item in chosen]
@@ -5180,8 +5171,7 @@ class HostAPI:
         # The signature shows Python names (user_id); the server knows its own (user-id).
         renamed = await self._off_loop(schema_arguments, found.input_schema, arguments or {})
         result = await client.call_tool(found.name, renamed)
-        measured: tuple[dict[str, Any], int] = await self._off_loop(result_payload, result)
-        payload, size = measured
+        payload, size = await self._off_loop(result_payload, result)
         if size > self.config.max_tool_result_bytes:
             raise ProxyError(
                 "The result of %s.%s is %d bytes, over the %d-byte cap (MCP_BRIDGE_MAX_TOOL_RESULT_BYTES). "
@@ -5190,43 +5180,45 @@ class HostAPI:
             )
         return payload
 
-    async def _off_loop(self, function: Callable[..., Any], *args: Any) -> Any:
+    async def _off_loop(self, function: Callable[[*_Args], _Result], *args: *_Args) -> _Result:
         """``function(*args)`` in a worker thread: it walks data of up to the request or
         result cap, which would hold the event loop for a second or more."""
         return await anyio.to_thread.run_sync(function, *args, limiter=self._cpu_limiter)
 
     # --- memory: the store's methods, off the event loop ---------------------------------
-    async def _in_store(self, method: Callable[..., Any], *args: Any) -> Any:
+    async def _in_store(self, method: Callable[[*_Args], _Result], *args: *_Args) -> _Result:
         return await anyio.to_thread.run_sync(method, *args, limiter=self._memory_limiter)
 
-    async def memory_save(self, key: str, value: Any = None, metadata: dict[str, Any] | None = None) -> Any:
+    async def memory_save(
+        self, key: str, value: Any = None, metadata: dict[str, Any] | None = None
+    ) -> object:
         return await self._in_store(self.memory.save, key, value, metadata)
 
-    async def memory_load(self, key: str) -> Any:
+    async def memory_load(self, key: str) -> object:
         return await self._in_store(self.memory.load, key)
 
-    async def memory_put_if(self, key: str, value: Any, generation: int) -> Any:
+    async def memory_put_if(self, key: str, value: Any, generation: int) -> object:
         return await self._in_store(self.memory.put_if, key, value, generation)
 
-    async def memory_delete(self, key: str) -> Any:
+    async def memory_delete(self, key: str) -> object:
         return await self._in_store(self.memory.delete, key)
 
-    async def memory_info(self, key: str) -> Any:
+    async def memory_info(self, key: str) -> object:
         return await self._in_store(self.memory.info, key)
 
-    async def memory_list(self, after: str | None = None, limit: int = MEMORY_PAGE_ENTRIES) -> Any:
+    async def memory_list(self, after: str | None = None, limit: int = MEMORY_PAGE_ENTRIES) -> object:
         return await self._in_store(self.memory.page, after, limit)
 
-    async def tool_save(self, name: str, source: str) -> Any:
+    async def tool_save(self, name: str, source: str) -> object:
         return await self._in_store(self.saved_tools.save, name, source)
 
-    async def tool_list(self) -> Any:
+    async def tool_list(self) -> object:
         return await self._in_store(self.saved_tools.entries)
 
-    async def tool_delete(self, name: str) -> Any:
+    async def tool_delete(self, name: str) -> object:
         return await self._in_store(self.saved_tools.delete, name)
 
-    async def tool_sources(self) -> Any:
+    async def tool_sources(self) -> object:
         return await self._in_store(self.saved_tools.sources)
 
     def defined_tools_notice(self, names: Sequence[str]) -> str | None:
@@ -5239,7 +5231,7 @@ class HostAPI:
         self.announced_tools = defined
         return "Saved tools defined in this fresh session: %s." % ", ".join(names) if names else None
 
-    async def quarantine_tools(self, failed: Sequence[Mapping[str, str]]) -> list[str]:
+    async def quarantine_tools(self, failed: Sequence[mcp_sandbox_kernel.FailedTool]) -> list[str]:
         """Keep the saved tools whose definition killed or hung a sandbox's Python process
         (as its supervisor reports: names and digests the sandbox sent, so only checked
         against the files) out of new sessions until they change; a notice for each."""
@@ -5256,18 +5248,6 @@ class HostAPI:
             else:
                 notices.append("Saved tool %s was skipped: defining it %s." % (name, reason))
         return notices
-
-    async def progress(
-        self,
-        execute: PendingExecute | None,
-        done: float,
-        total: float | None = None,
-        message: str | None = None,
-    ) -> None:
-        """runtime.progress(): heard by the progress listener of the call waiting for
-        ``execute`` (the asking session's running code), if that call's client asked."""
-        if execute is not None and execute.progress is not None:
-            await execute.progress.from_code(done, total, message)
 
     async def capability_summary(self) -> str:
         lines = ["MCP servers available in this sandbox (none is started until used):"]
@@ -5293,6 +5273,54 @@ class HostAPI:
                 % len(self.pool.discovery.problems)
             )
         return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class HostMethod:
+    """A request method the host API serves: its name (one of the kernel's REQUEST_METHODS),
+    the model of its params, and the HostAPI method that answers, called with them by name."""
+
+    name: str
+    params: type[_SandboxParams]
+    handler: Callable[..., Awaitable[object]]
+
+
+# What HostAPI.handle serves: every request method but PROGRESS (see report_progress).
+HOST_METHODS: dict[str, HostMethod] = {
+    method.name: method
+    for method in (
+        HostMethod(
+            mcp_sandbox_kernel.DISCOVERED_SERVERS, DiscoveredServersParams, HostAPI.discovered_servers
+        ),
+        HostMethod(mcp_sandbox_kernel.LIST_TOOLS, ListToolsParams, HostAPI.list_tools),
+        HostMethod(mcp_sandbox_kernel.QUERY_TOOL_DOCS, QueryToolDocsParams, HostAPI.query_tool_docs),
+        HostMethod(mcp_sandbox_kernel.SEARCH_TOOL_DOCS, SearchToolDocsParams, HostAPI.search_tool_docs),
+        HostMethod(mcp_sandbox_kernel.CALL_TOOL, CallToolParams, HostAPI.call_tool),
+        HostMethod(
+            mcp_sandbox_kernel.CAPABILITY_SUMMARY, CapabilitySummaryParams, HostAPI.capability_summary
+        ),
+        HostMethod(mcp_sandbox_kernel.MEMORY_SAVE, MemorySaveParams, HostAPI.memory_save),
+        HostMethod(mcp_sandbox_kernel.MEMORY_LOAD, MemoryKeyParams, HostAPI.memory_load),
+        HostMethod(mcp_sandbox_kernel.MEMORY_PUT_IF, MemoryPutIfParams, HostAPI.memory_put_if),
+        HostMethod(mcp_sandbox_kernel.MEMORY_DELETE, MemoryKeyParams, HostAPI.memory_delete),
+        HostMethod(mcp_sandbox_kernel.MEMORY_INFO, MemoryKeyParams, HostAPI.memory_info),
+        HostMethod(mcp_sandbox_kernel.MEMORY_LIST, MemoryPageParams, HostAPI.memory_list),
+        HostMethod(mcp_sandbox_kernel.TOOL_SAVE, ToolSaveParams, HostAPI.tool_save),
+        HostMethod(mcp_sandbox_kernel.TOOL_LIST, MemoryListParams, HostAPI.tool_list),
+        HostMethod(mcp_sandbox_kernel.TOOL_DELETE, ToolNameParams, HostAPI.tool_delete),
+        HostMethod(mcp_sandbox_kernel.TOOL_SOURCES, MemoryListParams, HostAPI.tool_sources),
+    )
+}
+
+
+async def report_progress(execute: PendingExecute | None, params: Mapping[str, object]) -> None:
+    """runtime.progress() (a PROGRESS request): heard by the progress listener of the call
+    waiting for ``execute``, if that call's client asked. The request is about the asking
+    sandbox's own call, so its sandbox session answers it, not the HostAPI that all the
+    sandboxes of a principal share."""
+    arguments = parse_params(mcp_sandbox_kernel.PROGRESS, ProgressParams, params)
+    if execute is not None and execute.progress is not None:
+        await execute.progress.from_code(arguments.done, arguments.total, arguments.message)
 
 
 def result_payload(result: types.CallToolResult) -> tuple[dict[str, Any], int]:
@@ -6144,7 +6172,10 @@ class SandboxSession:
 
     async def _serve(self, frame: dict[str, Any]) -> Any:
         """One request of the sandbox's, served by the host (see RequestDesk)."""
-        return await self.host.handle(frame["method"], frame["params"], self.pending)
+        if frame["method"] == mcp_sandbox_kernel.PROGRESS:  # about this session's own call
+            await report_progress(self.pending, frame["params"])  # answered with null
+            return None
+        return await self.host.handle(frame["method"], frame["params"])
 
     def _on_malformed(self, frame: dict[str, Any], exc: ProtocolError) -> None:
         self.malformed_frames += 1
@@ -6283,19 +6314,51 @@ class SandboxSession:
 START_RETRY_SECONDS = 300
 
 
+@dataclass(frozen=True)
+class Principal:
+    """Who calls: stdio's one client, or an HTTP bearer token's principal. Its memory store
+    and saved tools are its own (``host``); its sandboxes are Sessions', keyed by its name."""
+
+    name: str
+    host: HostAPI  # its memory store and saved tools
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One run_python call, built once at the tool boundary and passed whole down to the
+    sandbox: what the caller asked, who asked (and from which MCP session), when the call
+    arrived and how to report its progress."""
+
+    code: str
+    timeout: float
+    reset: bool
+    session: str  # run_python's session name
+    principal: Principal
+    saved_tools: bool = True
+    client: str | None = None  # the caller's MCP session over HTTP (Mcp-Session-Id); None over stdio
+    progress: CallProgress | None = None  # None: the client asked for no progress
+    arrived: float = field(default_factory=time.monotonic)  # the client's clock runs from here
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What one call's turn at a sandbox produced, composed into the call's outcome once
+    (SessionManager.answer): its outcome, what is said before the outcome's own notices,
+    and the end of code an earlier call left running."""
+
+    outcome: ExecutionOutcome
+    notices: list[str] = field(default_factory=list)
+    earlier: ExecutionOutcome | None = None
+
+
 class RunningCode:
     """One execute running in the manager's task group, so a call can answer "still running"
     after respond_after seconds and a later call can wait for the rest. Its own timeout
     still ends it; cancelling its scope stops the code (the client gave up)."""
 
-    def __init__(
-        self, session: SandboxSession, code: str, timeout: float, arrived: float, saved_tools: bool = True
-    ) -> None:
+    def __init__(self, session: SandboxSession, request: RunRequest) -> None:
         self.session = session
-        self.code = code
-        self.timeout = timeout
-        self.saved_tools = saved_tools
-        self.started = arrived  # when its call arrived: "still running after" counts from there
+        self.request = request  # "still running after" counts from its arrival
         self.pending = PendingExecute(secrets.token_hex(8), session.config.max_output_chars)
         self.scope = anyio.CancelScope()
         self.finished = anyio.Event()
@@ -6304,11 +6367,12 @@ class RunningCode:
         self.shown = {"stdout": 0, "stderr": 0}  # characters already returned by "still running"
 
     async def run(self) -> None:
+        request = self.request
         try:
             with self.scope:
                 try:
                     self.outcome = await self.session.execute(
-                        self.code, self.timeout, pending=self.pending, saved_tools=self.saved_tools
+                        request.code, request.timeout, pending=self.pending, saved_tools=request.saved_tools
                     )
                 except Exception as exc:  # re-raised to the call that waits for it
                     self.failure = exc
@@ -6340,28 +6404,38 @@ class RunningCode:
             text[name], self.shown[name] = whole[self.shown[name] :], len(whole)
         return text
 
-    def rest_of(self, outcome: ExecutionOutcome) -> ExecutionOutcome:
-        outcome.stdout = outcome.stdout[self.shown["stdout"] :]
-        outcome.stderr = outcome.stderr[self.shown["stderr"] :]
-        return outcome
+    def rest(self, notices: list[str]) -> ExecutionOutcome:
+        """The ended code's outcome less what "still running" answers showed, ``notices`` last."""
+        assert self.outcome is not None
+        outcome = self.outcome
+        return replace(
+            outcome,
+            stdout=outcome.stdout[self.shown["stdout"] :],
+            stderr=outcome.stderr[self.shown["stderr"] :],
+            notices=[*outcome.notices, *notices],
+        )
 
     def still_running(self, waited_for_earlier: bool) -> ExecutionOutcome:
-        elapsed = time.monotonic() - self.started
+        elapsed = time.monotonic() - self.request.arrived
         output = self.new_output()
         detail = (
             "Still running after %.0fs (its timeout of %gs still applies). Call run_python again to wait "
             "for the rest of its output and its result (any code; it runs once this code has ended), "
-            "or with reset: true to stop it." % (elapsed, self.timeout)
+            "or with reset: true to stop it." % (elapsed, self.request.timeout)
         )
         if waited_for_earlier:
             detail = "Your code was not run: the code of an earlier call is still running. " + detail
-        outcome = ExecutionOutcome(status="running", stdout=output["stdout"], stderr=output["stderr"])
-        outcome.detail, outcome.duration = detail, elapsed
-        return outcome
+        return ExecutionOutcome(
+            status="running",
+            stdout=output["stdout"],
+            stderr=output["stderr"],
+            detail=detail,
+            duration=elapsed,
+        )
 
     def stopped_by_reset(self) -> str:
         """The notice for a reset that stops this code, which has not ended."""
-        elapsed = time.monotonic() - self.started
+        elapsed = time.monotonic() - self.request.arrived
         unseen = sum(len("".join(self.pending.streams[name])) - self.shown[name] for name in self.shown)
         lost = " Its output since the last answer (%d characters) was not shown." % unseen if unseen else ""
         return (
@@ -6410,35 +6484,35 @@ class SharedRuntime:
 
 
 class SessionManager:
-    """Owns one named sandbox session (run_python's ``session``): pre-warms it,
-    serializes its executes, replaces it after a crash, a kill, a reset or idle shutdown,
-    and tells the model whenever earlier state is gone. ``Sessions`` holds one per name."""
+    """One sandbox of one principal (``Sessions`` holds them by principal and session name):
+    serializes the calls to it, pre-warms it, replaces it after a crash, a kill, a reset or
+    an idle stop, and tells the model whenever earlier state is gone. Its lifetime, caps and
+    shutdown are Sessions'; ``closing`` is Sessions' event, set when the bridge stops."""
 
     def __init__(
         self,
         config: BridgeConfig,
         task_group: anyio.abc.TaskGroup,
         host: HostAPI,
-        runtime: SharedRuntime | None = None,
+        runtime: SharedRuntime,
         name: str = DEFAULT_SESSION,
         problems: ProblemLog | None = None,
+        closing: anyio.Event | None = None,
     ) -> None:
         self.config = config
         self.task_group = task_group
         self.host = host
         self.name = name
-        self.shared_runtime = runtime or SharedRuntime(config)
+        self.shared_runtime = runtime
         self.ipc_root = config.state_dir / "ipc"
         self.session: SandboxSession | None = None
         self.lost_reason: str | None = None
         self.last_used = time.monotonic()
         self._lock = anyio.Lock()
-        # Shared by the bridge's sessions: a sandbox restarted again and again logs once.
+        # Shared by the principal's sessions: a sandbox restarted again and again logs once.
         self.problems = problems or ProblemLog()
-        self.closing = anyio.Event()  # set when the bridge begins to shut down
+        self.closing = closing or anyio.Event()
         self.active_calls = 0
-        self._no_calls = anyio.Event()  # set while active_calls is 0
-        self._no_calls.set()
         # The last start failure for want of the image, and when it happened: explained in
         # full once, then answered at once, not retried (a pull that cannot work takes long
         # every time) until the image appears locally or START_RETRY_SECONDS pass.
@@ -6447,37 +6521,40 @@ class SessionManager:
         self.unreported: ExecutionOutcome | None = None  # its end, until a call returns it
         self.held_notices: list[str] = []  # what the pre-warm start has to say to the first call
 
-    async def _ensure_session(self, notices: list[str]) -> SandboxSession:
+    async def _ensure_session(self) -> tuple[SandboxSession, list[str]]:
+        """The live sandbox, started when there is none, and what a start has to tell."""
         if self.session is not None and not self.session.alive:
             self.lost_reason = self.lost_reason or "the previous sandbox %s." % self.session.death_reason
             await self.session.stop()
             self.session = None
-        if self.session is None:
-            runtime = await self.shared_runtime.get()
-            await self._check_earlier_start_failure(runtime)
-            session = SandboxSession(
-                runtime, self.config, self.ipc_root, self.host, problems=self.problems, session=self.name
+        if self.session is not None:
+            return self.session, []
+        runtime = await self.shared_runtime.get()
+        await self._check_earlier_start_failure(runtime)
+        session = SandboxSession(
+            runtime, self.config, self.ipc_root, self.host, problems=self.problems, session=self.name
+        )
+        try:
+            await session.start(self.task_group)
+        except SandboxStartError as exc:
+            missing = isinstance(exc, SandboxImageMissingError)  # other failures: retried at once
+            self.start_failure = (str(exc), time.monotonic()) if missing else None
+            raise
+        self.start_failure = None
+        self.session = session
+        notices = []
+        if self.lost_reason:
+            notices.append(
+                "Started a fresh sandbox session: %s Variables, imports and functions from "
+                "earlier calls are gone." % self.lost_reason
             )
-            try:
-                await session.start(self.task_group)
-            except SandboxStartError as exc:
-                missing = isinstance(exc, SandboxImageMissingError)  # other failures: retried at once
-                self.start_failure = (str(exc), time.monotonic()) if missing else None
-                raise
-            self.start_failure = None
-            self.session = session
-            if self.lost_reason:
-                notices.append(
-                    "Started a fresh sandbox session: %s Variables, imports and functions from "
-                    "earlier calls are gone." % self.lost_reason
-                )
-                self.lost_reason = None
-            notices.extend(runtime.warnings)
-            notices.extend(unusable_config_notices(self.host.pool.discovery))
-            warning = workspace_warning(self.config)
-            if warning:
-                notices.append(warning)
-        return self.session
+            self.lost_reason = None
+        notices.extend(runtime.warnings)
+        notices.extend(unusable_config_notices(self.host.pool.discovery))
+        warning = workspace_warning(self.config)
+        if warning:
+            notices.append(warning)
+        return session, notices
 
     async def _check_earlier_start_failure(self, runtime: ContainerRuntime) -> None:
         if self.start_failure is None:
@@ -6495,36 +6572,29 @@ class SessionManager:
     async def prewarm(self) -> None:
         async with self._lock:
             try:
-                await self._ensure_session(self.held_notices)  # for the first call's result
+                _, notices = await self._ensure_session()
+                self.held_notices.extend(notices)  # for the first call's result
             except BridgeError as exc:
                 logger.warning("pre-warm failed (run_python will retry): %s", exc)
             except Exception:  # a background start-up step must never end the server
                 logger.exception("pre-warm failed (run_python will retry)")
 
-    async def answer(
-        self,
-        code: str,
-        timeout: float,
-        reset: bool,
-        progress: CallProgress | None = None,
-        saved_tools: bool = True,
-    ) -> ExecutionOutcome:
+    async def answer(self, request: RunRequest) -> ExecutionOutcome:
         """run() for one tool call, answered with ShuttingDownError as soon as the bridge
         begins to shut down, so no call is left without a response. The work runs in
-        the manager's task group; cancelling the call (the client gave up) cancels it."""
+        the manager's task group; cancelling the call (the client gave up) cancels it.
+        The call's outcome is composed here, once, from what run() returned."""
         if self.closing.is_set():
             raise ShuttingDownError(SHUTTING_DOWN)
         self.active_calls += 1
-        if self._no_calls.is_set():
-            self._no_calls = anyio.Event()
         finished = anyio.Event()
-        holder: list[ExecutionOutcome | Exception] = []
+        holder: list[Reply | Exception] = []
         work_scope = anyio.CancelScope()
 
         async def work() -> None:
             with work_scope:
                 try:
-                    holder.append(await self.run(code, timeout, reset, progress, saved_tools))
+                    holder.append(await self.run(request))
                 except Exception as exc:  # re-raised in the caller's task below
                     holder.append(exc)
             finished.set()
@@ -6537,44 +6607,28 @@ class SessionManager:
             raise
         finally:
             self.active_calls -= 1
-            if not self.active_calls:
-                self._no_calls.set()
         if not holder:
             raise ShuttingDownError(SHUTTING_DOWN)
         if isinstance(holder[0], Exception):
             raise holder[0]
-        for outcome in (holder[0], holder[0].earlier):
-            if outcome is not None:
-                outcome.session = self.name
-        return holder[0]
+        reply = holder[0]
+        earlier = None if reply.earlier is None else replace(reply.earlier, session=self.name)
+        notices = [*reply.notices, *reply.outcome.notices]
+        return replace(reply.outcome, notices=notices, earlier=earlier, session=self.name)
 
-    async def begin_shutdown(self, grace: float) -> None:
-        """Answer every call in flight (the running code is abandoned, the container
-        removed afterwards by aclose()); waits at most ``grace`` seconds for that."""
-        self.closing.set()
-        if self.session is not None:
-            self.session.abandon("was stopped because the MCP server is shutting down")
-        with anyio.move_on_after(grace):
-            await self._no_calls.wait()
-
-    async def run(
-        self,
-        code: str,
-        timeout: float,
-        reset: bool,
-        progress: CallProgress | None = None,
-        saved_tools: bool = True,
-    ) -> ExecutionOutcome:
+    async def run(self, request: RunRequest) -> Reply:
         # The client's clock runs from the call's arrival, also while it waits its turn.
-        arrived = time.monotonic()
         acquired = False
-        with anyio.move_on_after(self.config.respond_after or math.inf):
+        with anyio.move_on_after(self._left(request.arrived) or math.inf):
             await self._lock.acquire()
             acquired = True
         if not acquired:
-            return ExecutionOutcome(status="running", detail=BUSY, duration=time.monotonic() - arrived)
+            busy = ExecutionOutcome(
+                status="running", detail=BUSY, duration=time.monotonic() - request.arrived
+            )
+            return Reply(busy)
         try:
-            return await self._run_locked(code, timeout, reset, progress, arrived, saved_tools)
+            return await self._run_locked(request)
         finally:
             self._lock.release()
 
@@ -6584,60 +6638,56 @@ class SessionManager:
             return 0
         return max(0.01, arrived + self.config.respond_after - time.monotonic())
 
-    async def _run_locked(
-        self,
-        code: str,
-        timeout: float,
-        reset: bool,
-        progress: CallProgress | None,
-        arrived: float,
-        saved_tools: bool = True,
-    ) -> ExecutionOutcome:
+    async def _run_locked(self, request: RunRequest) -> Reply:
         if self.closing.is_set():
             raise ShuttingDownError(SHUTTING_DOWN)
         notices, self.held_notices = self.held_notices, []
-        if self.running is not None and reset:  # a reset stops the earlier code too
-            if self.running.finished.is_set() and self.running.failure is None:
-                self.unreported = await self._finish(self.running, [])  # it ended before the reset
-            elif self.running.finished.is_set():
-                notices.append("The code of an earlier call could not finish: %s" % self.running.failure)
-            else:
-                notices.append(self.running.stopped_by_reset())
-                self.running.scope.cancel()
-                await self.running.finished.wait()
-            self.running = None
+        if self.running is not None and request.reset:  # a reset stops the earlier code too
+            notices += await self._stop_for_reset(self.running)
         elif self.running is not None:
-            if not await self.running.wait(self._left(arrived), progress):
-                return self.running.still_running(waited_for_earlier=True)
+            if not await self.running.wait(self._left(request.arrived), request.progress):
+                return Reply(self.running.still_running(waited_for_earlier=True))
             # Kept on the manager until a call returns it: a failure of this call's own
             # code (a sandbox that cannot start) must not lose it.
-            self.unreported = await self._finish(self.running, [])
+            self.unreported = await self._finish(self.running)
             if self.unreported is None:
                 notices.append(
                     "The code of an earlier call was stopped: the call waiting for it was cancelled."
                 )
-        if reset and self.session is not None:
+        if request.reset and self.session is not None:
             await self.session.stop()
             self.session = None
             notices.append("Reset: started a fresh session with an empty namespace.")
-        elif reset:
+        elif request.reset:
             self.lost_reason = None
-        session = await self._ensure_session(notices)
-        running = RunningCode(session, code, timeout, arrived, saved_tools)
+        session, started = await self._ensure_session()
+        notices += started
+        running = RunningCode(session, request)
         self.running = running
         self.task_group.start_soon(running.run)
-        if await running.wait(self._left(arrived), progress):
-            finished = await self._finish(running, notices)
-            assert finished is not None  # only a cancelled wait stops it, and that raised
-            outcome = finished
+        if await running.wait(self._left(request.arrived), request.progress):
+            outcome = await self._finish(running)
+            assert outcome is not None  # only a cancelled wait stops it, and that raised
         else:
             outcome = running.still_running(waited_for_earlier=False)
-            outcome.notices[:0] = notices
-        outcome.earlier, self.unreported = self.unreported, None
+        earlier, self.unreported = self.unreported, None
         self.last_used = time.monotonic()
-        return outcome
+        return Reply(outcome, notices, earlier)
 
-    async def _finish(self, running: RunningCode, notices: list[str]) -> ExecutionOutcome | None:
+    async def _stop_for_reset(self, running: RunningCode) -> list[str]:
+        """Stop the code an earlier call left running (its end kept when it had ended)."""
+        self.running = None
+        if running.finished.is_set() and running.failure is None:
+            self.unreported = await self._finish(running)  # it ended before the reset
+            return []
+        if running.finished.is_set():
+            return ["The code of an earlier call could not finish: %s" % running.failure]
+        notice = running.stopped_by_reset()
+        running.scope.cancel()
+        await running.finished.wait()
+        return [notice]
+
+    async def _finish(self, running: RunningCode) -> ExecutionOutcome | None:
         """The outcome of code that has ended (what a "still running" answer already
         showed left out), and the session replaced if it died; None when it was stopped
         (the call waiting for it was cancelled)."""
@@ -6646,9 +6696,7 @@ class SessionManager:
             raise running.failure
         if running.outcome is None:
             return None
-        outcome = running.rest_of(running.outcome)
-        outcome.notices[:0] = notices
-        outcome.notices.extend(self.host.pool.drain_notices())
+        outcome = running.rest(self.host.pool.drain_notices())
         session = running.session
         if not session.alive:
             await session.stop()
@@ -6696,7 +6744,7 @@ class SessionManager:
         )
 
     async def aclose(self) -> None:
-        """Remove this session's sandbox (the shared runtime is the registry's to release)."""
+        """Remove this session's sandbox (the shared runtime is Sessions' to release)."""
         with anyio.CancelScope(shield=True):
             if self.session is not None:
                 await self.session.stop()
@@ -6705,6 +6753,10 @@ class SessionManager:
 
 class TooManySessionsError(BridgeError):
     """A call named a new session while MCP_BRIDGE_MAX_SESSIONS sessions hold sandboxes."""
+
+
+class TooManyCallsError(BridgeError):
+    """An HTTP principal has MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL run_python calls in flight."""
 
 
 # run_python's session names: short, and safe in logs, labels and file names as they are.
@@ -6720,116 +6772,178 @@ def valid_session_name(name: str) -> str:
     return name
 
 
-MAX_REMEMBERED_ENDS = 64  # forgotten sessions whose "why your state is gone" is kept
+MAX_REMEMBERED_ENDS = 64  # per principal: forgotten sessions whose "why your state is gone" is kept
 
 
 class Sessions:
-    """run_python's sessions by name (``session``; "default" when a call names none):
-    one SessionManager each, created on first use and capped at MCP_BRIDGE_MAX_SESSIONS.
-    Each has its own sandbox, state, limits (the configured ones) and idle timer; calls
-    to different sessions run side by side, calls to one session one at a time (its
-    manager's lock). Over stdio the bridge has one client, so the cap is per client and
-    in total at once. A session stopped for idleness keeps its name (its next call
-    starts fresh and says why) until room is needed for a new name: then it is forgotten,
-    and only why its last sandbox ended is remembered (for a bounded number of names)."""
+    """Every sandbox of the bridge, by principal and run_python's ``session`` ("default"
+    when a call names none): one SessionManager each, created on first use. The one owner
+    of their lifetimes: the caps (MCP_BRIDGE_MAX_SESSIONS per principal; with ``shared``,
+    i.e. over HTTP, MCP_BRIDGE_MAX_TOTAL_SESSIONS in all and MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL
+    calls in flight), idle forgetting, the shutdown fan-out and the shared runtime's release.
+    Each session has its own sandbox, state, limits (the configured ones) and idle timer;
+    calls to different sessions run side by side, calls to one session one at a time (its
+    manager's lock). A session stopped for idleness keeps its name (its next call starts
+    fresh and says why) until room is needed for a new name: then it is forgotten, and only
+    why its last sandbox ended is remembered (for a bounded number of names)."""
 
     def __init__(
         self,
         config: BridgeConfig,
         task_group: anyio.abc.TaskGroup,
-        host: HostAPI,
         runtime: SharedRuntime,
+        shared: bool = False,
     ) -> None:
-        """``runtime``: shared with the other principals' registries; Principals releases it."""
         self.config = config
         self.task_group = task_group
-        self.host = host
         self.runtime = runtime
-        self.problems = ProblemLog()
-        self.managers: dict[str, SessionManager] = {}
-        self.watchers: dict[str, anyio.CancelScope] = {}
-        self.ended: dict[str, str] = {}  # forgotten name -> why its last sandbox ended
-        self.closing = False
+        self.shared = shared
+        self.managers: dict[tuple[str, str], SessionManager] = {}  # (principal, session name)
+        self.watchers: dict[tuple[str, str], anyio.CancelScope] = {}
+        self.ended: dict[str, dict[str, str]] = {}  # principal -> forgotten name -> why its sandbox ended
+        self.problems: dict[str, ProblemLog] = {}  # per principal
+        self.calls: dict[str, int] = {}  # principal -> run_python calls in flight
+        self.closing = anyio.Event()  # set when the bridge begins to shut down
+        self._no_calls = anyio.Event()  # set while no call is in flight
+        self._no_calls.set()
 
-    def manager(self, name: str) -> SessionManager:
-        """The manager of session ``name``, created when new and there is room."""
+    def of(self, principal: str) -> dict[str, SessionManager]:
+        """The sessions of ``principal`` by name."""
+        return {name: manager for (owner, name), manager in self.managers.items() if owner == principal}
+
+    def manager(self, principal: Principal, name: str) -> SessionManager:
+        """The manager of ``principal``'s session ``name``, created when new and there is room."""
         # Defense in depth: the input model checks names too; they reach logs and the kernel.
         try:
             valid_session_name(name)
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
-        if self.closing:
+        if self.closing.is_set():
             raise ShuttingDownError(SHUTTING_DOWN)
-        found = self.managers.get(name)
+        key = (principal.name, name)
+        found = self.managers.get(key)
         if found is not None:
             return found
-        if len(self.managers) >= self.config.max_sessions:
+        self._make_room(principal.name, name)
+        problems = self.problems.setdefault(principal.name, ProblemLog())
+        manager = SessionManager(
+            self.config, self.task_group, principal.host, self.runtime, name, problems, self.closing
+        )
+        manager.lost_reason = self.ended.get(principal.name, {}).pop(name, None)
+        self.managers[key] = manager
+        self.watchers[key] = scope = anyio.CancelScope()
+        self.task_group.start_soon(self._watch, manager, scope)
+        return manager
+
+    def _make_room(self, principal: str, name: str) -> None:
+        """Refuse a new session while the caps are reached (sessions stopped for idleness
+        are forgotten first): all principals' together (shared), then the principal's own."""
+        if self.shared and len(self.managers) >= self.config.max_total_sessions:
             self.forget_dormant()
-        if len(self.managers) >= self.config.max_sessions:
+        if self.shared and len(self.managers) >= self.config.max_total_sessions:
+            # Says nothing of other principals' sessions: their names are theirs.
+            raise TooManySessionsError(
+                "Session %r was not started: the bridge already holds %d sessions for all its clients "
+                "together, the most it allows (MCP_BRIDGE_MAX_TOTAL_SESSIONS). Use a session you have; "
+                "room frees up as sessions stay idle for MCP_BRIDGE_IDLE_TIMEOUT seconds."
+                % (name, len(self.managers))
+            )
+        if len(self.of(principal)) >= self.config.max_sessions:
+            self.forget_dormant(principal)
+        mine = self.of(principal)
+        if len(mine) >= self.config.max_sessions:
             raise TooManySessionsError(
                 "Session %r was not started: %d sessions (%s) already hold sandboxes, the most this "
                 "bridge allows (MCP_BRIDGE_MAX_SESSIONS). Use one of them, or free one: a session is "
                 "released when it has been idle for MCP_BRIDGE_IDLE_TIMEOUT seconds."
-                % (name, len(self.managers), ", ".join(sorted(self.managers)))
+                % (name, len(mine), ", ".join(sorted(mine)))
             )
-        manager = SessionManager(self.config, self.task_group, self.host, self.runtime, name, self.problems)
-        manager.lost_reason = self.ended.pop(name, None)
-        self.managers[name] = manager
-        self.watchers[name] = scope = anyio.CancelScope()
-        self.task_group.start_soon(self._watch, manager, scope)
-        return manager
 
-    def forget_dormant(self) -> None:
-        for name, manager in list(self.managers.items()):
-            if manager.dormant:
-                del self.managers[name]
-                self.watchers.pop(name).cancel()
+    def forget_dormant(self, principal: str | None = None) -> None:
+        """Forget the dormant sessions (of ``principal``; None: of everyone)."""
+        for (owner, name), manager in list(self.managers.items()):
+            if manager.dormant and principal in (None, owner):
+                del self.managers[owner, name]
+                self.watchers.pop((owner, name)).cancel()
                 if manager.lost_reason:
-                    self.ended[name] = manager.lost_reason
-                    while len(self.ended) > MAX_REMEMBERED_ENDS:
-                        del self.ended[next(iter(self.ended))]  # the oldest
+                    ended = self.ended.setdefault(owner, {})
+                    ended[name] = manager.lost_reason
+                    while len(ended) > MAX_REMEMBERED_ENDS:
+                        del ended[next(iter(ended))]  # the oldest
 
     @staticmethod
     async def _watch(manager: SessionManager, scope: anyio.CancelScope) -> None:
         with scope:
             await manager.watch_idle()
 
-    async def answer(
-        self,
-        name: str,
-        code: str,
-        timeout: float,
-        reset: bool,
-        progress: CallProgress | None = None,
-        saved_tools: bool = True,
-    ) -> ExecutionOutcome:
-        """One tool call, run by session ``name``'s manager (see SessionManager.answer)."""
-        return await self.manager(name).answer(code, timeout, reset, progress, saved_tools)
+    async def answer(self, request: RunRequest) -> ExecutionOutcome:
+        """One tool call, run by the session it names (see SessionManager.answer)."""
+        principal = request.principal.name
+        if self.shared:
+            self._check_calls(request)
+        manager = self.manager(request.principal, request.session)
+        if not self.calls:
+            self._no_calls = anyio.Event()
+        self.calls[principal] = self.calls.get(principal, 0) + 1
+        try:
+            return await manager.answer(request)
+        finally:
+            self.calls[principal] -= 1
+            if not self.calls[principal]:
+                del self.calls[principal]
+            if not self.calls:
+                self._no_calls.set()
 
-    async def prewarm(self) -> None:
-        """Start the default session's sandbox; named ones start on first use."""
-        await self.manager(DEFAULT_SESSION).prewarm()
+    def _check_calls(self, request: RunRequest) -> None:
+        """Refuse a call of a principal with MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL in flight.
+        Code left running after a "still running" answer counts as a call in flight:
+        otherwise one principal could keep every session busy with no call open. A call
+        to such a session takes its place (it waits for that code first)."""
+        mine = self.of(request.principal.name)
+        running = [name for name, manager in mine.items() if manager.running_unattended]
+        in_flight = self.calls.get(request.principal.name, 0) + len(running)
+        if request.session in running or in_flight < self.config.max_calls_per_principal:
+            return
+        raise TooManyCallsError(
+            "Your code was not run: %d run_python calls of yours are already in flight%s, the most "
+            "this bridge allows at once (MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL). Wait for one to "
+            "finish, then call again%s."
+            % (
+                in_flight,
+                " or still running code (sessions %s)" % ", ".join(sorted(running)) if running else "",
+                "; call one of those sessions to wait for its result, or with reset: true to stop it"
+                if running
+                else "",
+            )
+        )
+
+    def health(self) -> dict[str, Any]:
+        """What /health tells anyone who asks: counts only, never a principal's name."""
+        holding = [owner for (owner, _), manager in self.managers.items() if manager.session is not None]
+        return {"status": "ok", "principals": len(set(holding)), "sessions": len(holding)}
+
+    async def prewarm(self, principal: Principal) -> None:
+        """Start ``principal``'s default sandbox; named ones start on first use."""
+        await self.manager(principal, DEFAULT_SESSION).prewarm()
 
     async def begin_shutdown(self, grace: float) -> None:
-        """Answer the calls in flight of every session, within ``grace`` seconds in all."""
-        self.closing = True
+        """Answer every call in flight (the running code is abandoned, the containers
+        removed afterwards by aclose()); waits at most ``grace`` seconds for that."""
+        self.closing.set()
+        for manager in list(self.managers.values()):
+            if manager.session is not None:
+                manager.session.abandon("was stopped because the MCP server is shutting down")
         with anyio.move_on_after(grace):
-            async with anyio.create_task_group() as group:
-                for manager in list(self.managers.values()):
-                    group.start_soon(manager.begin_shutdown, grace)
+            await self._no_calls.wait()
 
     async def aclose(self) -> None:
-        """Remove every session's sandbox, side by side (the runtime is released by Principals)."""
-        self.closing = True
+        """Remove every session's sandbox, side by side, then release the runtime."""
+        self.closing.set()
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as group:
                 for manager in list(self.managers.values()):
                     group.start_soon(manager.aclose)
-
-    @property
-    def sandboxes(self) -> int:
-        """Sessions holding a sandbox now (an idle one stopped holds none)."""
-        return sum(1 for manager in self.managers.values() if manager.session is not None)
+            await self.runtime.release()
 
 
 # =============================================================================
@@ -7328,31 +7442,37 @@ def capabilities_manual(config: BridgeConfig) -> str:
     return CAPABILITIES_MANUAL.replace(MANUAL_WRITABLE_LINE, line)
 
 
-def run_python_input_model(config: BridgeConfig) -> type[BaseModel]:
-    """The tool's input model; its JSON schema is the tool's inputSchema. Built from the
-    config so the schema states the real default and maximum timeout."""
+TIMEOUT_DESCRIPTION = "Seconds before interrupting."
 
-    class RunPythonInput(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        code: str  # Python source (no description: the name says it, and tools/list stays small)
-        timeout: float = Field(
-            default=config.timeout, gt=0, le=config.max_timeout, description="Seconds before interrupting."
-        )
-        reset: bool = Field(default=False, description="Start from an empty namespace first.")
-        # false: a fresh namespace (reset, a new session) starts without the saved tools. Taken
-        # but left out of the schema (SkipJsonSchema): every tools/list answer would pay ~30
-        # tokens for a way out that the manual and the quarantine notices tell of when needed.
-        saved_tools: SkipJsonSchema[bool] = True
-        # The name's rule is checked here, not stated in the schema: a pattern there costs
-        # every tools/list answer a dozen tokens; the error names the rule instead.
-        session: str = Field(default=DEFAULT_SESSION, description="Sandbox name; each has its own state")
 
-        @field_validator("session")
-        @classmethod
-        def _session_name(cls, name: str) -> str:
-            return valid_session_name(name)
+class RunPythonInput(BaseModel):
+    """run_python's arguments. The timeout's default and maximum are the config's: the
+    tool's model is this one's subclass for the config (run_python_input_model), whose
+    JSON schema is the tool's inputSchema."""
 
-    return RunPythonInput
+    model_config = ConfigDict(extra="forbid")
+    code: str  # Python source (no description: the name says it, and tools/list stays small)
+    timeout: float = Field(default=BridgeConfig.timeout, gt=0, description=TIMEOUT_DESCRIPTION)
+    reset: bool = Field(default=False, description="Start from an empty namespace first.")
+    # false: a fresh namespace (reset, a new session) starts without the saved tools. Taken
+    # but left out of the schema (SkipJsonSchema): every tools/list answer would pay ~30
+    # tokens for a way out that the manual and the quarantine notices tell of when needed.
+    saved_tools: SkipJsonSchema[bool] = True
+    # The name's rule is checked here, not stated in the schema: a pattern there costs
+    # every tools/list answer a dozen tokens; the error names the rule instead.
+    session: str = Field(default=DEFAULT_SESSION, description="Sandbox name; each has its own state")
+
+    @field_validator("session")
+    @classmethod
+    def _session_name(cls, name: str) -> str:
+        return valid_session_name(name)
+
+
+def run_python_input_model(config: BridgeConfig) -> type[RunPythonInput]:
+    """RunPythonInput with the config's default and maximum timeout, which its schema
+    states (the field keeps its place, so the schema reads as RunPythonInput's)."""
+    timeout = Field(default=config.timeout, gt=0, le=config.max_timeout, description=TIMEOUT_DESCRIPTION)
+    return create_model("RunPythonInput", __base__=RunPythonInput, timeout=(float, timeout))
 
 
 def run_python_tool(config: BridgeConfig) -> types.Tool:
@@ -7527,52 +7647,30 @@ def page_start(cursor: str | None) -> int:
 
 # --- principals: who calls, and the world each caller owns ------------------------------
 # Over stdio the bridge has one client. Over HTTP each bearer token names a principal, and
-# each principal gets its own registry of sessions (its own containers), its own memory
-# store and saved tools (STATE_DIR/principals/<name>/user_tools) and its own limits. A
-# call reaches only its principal's registry, so a session name, a memory key or a
-# resource URI of another principal names nothing. The pool of proxied MCP servers and
-# the container runtime are shared: they hold no caller's state.
+# each principal gets its own sessions (its own containers, in Sessions under its name),
+# its own memory store and saved tools (STATE_DIR/principals/<name>/user_tools) and its own
+# limits. A call reaches only its principal's sessions and store, so a session name, a
+# memory key or a resource URI of another principal names nothing. The pool of proxied MCP
+# servers and the container runtime are shared: they hold no caller's state.
 
 LOCAL_PRINCIPAL = "local"  # stdio's one client; over HTTP without tokens, every caller
 PRINCIPALS_DIRNAME = "principals"
-
-
-class TooManyCallsError(BridgeError):
-    """An HTTP principal has MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL run_python calls in flight."""
 
 
 class UnauthenticatedError(BridgeError):
     """An HTTP request reached a handler without the principal the auth middleware sets."""
 
 
-@dataclass
-class Principal:
-    name: str
-    host: HostAPI  # its memory store and saved tools
-    sessions: Sessions
-    calls: int = 0  # run_python calls in flight
-
-
 class Principals:
-    """The bridge's principals by name, each created on its first call. ``http`` turns on
-    what only a shared bridge needs: per-principal stores (when tokens name principals),
-    the cap on calls in flight per principal and the cap on sessions of all together."""
+    """The bridge's principals by name, each created on its first request: who calls, and
+    its memory store and saved tools. ``http`` turns on per-principal stores (when tokens
+    name principals) and refuses a request the auth middleware left without one."""
 
-    def __init__(
-        self,
-        config: BridgeConfig,
-        task_group: anyio.abc.TaskGroup,
-        pool: ClientPool,
-        locate_runtime: Callable[[RuntimeName | None], Any] = detect_runtime,
-        http: bool = False,
-    ) -> None:
+    def __init__(self, config: BridgeConfig, pool: ClientPool, http: bool = False) -> None:
         self.config = config
-        self.task_group = task_group
         self.pool = pool
         self.http = http
-        self.runtime = SharedRuntime(config, locate_runtime)
         self.by_name: dict[str, Principal] = {}
-        self.closing = False
 
     def store_dir(self, name: str) -> Path:
         """Where a principal's memory and saved tools live. Without tokens every caller is
@@ -7585,13 +7683,10 @@ class Principals:
         found = self.by_name.get(name)
         if found is not None:
             return found
-        if self.closing:
-            raise ShuttingDownError(SHUTTING_DOWN)
         # Defense in depth: the token file's parser checks names too; one becomes a directory.
         if not PRINCIPAL_NAME_PATTERN.fullmatch(name):
             raise UnauthenticatedError("Refused: %s is not a valid principal name." % ascii(name[:70]))
-        host = HostAPI(self.pool, self.config, self.store_dir(name))
-        principal = Principal(name, host, Sessions(self.config, self.task_group, host, self.runtime))
+        principal = Principal(name, HostAPI(self.pool, self.config, self.store_dir(name)))
         self.by_name[name] = principal
         return principal
 
@@ -7606,284 +7701,228 @@ class Principals:
             raise UnauthenticatedError("Refused: this request carries no authenticated principal.")
         return self.get(user.access_token.client_id)
 
-    async def answer(
-        self,
-        principal: Principal,
-        session: str,
-        code: str,
-        timeout: float,
-        reset: bool,
-        progress: CallProgress | None = None,
-        saved_tools: bool = True,
-    ) -> ExecutionOutcome:
-        """One run_python call of ``principal``, in its own session ``session``."""
-        if self.http:
-            # Code left running after a "still running" answer counts as a call in flight:
-            # otherwise one principal could keep every session busy with no call open.
-            # A call to such a session takes its place (it waits for that code first).
-            running = [
-                name for name, manager in principal.sessions.managers.items() if manager.running_unattended
-            ]
-            if (
-                session not in running
-                and principal.calls + len(running) >= self.config.max_calls_per_principal
-            ):
-                raise TooManyCallsError(
-                    "Your code was not run: %d run_python calls of yours are already in flight%s, the most "
-                    "this bridge allows at once (MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL). Wait for one to "
-                    "finish, then call again%s."
-                    % (
-                        principal.calls + len(running),
-                        " or still running code (sessions %s)" % ", ".join(sorted(running))
-                        if running
-                        else "",
-                        "; call one of those sessions to wait for its result, or with reset: true to stop it"
-                        if running
-                        else "",
-                    )
-                )
-            if session not in principal.sessions.managers:
-                self._make_room(session)
-        principal.calls += 1
-        try:
-            return await principal.sessions.answer(session, code, timeout, reset, progress, saved_tools)
-        finally:
-            principal.calls -= 1
 
-    def _make_room(self, session: str) -> None:
-        """Refuse a new session while all principals together hold MCP_BRIDGE_MAX_TOTAL_SESSIONS
-        (sessions stopped for idleness are forgotten first, as each registry does for its own)."""
-        if self.session_count() >= self.config.max_total_sessions:
-            for principal in self.by_name.values():
-                principal.sessions.forget_dormant()
-        if self.session_count() >= self.config.max_total_sessions:
-            # Says nothing of other principals' sessions: their names are theirs.
-            raise TooManySessionsError(
-                "Session %r was not started: the bridge already holds %d sessions for all its clients "
-                "together, the most it allows (MCP_BRIDGE_MAX_TOTAL_SESSIONS). Use a session you have; "
-                "room frees up as sessions stay idle for MCP_BRIDGE_IDLE_TIMEOUT seconds."
-                % (session, self.session_count())
-            )
-
-    def session_count(self) -> int:
-        return sum(len(principal.sessions.managers) for principal in self.by_name.values())
-
-    def health(self) -> dict[str, Any]:
-        """What /health tells anyone who asks: counts only, never a principal's name."""
-        holding = [principal.sessions.sandboxes for principal in self.by_name.values()]
-        return {"status": "ok", "principals": sum(1 for count in holding if count), "sessions": sum(holding)}
-
-    async def prewarm(self) -> None:
-        """Start the local principal's default sandbox (a principal of a token is known
-        only when it calls)."""
-        if not self.http or self.config.auth_tokens is None:
-            await self.get(LOCAL_PRINCIPAL).sessions.prewarm()
-
-    async def begin_shutdown(self, grace: float) -> None:
-        """Answer every principal's calls in flight, within ``grace`` seconds in all."""
-        self.closing = True
-        with anyio.move_on_after(grace):
-            async with anyio.create_task_group() as group:
-                for principal in list(self.by_name.values()):
-                    group.start_soon(principal.sessions.begin_shutdown, grace)
-
-    async def aclose(self) -> None:
-        """Remove every principal's sandboxes, side by side, then release the runtime."""
-        self.closing = True
-        with anyio.CancelScope(shield=True):
-            async with anyio.create_task_group() as group:
-                for principal in list(self.by_name.values()):
-                    group.start_soon(principal.sessions.aclose)
-            await self.runtime.release()
+def client_of(request: Any) -> str | None:
+    """The MCP session an HTTP request belongs to (its Mcp-Session-Id); None over stdio."""
+    headers = getattr(request, "headers", None)
+    return None if headers is None else headers.get("mcp-session-id")
 
 
-@dataclass
-class BridgeState:
-    config: BridgeConfig
-    principals: Principals
+# --- the bridge: its world opened once, and the handlers that serve it ------------------
 
 
-def build_server(
+class Bridge:
+    """The bridge's world, opened by serve() and serve_http() (open_bridge) and handed to
+    the handlers by the SDK's lifespan: the config and its run_python tool, the pool of
+    proxied MCP servers, who calls (principals) and every sandbox (sessions)."""
+
+    def __init__(self, config: BridgeConfig, pool: ClientPool, sessions: Sessions) -> None:
+        self.config = config
+        self.pool = pool
+        self.sessions = sessions
+        self.principals = Principals(config, pool, http=config.transport == "http")
+        self.input_model = run_python_input_model(config)
+        self.tool = run_python_tool(config)
+
+
+@asynccontextmanager
+async def open_bridge(
     config: BridgeConfig,
     discovery: DiscoveryResult,
     locate_runtime: Callable[[RuntimeName | None], Any] = detect_runtime,
-    on_start: Callable[[Principals], None] | None = None,
-) -> Server[BridgeState]:
-    """The MCP server, for either transport (config.transport). ``on_start`` receives the
-    principals once the lifespan has created them (serve() needs them to answer calls in
-    flight on a stop signal)."""
-    input_model = run_python_input_model(config)
-    tool = run_python_tool(config)
+) -> AsyncIterator[Bridge]:
+    """The bridge, open until the block ends; then every sandbox is removed and every
+    proxied server stopped. The local principal's default sandbox starts meanwhile
+    (config.prewarm; a principal of a token is known only when it calls)."""
+    async with anyio.create_task_group() as group:
+        http = config.transport == "http"
+        sessions = Sessions(config, group, SharedRuntime(config, locate_runtime), shared=http)
+        bridge = Bridge(config, ClientPool(discovery, config, group), sessions)
+        if config.prewarm and (not http or config.auth_tokens is None):
+            group.start_soon(sessions.prewarm, bridge.principals.get(LOCAL_PRINCIPAL))
+        try:
+            yield bridge
+        finally:
+            # Side by side (each shields itself): the sandboxes and the proxied servers
+            # take up to 2 s each to stop, and the bridge exits within 2 s in all.
+            with anyio.CancelScope(shield=True):
+                async with anyio.create_task_group() as closing:
+                    closing.start_soon(sessions.aclose)
+                    closing.start_soon(bridge.pool.aclose)
+            group.cancel_scope.cancel()
+
+
+def build_server(bridge: Bridge) -> Server[Bridge]:
+    """The MCP server over an open ``bridge``, for either transport (config.transport):
+    its lifespan only hands the bridge to the module-level handlers."""
 
     @asynccontextmanager
-    async def lifespan(_: Server[BridgeState]) -> AsyncIterator[BridgeState]:
-        async with anyio.create_task_group() as group:
-            pool = ClientPool(discovery, config, group)
-            principals = Principals(config, group, pool, locate_runtime, http=config.transport == "http")
-            if on_start is not None:
-                on_start(principals)
-            if config.prewarm:
-                group.start_soon(principals.prewarm)
-            try:
-                yield BridgeState(config, principals)
-            finally:
-                # Side by side (each shields itself): the sandboxes and the proxied servers
-                # take up to 2 s each to stop, and the bridge exits within 2 s in all.
-                with anyio.CancelScope(shield=True):
-                    async with anyio.create_task_group() as closing:
-                        closing.start_soon(principals.aclose)
-                        closing.start_soon(pool.aclose)
-                group.cancel_scope.cancel()
-
-    async def list_tools(
-        ctx: ServerRequestContext[BridgeState], params: types.PaginatedRequestParams | None
-    ) -> types.ListToolsResult:
-        page_start(params.cursor if params is not None else None)  # one page: a valid cursor lists it again
-        return types.ListToolsResult(tools=[tool])
-
-    async def call_tool(
-        ctx: ServerRequestContext[BridgeState], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
-        if params.name != TOOL_NAME:  # a protocol error, as the MCP spec has it, not a tool result
-            raise McpProtocolError(
-                code=types.INVALID_PARAMS,
-                message="Unknown tool %s; the only tool is run_python." % ascii(params.name)[:80],
-            )
-        try:
-            request = input_model.model_validate(params.arguments or {})
-        except ValidationError as exc:
-            return render_error(InvalidRequestError(describe_validation_error(exc)))
-        meta: Mapping[str, Any] = ctx.meta or {}
-        token = meta.get("progress_token", meta.get("progressToken"))
-        progress = None
-        if isinstance(token, (str, int)) and not isinstance(token, bool):  # the client asked for progress
-
-            async def report(value: float, total: float | None, message: str | None) -> None:
-                related = None if ctx.request_id is None else str(ctx.request_id)
-                await ctx.session.send_progress_notification(token, value, total, message, related)
-
-            progress = CallProgress(report)
-        try:
-            principals = ctx.lifespan_context.principals
-            outcome = await principals.answer(
-                principals.of_request(ctx.request),
-                request.session,  # type: ignore[attr-defined]
-                request.code,  # type: ignore[attr-defined]
-                request.timeout,  # type: ignore[attr-defined]
-                request.reset,  # type: ignore[attr-defined]
-                progress,
-                request.saved_tools,  # type: ignore[attr-defined]
-            )
-            http = config.transport == "http"
-            return render_outcome(outcome, config, HTTP_MAX_RESULT_BYTES if http else None)
-        except BridgeError as exc:
-            return render_error(exc)
-        except (
-            Exception
-        ) as exc:  # a bug of ours: one failed call, rendered for the model, never a dead server
-            logger.exception("run_python failed unexpectedly")
-            return render_error(
-                BridgeError(
-                    "The bridge hit an internal error (%s: %s); details are in the server log. Try the "
-                    "call again, or with reset: true." % (type(exc).__name__, exc)
-                )
-            )
-
-    async def list_resources(
-        ctx: ServerRequestContext[BridgeState], params: types.PaginatedRequestParams | None
-    ) -> types.ListResourcesResult:
-        start = page_start(params.cursor if params is not None else None)
-        host = _resource_owner(ctx).host
-        # In the principal's store thread (one at a time): listing stats the files and reads
-        # their index, and one principal's listings must not crowd out the others.
-        saved = await host._in_store(user_resources, host.memory, host.saved_tools)
-        resources = [CAPABILITIES_RESOURCE, *saved]
-        end = start + RESOURCES_PAGE_SIZE
-        return types.ListResourcesResult(
-            resources=resources[start:end], next_cursor=str(end) if end < len(resources) else None
-        )
-
-    async def list_resource_templates(
-        ctx: ServerRequestContext[BridgeState], params: types.PaginatedRequestParams | None
-    ) -> types.ListResourceTemplatesResult:
-        page_start(params.cursor if params is not None else None)
-        return types.ListResourceTemplatesResult(resource_templates=[])  # every resource is listed
-
-    async def read_resource(
-        ctx: ServerRequestContext[BridgeState], params: types.ReadResourceRequestParams
-    ) -> types.ReadResourceResult:
-        uri = str(params.uri)
-        if uri == CAPABILITIES_URI:
-            mime_type, text = "text/markdown", capabilities_manual(config)
-        elif (key := memory_key_of(uri)) is not None:
-            store = _resource_owner(ctx).host.memory
-            mime_type, text = "application/json", await _read_memory_resource(store, uri, key)
-        elif uri.startswith(TOOL_URI_PREFIX):
-            tools = _resource_owner(ctx).host.saved_tools
-            mime_type, text = (
-                "text/x-python",
-                await _read_tool_resource(tools, uri, uri[len(TOOL_URI_PREFIX) :]),
-            )
-        else:
-            raise resource_error(
-                types.INVALID_PARAMS,
-                uri,
-                "Unknown resource %s; resources/list shows the manual (%s), memories (%s<key>) and saved "
-                "tools (%s<name>)." % (uri, CAPABILITIES_URI, MEMORY_URI_PREFIX, TOOL_URI_PREFIX),
-            )
-        return types.ReadResourceResult(
-            contents=[types.TextResourceContents(uri=uri, mime_type=mime_type, text=text)]
-        )
-
-    def _resource_owner(ctx: ServerRequestContext[BridgeState]) -> Principal:
-        """The caller's principal: memories and saved tools are listed and read from its store only."""
-        try:
-            return ctx.lifespan_context.principals.of_request(ctx.request)
-        except BridgeError as exc:
-            raise McpProtocolError(code=types.INVALID_REQUEST, message=str(exc)) from None
-
-    async def _read_memory_resource(store: MemoryStore, uri: str, key: str) -> str:
-        try:
-            validate_memory_key(key)
-        except MemoryStoreError as exc:
-            raise resource_error(types.INVALID_PARAMS, uri, str(exc)) from None
-        try:
-            text = await anyio.to_thread.run_sync(read_memory_text, store, key)
-        except MemoryStoreError as exc:
-            raise resource_error(types.INTERNAL_ERROR, uri, str(exc)) from None
-        except ValueError as exc:  # a row that is not JSON: written by something other than a bridge
-            raise resource_error(
-                types.INTERNAL_ERROR, uri, "The memory store %s holds a damaged value: %s" % (store.path, exc)
-            ) from None
-        if text is None:
-            raise resource_error(
-                types.INVALID_PARAMS, uri, "No memory named %s; resources/list shows them." % ascii(key)
-            )
-        return text
-
-    async def _read_tool_resource(saved_tools: SavedTools, uri: str, name: str) -> str:
-        try:
-            source = await anyio.to_thread.run_sync(read_saved_tool, saved_tools, name)
-        except (OSError, ValueError) as exc:
-            raise resource_error(
-                types.INTERNAL_ERROR, uri, "The saved tool %s cannot be read: %s" % (name, exc)
-            ) from None
-        if source is None:
-            raise resource_error(
-                types.INVALID_PARAMS, uri, "No saved tool named %s; resources/list shows them." % ascii(name)
-            )
-        return source
+    async def lifespan(_: Server[Bridge]) -> AsyncIterator[Bridge]:
+        yield bridge
 
     return Server(
         SERVER_NAME,
         version=__version__,
         lifespan=lifespan,
-        on_list_tools=list_tools,
-        on_call_tool=call_tool,
-        on_list_resources=list_resources,
-        on_list_resource_templates=list_resource_templates,
-        on_read_resource=read_resource,
+        on_list_tools=on_list_tools,
+        on_call_tool=on_call_tool,
+        on_list_resources=on_list_resources,
+        on_list_resource_templates=on_list_resource_templates,
+        on_read_resource=on_read_resource,
     )
+
+
+async def on_list_tools(
+    ctx: ServerRequestContext[Bridge], params: types.PaginatedRequestParams | None
+) -> types.ListToolsResult:
+    page_start(params.cursor if params is not None else None)  # one page: a valid cursor lists it again
+    return types.ListToolsResult(tools=[ctx.lifespan_context.tool])
+
+
+def call_progress(ctx: ServerRequestContext[Bridge]) -> CallProgress | None:
+    """Progress notifications for a call whose client sent a progress token, else None."""
+    meta: Mapping[str, Any] = ctx.meta or {}
+    token = meta.get("progress_token", meta.get("progressToken"))
+    if not isinstance(token, (str, int)) or isinstance(token, bool):  # the client asked for none
+        return None
+
+    async def report(value: float, total: float | None, message: str | None) -> None:
+        related = None if ctx.request_id is None else str(ctx.request_id)
+        await ctx.session.send_progress_notification(token, value, total, message, related)
+
+    return CallProgress(report)
+
+
+async def on_call_tool(
+    ctx: ServerRequestContext[Bridge], params: types.CallToolRequestParams
+) -> types.CallToolResult:
+    """run_python: its arguments checked, one RunRequest built and run, the outcome rendered."""
+    if params.name != TOOL_NAME:  # a protocol error, as the MCP spec has it, not a tool result
+        raise McpProtocolError(
+            code=types.INVALID_PARAMS,
+            message="Unknown tool %s; the only tool is run_python." % ascii(params.name)[:80],
+        )
+    bridge = ctx.lifespan_context
+    try:
+        arguments = bridge.input_model.model_validate(params.arguments or {})
+    except ValidationError as exc:
+        return render_error(InvalidRequestError(describe_validation_error(exc)))
+    progress = call_progress(ctx)
+    try:
+        request = RunRequest(
+            code=arguments.code,
+            timeout=arguments.timeout,
+            reset=arguments.reset,
+            session=arguments.session,
+            principal=bridge.principals.of_request(ctx.request),
+            saved_tools=arguments.saved_tools,
+            client=client_of(ctx.request),
+            progress=progress,
+        )
+        outcome = await bridge.sessions.answer(request)
+        http = bridge.config.transport == "http"
+        return render_outcome(outcome, bridge.config, HTTP_MAX_RESULT_BYTES if http else None)
+    except BridgeError as exc:
+        return render_error(exc)
+    except Exception as exc:  # a bug of ours: one failed call, rendered for the model, never a dead server
+        logger.exception("run_python failed unexpectedly")
+        return render_error(
+            BridgeError(
+                "The bridge hit an internal error (%s: %s); details are in the server log. Try the "
+                "call again, or with reset: true." % (type(exc).__name__, exc)
+            )
+        )
+
+
+async def on_list_resources(
+    ctx: ServerRequestContext[Bridge], params: types.PaginatedRequestParams | None
+) -> types.ListResourcesResult:
+    start = page_start(params.cursor if params is not None else None)
+    host = _resource_owner(ctx).host
+    # In the principal's store thread (one at a time): listing stats the files and reads
+    # their index, and one principal's listings must not crowd out the others.
+    saved = await host._in_store(user_resources, host.memory, host.saved_tools)
+    resources = [CAPABILITIES_RESOURCE, *saved]
+    end = start + RESOURCES_PAGE_SIZE
+    return types.ListResourcesResult(
+        resources=resources[start:end], next_cursor=str(end) if end < len(resources) else None
+    )
+
+
+async def on_list_resource_templates(
+    ctx: ServerRequestContext[Bridge], params: types.PaginatedRequestParams | None
+) -> types.ListResourceTemplatesResult:
+    page_start(params.cursor if params is not None else None)
+    return types.ListResourceTemplatesResult(resource_templates=[])  # every resource is listed
+
+
+async def on_read_resource(
+    ctx: ServerRequestContext[Bridge], params: types.ReadResourceRequestParams
+) -> types.ReadResourceResult:
+    uri = str(params.uri)
+    if uri == CAPABILITIES_URI:
+        mime_type, text = "text/markdown", capabilities_manual(ctx.lifespan_context.config)
+    elif (key := memory_key_of(uri)) is not None:
+        store = _resource_owner(ctx).host.memory
+        mime_type, text = "application/json", await _read_memory_resource(store, uri, key)
+    elif uri.startswith(TOOL_URI_PREFIX):
+        tools = _resource_owner(ctx).host.saved_tools
+        mime_type, text = (
+            "text/x-python",
+            await _read_tool_resource(tools, uri, uri[len(TOOL_URI_PREFIX) :]),
+        )
+    else:
+        raise resource_error(
+            types.INVALID_PARAMS,
+            uri,
+            "Unknown resource %s; resources/list shows the manual (%s), memories (%s<key>) and saved "
+            "tools (%s<name>)." % (uri, CAPABILITIES_URI, MEMORY_URI_PREFIX, TOOL_URI_PREFIX),
+        )
+    return types.ReadResourceResult(
+        contents=[types.TextResourceContents(uri=uri, mime_type=mime_type, text=text)]
+    )
+
+
+def _resource_owner(ctx: ServerRequestContext[Bridge]) -> Principal:
+    """The caller's principal: memories and saved tools are listed and read from its store only."""
+    try:
+        return ctx.lifespan_context.principals.of_request(ctx.request)
+    except BridgeError as exc:
+        raise McpProtocolError(code=types.INVALID_REQUEST, message=str(exc)) from None
+
+
+async def _read_memory_resource(store: MemoryStore, uri: str, key: str) -> str:
+    try:
+        validate_memory_key(key)
+    except MemoryStoreError as exc:
+        raise resource_error(types.INVALID_PARAMS, uri, str(exc)) from None
+    try:
+        text = await anyio.to_thread.run_sync(read_memory_text, store, key)
+    except MemoryStoreError as exc:
+        raise resource_error(types.INTERNAL_ERROR, uri, str(exc)) from None
+    except ValueError as exc:  # a row that is not JSON: written by something other than a bridge
+        raise resource_error(
+            types.INTERNAL_ERROR, uri, "The memory store %s holds a damaged value: %s" % (store.path, exc)
+        ) from None
+    if text is None:
+        raise resource_error(
+            types.INVALID_PARAMS, uri, "No memory named %s; resources/list shows them." % ascii(key)
+        )
+    return text
+
+
+async def _read_tool_resource(saved_tools: SavedTools, uri: str, name: str) -> str:
+    try:
+        source = await anyio.to_thread.run_sync(read_saved_tool, saved_tools, name)
+    except (OSError, ValueError) as exc:
+        raise resource_error(
+            types.INTERNAL_ERROR, uri, "The saved tool %s cannot be read: %s" % (name, exc)
+        ) from None
+    if source is None:
+        raise resource_error(
+            types.INVALID_PARAMS, uri, "No saved tool named %s; resources/list shows them." % ascii(name)
+        )
+    return source
 
 
 # --- stdio transport: a reply to every message ------------------------------------------
@@ -8150,29 +8189,28 @@ async def stdio_transport(
 
 
 async def serve(config: BridgeConfig, discovery: DiscoveryResult) -> None:
-    """Serve MCP on stdio until stdin closes or SIGTERM/SIGINT arrives; the lifespan
-    removes the sandbox either way."""
-    managers: list[Principals] = []
-    server = build_server(config, discovery, on_start=managers.append)
+    """Serve MCP on stdio until stdin closes or SIGTERM/SIGINT arrives; leaving the
+    bridge removes the sandbox either way."""
     async with anyio.create_task_group() as group, stdio_transport() as (read_stream, write_stream):
         with anyio.CancelScope() as run_scope:
+            async with open_bridge(config, discovery) as bridge:
 
-            async def stop_on_signal() -> None:
-                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                    async for signum in signals:
-                        logger.info("received signal %d; shutting down", signum)
-                        if managers:
-                            await managers[0].begin_shutdown(grace=1.0)
+                async def stop_on_signal() -> None:
+                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                        async for signum in signals:
+                            logger.info("received signal %d; shutting down", signum)
+                            await bridge.sessions.begin_shutdown(grace=1.0)
                             await anyio.sleep(0.05)  # lets the SDK's writer flush those answers
-                        run_scope.cancel()
-                        return
+                            run_scope.cancel()
+                            return
 
-            group.start_soon(stop_on_signal)
-            await server.run(read_stream, write_stream, server.create_initialization_options())
+                group.start_soon(stop_on_signal)
+                server = build_server(bridge)
+                await server.run(read_stream, write_stream, server.create_initialization_options())
         if run_scope.cancelled_caught:
-            # The lifespan inside server.run has removed the sandbox, but the stdin reader
-            # is a worker thread blocked in read(), which the interpreter's exit would wait
-            # for until the client writes or closes stdin.
+            # Leaving the bridge has removed the sandbox, but the stdin reader is a worker
+            # thread blocked in read(), which the interpreter's exit would wait for until
+            # the client writes or closes stdin.
             logging.shutdown()
             os._exit(0)
         group.cancel_scope.cancel()
@@ -8274,7 +8312,7 @@ class PrincipalSessionManager(StreamableHTTPSessionManager):
     parallel initializes of one principal cannot overshoot; the SDK's global limit is set
     to the per-principal cap times the number of principals, so it is never reached first."""
 
-    def __init__(self, app: Server[BridgeState], config: BridgeConfig, **settings: Any) -> None:
+    def __init__(self, app: Server[Bridge], config: BridgeConfig, **settings: Any) -> None:
         principals = len(config.auth_tokens.principals) if config.auth_tokens is not None else 1
         super().__init__(
             app,
@@ -8461,11 +8499,10 @@ class LocalPrincipalBackend(AuthenticationBackend):
         )
 
 
-def http_app(
-    server: Server[BridgeState], config: BridgeConfig, principals: Callable[[], Principals | None]
-) -> tuple[Starlette, PrincipalSessionManager]:
+def http_app(server: Server[Bridge], bridge: Bridge) -> tuple[Starlette, PrincipalSessionManager]:
     """The ASGI app (/mcp behind bearer auth, /health open) and the session manager whose
     run() holds the server's lifespan."""
+    config = bridge.config
     security = None
     if config.auth_tokens is None:
         # Without tokens, a web page could reach the loopback port through DNS rebinding:
@@ -8482,10 +8519,7 @@ def http_app(
     )
 
     async def health(request: Request) -> Response:
-        found = principals()
-        if found is None:
-            return JSONResponse({"status": "starting"})
-        return JSONResponse({**found.health(), "mcp_sessions": manager.open_sessions})
+        return JSONResponse({**bridge.sessions.health(), "mcp_sessions": manager.open_sessions})
 
     routes = [
         # 401 with `WWW-Authenticate: Bearer` for a request without a valid token.
@@ -8525,10 +8559,21 @@ def token_file_warning(tokens: AuthTokens) -> str | None:
 
 async def serve_http(config: BridgeConfig, discovery: DiscoveryResult, listener: socket.socket) -> None:
     """Serve MCP over streamable HTTP on ``listener`` until SIGTERM/SIGINT: calls in
-    flight are answered, then every principal's sandboxes are removed (the lifespan)."""
-    created: list[Principals] = []
-    server = build_server(config, discovery, on_start=created.append)
-    app, manager = http_app(server, config, lambda: created[0] if created else None)
+    flight are answered, then every principal's sandboxes are removed (leaving the bridge)."""
+    async with anyio.create_task_group() as group:
+        async with open_bridge(config, discovery) as bridge:
+            app, manager = http_app(build_server(bridge), bridge)
+            http_server = http_server_for(app, config)
+            # Open until the end: a second signal must not cut the sandboxes' removal short.
+            group.start_soon(stop_http_on_signal, http_server, bridge)
+            async with manager.run():  # the SDK's sessions; the bridge outlives them
+                logger.info("serving MCP on http://%s:%d%s", config.host, config.port, MCP_PATH)
+                await http_server.serve(sockets=[listener])
+        group.cancel_scope.cancel()
+
+
+def http_server_for(app: Starlette, config: BridgeConfig) -> _UvicornServer:
+    """uvicorn serving ``app`` (its warnings about the token file logged first)."""
     uvicorn_config = uvicorn.Config(
         app,
         log_config=None,
@@ -8548,25 +8593,19 @@ async def serve_http(config: BridgeConfig, discovery: DiscoveryResult, listener:
         )
     elif (warning := token_file_warning(config.auth_tokens)) is not None:
         logger.warning(warning)
+    return http_server
 
-    async def stop_on_signal() -> None:
-        # Open until the end: a second signal must not cut the sandboxes' removal short.
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for signum in signals:
-                if http_server.should_exit:
-                    logger.info("received signal %d; already shutting down", signum)
-                    continue
-                logger.info("received signal %d; shutting down", signum)
-                if created:
-                    await created[0].begin_shutdown(grace=1.0)
-                http_server.should_exit = True
 
-    async with anyio.create_task_group() as group:
-        group.start_soon(stop_on_signal)
-        async with manager.run():  # the server's lifespan: leaving it removes every sandbox
-            logger.info("serving MCP on http://%s:%d%s", config.host, config.port, MCP_PATH)
-            await http_server.serve(sockets=[listener])
-        group.cancel_scope.cancel()
+async def stop_http_on_signal(http_server: _UvicornServer, bridge: Bridge) -> None:
+    """On SIGTERM/SIGINT: answer the calls in flight, then let uvicorn stop."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            if http_server.should_exit:
+                logger.info("received signal %d; already shutting down", signum)
+                continue
+            logger.info("received signal %d; shutting down", signum)
+            await bridge.sessions.begin_shutdown(grace=1.0)
+            http_server.should_exit = True
 
 
 # =============================================================================

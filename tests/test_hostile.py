@@ -771,7 +771,7 @@ class FakeHost:
     def config_problems(self) -> list[str]:
         return []
 
-    async def handle(self, method: str, params: dict[str, Any], execute: Any = None) -> Any:
+    async def handle(self, method: str, params: dict[str, Any]) -> Any:
         if method == "boom":
             raise RuntimeError("a bug in the bridge")
         if method == "hold":
