@@ -11,7 +11,7 @@ ARCHITECTURE.md).
 
 Sections, in dependency order (``grep -n '^# ====' mcp_server_code_execution_mode.py``):
     configuration        -> BridgeConfig, built once in main() from flags and MCP_BRIDGE_*
-    errors               -> BridgeError and the subclasses each section raises
+    errors               -> every exception class: BridgeError (for the model), CommandError (a terminal)
     wire protocol        -> shared with the kernel: encode_frame / FrameDecoder
     container runtime    -> Podman / Docker strategies, detection, hardened argv, sweeping
     server discovery     -> the user's MCP servers, read from every client's config files
@@ -303,10 +303,6 @@ class BridgeConfig:
     mcp_session_idle_timeout: float = 300.0
     http_request_timeout: float = 10.0
     http_max_connections: int = 256
-
-
-class ConfigError(Exception):
-    """A bad setting; the message names the variable and the accepted values."""
 
 
 def _number(text: str, kind: Callable[[str], float], expected: str, valid: Callable[[float], bool]) -> Any:
@@ -891,8 +887,41 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> BridgeConfig
 # =============================================================================
 
 
+# Every exception class of the bridge, by the audience that reads its message:
+#
+#   Exception
+#    +-- BridgeError                      the model reads it: what happened and what to do in the
+#    |    |                               next run_python call (render_error, at the tool boundary)
+#    |    +-- RuntimeUnavailableError     the container engine does not answer
+#    |    |    +-- NoEngineError          none of the engines tried answers (.problems: why each)
+#    |    +-- SandboxStartError           the container or its kernel did not start
+#    |    |    +-- SandboxImageMissingError   ... and its image is not here (not retried at once)
+#    |    +-- InvalidRequestError         run_python's arguments are unusable
+#    |    +-- ConfigurationUnusableError  a bad setting: run_python cannot run anything
+#    |    +-- ShuttingDownError           a stop signal arrived during the call
+#    |    +-- ServerUnavailableError      a configured MCP server did not start, or died
+#    |    |    +-- OversizedMessageError  it sent a message over the cap (handed to its client
+#    |    |                               session as a stream item, never raised)
+#    |    +-- ProxyError                  a request from the sandbox the bridge refuses or cannot serve
+#    |    +-- MemoryStoreError            the memory store refuses or cannot serve a request
+#    |    +-- TooManySessionsError        a new session while MCP_BRIDGE_MAX_SESSIONS hold sandboxes
+#    |    +-- TooManyCallsError           a principal's run_python calls in flight are at their cap
+#    |    +-- UnauthenticatedError        an HTTP request without the principal auth sets
+#    |    +-- TooManyMcpSessionsError     a principal's MCP sessions are at their cap
+#    +-- CommandError (.status)           a person at a terminal reads it: what to run or set there;
+#         |                               main() prints it once and exits with its status
+#         +-- ConfigError (status 2)      a bad setting: the flag or variable and what it accepts
+#         +-- AdoptError                  adopt refuses, having changed nothing
+#              +-- ConfigChangedError     a file changed between adopt's read and its write
+#
+# A failure both audiences meet keeps one fact and each layer phrases it: NoEngineError
+# carries .problems, which the model reads with "call run_python again" and the command
+# line with "run this command again" (engine_problem); a ConfigError reaches the model
+# through misconfigured_message; a MemoryStoreError's facts suit both as they are.
+
+
 class BridgeError(Exception):
-    """Root of the bridge's own errors. The message is written for the model: what
+    """Root of the errors the model reads. The message is written for the model: what
     happened and what to do next. Rendered once, at the tool boundary."""
 
 
@@ -900,8 +929,22 @@ class RuntimeUnavailableError(BridgeError):
     """No container runtime answers."""
 
 
+class NoEngineError(RuntimeUnavailableError):
+    """None of the engines tried answers. The message is the model's; ``problems`` (why
+    each engine failed) lets the command line say the same in its own words."""
+
+    def __init__(self, message: str, problems: Sequence[str]) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
+
+
 class SandboxStartError(BridgeError):
     """The container did not start or the kernel did not say hello in time."""
+
+
+class SandboxImageMissingError(SandboxStartError):
+    """The container did not start, and its image is not on this machine (not found, or
+    the pull failed): the one start failure that is not retried at once."""
 
 
 class InvalidRequestError(BridgeError):
@@ -914,6 +957,68 @@ class ConfigurationUnusableError(BridgeError):
 
 class ShuttingDownError(BridgeError):
     """The bridge received SIGTERM/SIGINT while the call was in flight."""
+
+
+class ServerUnavailableError(BridgeError):
+    """A configured MCP server could not be started, or died."""
+
+
+class OversizedMessageError(ServerUnavailableError):
+    """A server sent a message over the size cap; it was discarded unread. Handed to the
+    server's ClientSession as a stream item (the connection then restarts), never raised."""
+
+
+class ProxyError(BridgeError):
+    """A request from the sandbox that the bridge refuses or cannot serve."""
+
+
+class MemoryStoreError(BridgeError):
+    """A memory request the store refuses (bad key, value too large) or cannot serve. The
+    memory and tools commands show the same message (its facts suit a terminal too)."""
+
+
+class TooManySessionsError(BridgeError):
+    """A call named a new session while MCP_BRIDGE_MAX_SESSIONS sessions hold sandboxes."""
+
+
+class TooManyCallsError(BridgeError):
+    """An HTTP principal has MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL run_python calls in flight."""
+
+
+class UnauthenticatedError(BridgeError):
+    """An HTTP request reached a handler without the principal the auth middleware sets."""
+
+
+class TooManyMcpSessionsError(BridgeError):
+    """An HTTP principal holds MCP_BRIDGE_MAX_MCP_SESSIONS_PER_PRINCIPAL MCP sessions and sent
+    another initialize."""
+
+
+class CommandError(Exception):
+    """Root of the errors a person at a terminal reads (the subcommands, the server's own
+    start): what to run or set there. main() prints it once, as one line on stderr after
+    the command's name, and exits with ``status`` (1: refused or failed, 2: a bad command
+    line or setting)."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ConfigError(CommandError):
+    """A bad setting; the message names the variable and the accepted values. Exit status 2;
+    over stdio, the model hears of it through misconfigured_message."""
+
+    def __init__(self, message: str, status: int = 2) -> None:
+        super().__init__(message, status)
+
+
+class AdoptError(CommandError):
+    """adopt refuses, having changed nothing (or says what it could not finish)."""
+
+
+class ConfigChangedError(AdoptError):
+    """A file changed between adopt's read and its write: its client may be running."""
 
 
 SHUTTING_DOWN = (
@@ -1009,11 +1114,15 @@ def process_limits(spec: LaunchSpec, gvisor: bool) -> tuple[int, int]:
 
 COMMAND_TIMEOUT = 20.0
 
-INSTALL_HINT = (
+# Where to get an engine: one fact, which each audience reads in its own words (the
+# model's here, a terminal's in engine_problem).
+INSTALL_ENGINE = (
     "Install Podman (https://podman.io/docs/installation; on Debian/Ubuntu: "
-    "`sudo apt-get install podman`) or Docker (https://docs.docker.com/get-docker/), make sure "
-    "`podman info` or `docker info` works for the user running this MCP server, then call "
-    "run_python again. To choose one explicitly set MCP_BRIDGE_RUNTIME=podman|docker."
+    "`sudo apt-get install podman`) or Docker (https://docs.docker.com/get-docker/)"
+)
+INSTALL_HINT = (
+    INSTALL_ENGINE + ", make sure `podman info` or `docker info` works for the user running this MCP "
+    "server, then call run_python again. To choose one explicitly set MCP_BRIDGE_RUNTIME=podman|docker."
 )
 
 
@@ -1589,9 +1698,10 @@ async def detect_runtime(
             problems.append(str(exc))
             continue
         return runtime
-    raise RuntimeUnavailableError(
+    raise NoEngineError(
         "No container runtime is available, so Python cannot run yet: %s. %s"
-        % ("; ".join(problems), INSTALL_HINT)
+        % ("; ".join(problems), INSTALL_HINT),
+        problems,
     )
 
 
@@ -2664,14 +2774,6 @@ async def _first_of(*events: anyio.Event) -> None:
             group.start_soon(wait_for, event)
 
 
-class ServerUnavailableError(BridgeError):
-    """A configured MCP server could not be started, or died."""
-
-
-class ProxyError(BridgeError):
-    """A request from the sandbox that the bridge refuses or cannot serve."""
-
-
 def _innermost(exc: BaseException) -> BaseException:
     """The first leaf of an exception group (task groups wrap what their tasks raise)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
@@ -2921,10 +3023,6 @@ def oversized_response_id(line: OversizedLine) -> int | str | None:
     in the kept ends."""
     large, found = id_at_ends(line.head, line.tail)
     return found if large in (b"result", b"error") else None
-
-
-class OversizedMessageError(Exception):
-    """A server sent a message over the size cap; it was discarded unread."""
 
 
 def _server_item(line: bytes | OversizedLine, cap: int) -> SessionMessage | Exception | None:
@@ -4265,10 +4363,6 @@ _MEMORY_SCHEMA = (
 )
 
 
-class MemoryStoreError(BridgeError):
-    """A memory request the store refuses (bad key, value too large) or cannot serve."""
-
-
 def validate_memory_key(key: str) -> str:
     if not key or len(key) > MAX_MEMORY_KEY_CHARS or not key.isprintable():
         raise MemoryStoreError(
@@ -5538,11 +5632,6 @@ class PendingExecute:
                 await self.progress.tick(time.monotonic() - started)
 
 
-class SandboxImageMissingError(SandboxStartError):
-    """The container did not start, and its image is not on this machine (not found, or
-    the pull failed): the one start failure that is not retried at once."""
-
-
 class ProblemLog:
     """Logs the first problem of each kind and counts the rest: the sandbox can cause
     these at will and must not be able to flood the bridge's log. Kinds are fixed
@@ -6751,14 +6840,6 @@ class SessionManager:
                 self.session = None
 
 
-class TooManySessionsError(BridgeError):
-    """A call named a new session while MCP_BRIDGE_MAX_SESSIONS sessions hold sandboxes."""
-
-
-class TooManyCallsError(BridgeError):
-    """An HTTP principal has MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL run_python calls in flight."""
-
-
 # run_python's session names: short, and safe in logs, labels and file names as they are.
 # Lower case only, so one sandbox has one spelling ("A" is refused, not taken for "a").
 SESSION_NAME_PATTERN = re.compile(r"[a-z0-9_-]{1,32}")
@@ -7657,8 +7738,6 @@ LOCAL_PRINCIPAL = "local"  # stdio's one client; over HTTP without tokens, every
 PRINCIPALS_DIRNAME = "principals"
 
 
-class UnauthenticatedError(BridgeError):
-    """An HTTP request reached a handler without the principal the auth middleware sets."""
 
 
 class Principals:
@@ -8300,11 +8379,6 @@ LOOPBACK_ORIGINS = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"
 REFUSED_CONNECTION_SECONDS = 1.0
 
 
-class TooManyMcpSessionsError(BridgeError):
-    """An HTTP principal holds MCP_BRIDGE_MAX_MCP_SESSIONS_PER_PRINCIPAL MCP sessions and sent
-    another initialize."""
-
-
 class PrincipalSessionManager(StreamableHTTPSessionManager):
     """The SDK's session manager with a cap on each principal's MCP sessions. The SDK's
     own cap is global: one token could fill it with initialize requests and lock every
@@ -8611,6 +8685,20 @@ async def stop_http_on_signal(http_server: _UvicornServer, bridge: Bridge) -> No
 # =============================================================================
 # command line
 # =============================================================================
+# What a person at a terminal reads: each subcommand raises CommandError, which main()
+# prints once, as one line after the command's name, and turns into the exit status.
+
+
+def engine_problem(exc: RuntimeUnavailableError) -> str:
+    """A missing engine in a terminal's words: the model's message says to call run_python
+    again; a person runs the command again, and can choose the engine with --runtime."""
+    if not isinstance(exc, NoEngineError):
+        return str(exc)
+    return (
+        "No container engine is available: %s. %s, make sure `podman info` or `docker info` works for "
+        "you, then run this command again; --runtime podman|docker chooses one (MCP_BRIDGE_RUNTIME in "
+        "the MCP server's environment)." % ("; ".join(exc.problems), INSTALL_ENGINE)
+    )
 
 
 # --- the memory and tools subcommands ---------------------------------------------------
@@ -8624,14 +8712,6 @@ async def stop_http_on_signal(http_server: _UvicornServer, bridge: Bridge) -> No
 MEMORY_COMMAND = "memory"
 TOOLS_COMMAND = "tools"
 MAX_LISTED_METADATA_CHARS = 60
-
-
-class MemoryCommandError(BridgeError):
-    """A memory command that cannot do what was asked: its message and exit status."""
-
-    def __init__(self, message: str, status: int = 1) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def _state_dir_parser() -> argparse.ArgumentParser:
@@ -8706,10 +8786,10 @@ def _command_key(key: str) -> str:
     try:
         return validate_memory_key(key)
     except MemoryStoreError as exc:
-        raise MemoryCommandError(str(exc), status=2) from None
+        raise CommandError(str(exc), status=2) from None
 
 
-def _no_memory(store: MemoryStore, key: str) -> MemoryCommandError:
+def _no_memory(store: MemoryStore, key: str) -> CommandError:
     message = "There is no memory named %s in %s; `%s %s list` shows the keys." % (
         ascii(key),
         store.path,
@@ -8727,7 +8807,7 @@ def _no_memory(store: MemoryStore, key: str) -> MemoryCommandError:
             TOOLS_COMMAND,
             key,
         )
-    return MemoryCommandError(message)
+    return CommandError(message)
 
 
 def _stored_entries(store: MemoryStore) -> list[dict[str, Any]]:
@@ -8805,11 +8885,11 @@ def _tool_name(tools: SavedTools, name: str) -> Path:
     try:
         return tools.path(name)
     except MemoryStoreError as exc:
-        raise MemoryCommandError(str(exc), status=2) from None
+        raise CommandError(str(exc), status=2) from None
 
 
-def _no_tool(tools: SavedTools, name: str) -> MemoryCommandError:
-    return MemoryCommandError(
+def _no_tool(tools: SavedTools, name: str) -> CommandError:
+    return CommandError(
         "There is no saved tool named %s in %s; `%s %s list` shows them."
         % (name, tools.directory, SERVER_NAME, TOOLS_COMMAND)
     )
@@ -8856,7 +8936,7 @@ def memory_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         else:
             _export_memories(store)
 
-    return _store_command(MEMORY_COMMAND, args, environ, run)
+    return _store_command(args, environ, run)
 
 
 def tools_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
@@ -8871,22 +8951,15 @@ def tools_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         else:
             _delete_tool(tools, args.name)
 
-    return _store_command(TOOLS_COMMAND, args, environ, run)
+    return _store_command(args, environ, run)
 
 
 def _store_command(
-    command: str,
-    args: argparse.Namespace,
-    environ: Mapping[str, str],
-    run: Callable[[MemoryStore, SavedTools], None],
+    args: argparse.Namespace, environ: Mapping[str, str], run: Callable[[MemoryStore, SavedTools], None]
 ) -> int:
     """What the memory and tools subcommands share: the settings (from the same load_config
-    as the server's), the store, and one line on stderr for each failure, with its status."""
-    try:
-        config = load_config(["--state-dir=%s" % args.state_dir] if "state_dir" in args else [], environ)
-    except ConfigError as exc:
-        print("%s %s: %s" % (SERVER_NAME, command, exc), file=sys.stderr)
-        return 2
+    as the server's), the store, and a CommandError for each failure."""
+    config = load_config(["--state-dir=%s" % args.state_dir] if "state_dir" in args else [], environ)
     logging.basicConfig(level=config.log_level, stream=sys.stderr, format="%(levelname)s: %(message)s")
     store = MemoryStore(
         config.state_dir / MEMORY_DIRNAME,
@@ -8904,16 +8977,10 @@ def _store_command(
         with suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except (MemoryCommandError, MemoryStoreError) as exc:
-        print("%s %s: %s" % (SERVER_NAME, command, exc), file=sys.stderr)
-        return exc.status if isinstance(exc, MemoryCommandError) else 1
+    except MemoryStoreError as exc:
+        raise CommandError(str(exc)) from None
     except (OSError, ValueError) as exc:  # an unreadable folder, a damaged row
-        print(
-            "%s %s: cannot read %s (%s: %s)"
-            % (SERVER_NAME, command, store.path.parent, type(exc).__name__, exc),
-            file=sys.stderr,
-        )
-        return 1
+        raise CommandError("cannot read %s (%s: %s)" % (store.path.parent, type(exc).__name__, exc)) from None
     return 0
 
 
@@ -8946,18 +9013,6 @@ ADOPT_MANIFEST = "manifest.json"
 _UNDONE = ".undone"
 _BOM = b"\xef\xbb\xbf"
 _TOML_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
-
-
-class AdoptError(BridgeError):
-    """adopt refuses, having changed nothing (or says what it could not finish)."""
-
-    def __init__(self, message: str, status: int = 1) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class ConfigChangedError(AdoptError):
-    """A file changed between adopt's read and its write: its client may be running."""
 
 
 Stamp = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns of a file as read
@@ -9785,19 +9840,13 @@ def build_adopt_parser() -> argparse.ArgumentParser:
 
 
 def adopt_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
-    """The ``adopt`` subcommand: 0 when done (or listed), 1 when it refuses, 2 for a bad command line."""
+    """The ``adopt`` subcommand: 0 when done (or listed); AdoptError (1 when it refuses, 2 for
+    a bad --env) or ConfigError (2) when it does nothing."""
     args = build_adopt_parser().parse_args(list(argv))  # a bad command line: usage, status 2
     prefix = "%s %s: " % (SERVER_NAME, ADOPT_COMMAND)
-    try:
-        added = env_pairs(args.env)
-        settings = {**environ, **added}  # --env MCP_BRIDGE_STATE_DIR=... moves the state dir too
-        config = load_config(["--state-dir=%s" % args.state_dir] if "state_dir" in args else [], settings)
-    except AdoptError as exc:
-        print(prefix + str(exc), file=sys.stderr)
-        return exc.status
-    except ConfigError as exc:
-        print(prefix + str(exc), file=sys.stderr)
-        return 2
+    added = env_pairs(args.env)
+    settings = {**environ, **added}  # --env MCP_BRIDGE_STATE_DIR=... moves the state dir too
+    config = load_config(["--state-dir=%s" % args.state_dir] if "state_dir" in args else [], settings)
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(encoding="utf-8")
     home, platform = Path.home(), sys.platform
@@ -9840,12 +9889,8 @@ def adopt_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
             )
         for line in lines:
             print(prefix + line, file=sys.stderr)
-    except AdoptError as exc:
-        print(prefix + str(exc), file=sys.stderr)
-        return exc.status
     except OSError as exc:  # a folder that cannot be created, a disk that is full
-        print(prefix + "%s: %s" % (exc.filename or type(exc).__name__, exc.strerror or exc), file=sys.stderr)
-        return 1
+        raise CommandError("%s: %s" % (exc.filename or type(exc).__name__, exc.strerror or exc)) from None
     return 0
 
 
@@ -10030,7 +10075,7 @@ async def check_sandbox(config: BridgeConfig) -> list[DoctorCheck]:
     try:
         runtime = await _locate_engine(config)
     except RuntimeUnavailableError as exc:
-        return [DoctorCheck("sandbox", "engine", "fail", str(exc))]
+        return [DoctorCheck("sandbox", "engine", "fail", engine_problem(exc))]
     checks: list[DoctorCheck] = []
     try:
         try:
@@ -10268,7 +10313,8 @@ def doctor_json(checks: Sequence[DoctorCheck]) -> str:
 
 
 def doctor_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
-    """The ``doctor`` subcommand: 0 healthy, 1 when something would fail, 2 for a bad setting."""
+    """The ``doctor`` subcommand: 0 healthy, 1 when something would fail; ConfigError (status 2)
+    for a bad setting."""
     parser = argparse.ArgumentParser(
         prog="%s %s" % (SERVER_NAME, DOCTOR_COMMAND),
         description="Check, by doing each once, what the bridge would meet if it started here: "
@@ -10279,11 +10325,7 @@ def doctor_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print the findings as one JSON object")
     args, settings = parser.parse_known_args(list(argv))
-    try:
-        config = load_config(settings, environ)  # the server's own flags and variables
-    except ConfigError as exc:
-        print("%s %s: %s" % (SERVER_NAME, DOCTOR_COMMAND, exc), file=sys.stderr)
-        return 2
+    config = load_config(settings, environ)  # the server's own flags and variables
     # The servers' own logs reach stderr anyway; the bridge's INFO lines would only repeat the report.
     level = config.log_level if config.log_level == "DEBUG" else "WARNING"
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s: %(message)s")
@@ -10319,14 +10361,6 @@ _IMPORT_NAMES = {
     "pillow": "PIL", "scikit-learn": "sklearn", "beautifulsoup4": "bs4", "pyyaml": "yaml",
     "opencv-python": "cv2", "python-dateutil": "dateutil",
 }  # fmt: skip
-
-
-class BuildImageError(BridgeError):
-    """build-image cannot do what was asked: its message and exit status."""
-
-    def __init__(self, message: str, status: int = 1) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def _project_name(package: str) -> str:
@@ -10411,7 +10445,7 @@ def _stream(argv: Sequence[str], **kwargs: Any) -> None:
     logger.info("running: %s", " ".join(argv))
     result = subprocess.run(list(argv), stdout=sys.stderr, check=False, **kwargs)
     if result.returncode != 0:
-        raise BuildImageError(
+        raise CommandError(
             "`%s` failed with exit status %d (output above)" % (" ".join(argv[:3]), result.returncode)
         )
 
@@ -10473,10 +10507,10 @@ def remove_build_root(root: Path, mounts: Path = Path("/proc/self/mounts")) -> s
 
 def _build_with_debian(executable: str, packages: Sequence[str], tag: str, dry_run: bool) -> None:
     if any(re.search("[<>=~]", package) for package in packages):
-        raise BuildImageError("the debian method installs Debian's builds: versions cannot be pinned", 2)
+        raise CommandError("the debian method installs Debian's builds: versions cannot be pinned", 2)
     mirror = apt_mirror()
     if mirror is None:
-        raise BuildImageError("no Debian mirror found in /etc/apt; use --method pip with a registry")
+        raise CommandError("no Debian mirror found in /etc/apt; use --method pip with a registry")
     include = ",".join(["python3", *(debian_package(package) for package in packages)])
     root = Path(tempfile.mkdtemp(prefix="mcp-build-image-"))
     debootstrap = ["debootstrap", "--variant=minbase", "--include=" + include, DEBIAN_SUITE, str(root)]
@@ -10489,7 +10523,7 @@ def _build_with_debian(executable: str, packages: Sequence[str], tag: str, dry_r
             print("tar -C %s -c . | %s" % (root, " ".join(load)))
             return
         if shutil.which("debootstrap") is None or os.geteuid() != 0:
-            raise BuildImageError(
+            raise CommandError(
                 "the debian method needs root and debootstrap (apt-get install debootstrap); "
                 "where a registry is reachable use --method pip instead"
             )
@@ -10499,7 +10533,7 @@ def _build_with_debian(executable: str, packages: Sequence[str], tag: str, dry_r
         with subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE) as archive:
             _stream(load, stdin=archive.stdout)
             if archive.wait() != 0:
-                raise BuildImageError("archiving the root filesystem failed")
+                raise CommandError("archiving the root filesystem failed")
     finally:
         left = remove_build_root(root)
         if left is not None:
@@ -10541,36 +10575,34 @@ def _check_image(executable: str, tag: str, packages: Sequence[str]) -> None:
 
 def build_image_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     args = build_image_parser().parse_args(list(argv))  # a bad command line: usage, status 2
-    prefix = "%s %s: " % (SERVER_NAME, BUILD_IMAGE_COMMAND)
+    config = load_config([], environ)
+    packages = [part.strip() for part in args.packages.split(",") if part.strip()]
+    bad = [package for package in packages if not _PACKAGE.fullmatch(package)]
+    if bad:
+        raise CommandError("not a package name: %s (write name or name==version)" % ", ".join(bad), 2)
+    logging.basicConfig(level=config.log_level, stream=sys.stderr, format="%(levelname)s: %(message)s")
     try:
-        config = load_config([], environ)
-        packages = [part.strip() for part in args.packages.split(",") if part.strip()]
-        bad = [package for package in packages if not _PACKAGE.fullmatch(package)]
-        if bad:
-            raise BuildImageError("not a package name: %s (write name or name==version)" % ", ".join(bad), 2)
-        logging.basicConfig(level=config.log_level, stream=sys.stderr, format="%(levelname)s: %(message)s")
         runtime = anyio.run(detect_runtime, args.runtime or config.runtime)
-        base = args.base or config.image
-        method = args.method
-        if method == "auto":
-            method = "pip" if _can_use_base(runtime, base, args.dry_run) else "debian"
-            if method == "debian" and args.base is not None:  # asked for: no silent substitute
-                raise BuildImageError(
-                    "--from %s: %s neither has that image nor can pull it; pull or build it first, "
-                    "give another --from, or drop --from to let auto fall back to a Debian image "
-                    "(--method debian)" % (args.base, runtime.name)
-                )
-            print("Method: %s." % method, file=sys.stderr)
-        if method == "pip":
-            _build_with_pip(runtime.executable, base, packages, args.tag, args.dry_run)
-        else:
-            _build_with_debian(runtime.executable, packages, args.tag, args.dry_run)
-        if args.dry_run:
-            return 0
-        _check_image(runtime.executable, args.tag, packages)
-    except (ConfigError, BuildImageError, RuntimeUnavailableError) as exc:
-        print(prefix + str(exc), file=sys.stderr)
-        return exc.status if isinstance(exc, BuildImageError) else 1
+    except RuntimeUnavailableError as exc:
+        raise CommandError(engine_problem(exc)) from None
+    base = args.base or config.image
+    method = args.method
+    if method == "auto":
+        method = "pip" if _can_use_base(runtime, base, args.dry_run) else "debian"
+        if method == "debian" and args.base is not None:  # asked for: no silent substitute
+            raise CommandError(
+                "--from %s: %s neither has that image nor can pull it; pull or build it first, "
+                "give another --from, or drop --from to let auto fall back to a Debian image "
+                "(--method debian)" % (args.base, runtime.name)
+            )
+        print("Method: %s." % method, file=sys.stderr)
+    if method == "pip":
+        _build_with_pip(runtime.executable, base, packages, args.tag, args.dry_run)
+    else:
+        _build_with_debian(runtime.executable, packages, args.tag, args.dry_run)
+    if args.dry_run:
+        return 0
+    _check_image(runtime.executable, args.tag, packages)
     print("Built %s. Use it: set MCP_BRIDGE_IMAGE=%s in the MCP server's environment." % (args.tag, args.tag))
     return 0
 
@@ -10656,32 +10688,42 @@ def started_by_stdio_client(argv: Sequence[str], environ: Mapping[str, str], std
     return not terminal and requested_transport(argv, environ) == "stdio"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+SUBCOMMANDS: dict[str, Callable[[Sequence[str], Mapping[str, str]], int]] = {
+    MEMORY_COMMAND: memory_main,
+    TOOLS_COMMAND: tools_main,
+    ADOPT_COMMAND: adopt_main,
+    BUILD_IMAGE_COMMAND: build_image_main,
+    DOCTOR_COMMAND: doctor_main,
+}
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """The console script: a subcommand, else the MCP server. The one place a CommandError
+    is shown: one line on stderr, after the command's name, and its exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == [MEMORY_COMMAND]:
-        return memory_main(args[1:], os.environ)
-    if args[:1] == [TOOLS_COMMAND]:
-        return tools_main(args[1:], os.environ)
-    if args[:1] == [ADOPT_COMMAND]:
-        return adopt_main(args[1:], os.environ)
-    if args[:1] == [BUILD_IMAGE_COMMAND]:
-        return build_image_main(args[1:], os.environ)
-    if args[:1] == [DOCTOR_COMMAND]:
-        return doctor_main(args[1:], os.environ)
+    environ = os.environ if environ is None else environ
+    command = args[0] if args[:1] and args[0] in SUBCOMMANDS else None
     try:
-        config = load_config(args, os.environ)
-    except ConfigError as exc:
-        print("%s: %s" % (SERVER_NAME, exc), file=sys.stderr)
-        if not started_by_stdio_client(args, os.environ, sys.stdin):
-            return 2
-        # A client shows neither stderr nor the exit status: the model hears of it instead.
-        with suppress(KeyboardInterrupt):
-            anyio.run(serve_misconfigured, str(exc))
-        return 2
+        if command is not None:
+            return SUBCOMMANDS[command](args[1:], environ)
+        return serve_main(args, environ)
+    except CommandError as exc:
+        print("%s: %s" % (" ".join([SERVER_NAME, *([command] if command else [])]), exc), file=sys.stderr)
+        serving = command is None  # the MCP server itself, not a subcommand
+        if serving and isinstance(exc, ConfigError) and started_by_stdio_client(args, environ, sys.stdin):
+            # A client shows neither stderr nor the exit status: the model hears of it instead.
+            with suppress(KeyboardInterrupt):
+                anyio.run(serve_misconfigured, str(exc))
+        return exc.status
+
+
+def serve_main(args: Sequence[str], environ: Mapping[str, str]) -> int:
+    """The MCP server, on the transport its settings name; ConfigError for a bad setting."""
+    config = load_config(args, environ)
     logging.basicConfig(
         level=config.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    discovery = configured_servers(config, os.environ)
+    discovery = configured_servers(config, environ)
     for problem in discovery.problems:
         logger.warning("MCP server configuration: %s", problem)
     if config.workspace is not None:
@@ -10691,11 +10733,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             listener = listen_socket(config.host, config.port)
         except OSError as exc:
-            print(
-                "%s: cannot listen on %s port %d: %s" % (SERVER_NAME, config.host, config.port, exc),
-                file=sys.stderr,
-            )
-            return 1
+            raise CommandError("cannot listen on %s port %d: %s" % (config.host, config.port, exc)) from None
         with listener:
             anyio.run(serve_http, config, discovery, listener)
         return 0

@@ -15,15 +15,18 @@ import mcp_sandbox_kernel
 import mcp_server_code_execution_mode as bridge
 from mcp_sandbox_kernel import BOOTSTRAP
 from mcp_server_code_execution_mode import (
+    INSTALL_ENGINE,
     ContainerRuntime,
     DockerRuntime,
     LaunchSpec,
+    NoEngineError,
     OwnerIdentity,
     PodmanRuntime,
     RuntimeUnavailableError,
     build_run_argv,
     container_name,
     detect_runtime,
+    engine_problem,
     owner_gone,
     owner_of,
     sweep_orphans,
@@ -576,6 +579,25 @@ async def test_detect_runtime_without_any_runtime_says_how_to_install_one() -> N
     assert "https://podman.io" in message
     assert "https://docs.docker.com" in message
     assert "MCP_BRIDGE_RUNTIME" in message
+
+
+@pytest.mark.anyio
+async def test_no_engine_is_one_fact_each_audience_reads_in_its_own_words() -> None:
+    with pytest.raises(NoEngineError) as caught:
+        await detect_runtime(None, which=lambda name: None)
+
+    problems = ("podman is not installed (not on PATH)", "docker is not installed (not on PATH)")
+    assert caught.value.problems == problems
+    for_model, for_terminal = str(caught.value), engine_problem(caught.value)
+    assert for_model.startswith(
+        "No container runtime is available, so Python cannot run yet: %s; %s." % problems
+    )
+    assert "call run_python again" in for_model and "MCP_BRIDGE_RUNTIME=podman|docker" in for_model
+    assert for_terminal.startswith("No container engine is available: %s; %s." % problems)
+    assert (
+        "run_python" not in for_terminal and "run this command again; --runtime podman|docker" in for_terminal
+    )
+    assert INSTALL_ENGINE in for_model and INSTALL_ENGINE in for_terminal
 
 
 @pytest.mark.anyio
