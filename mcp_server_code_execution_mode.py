@@ -7738,8 +7738,6 @@ LOCAL_PRINCIPAL = "local"  # stdio's one client; over HTTP without tokens, every
 PRINCIPALS_DIRNAME = "principals"
 
 
-
-
 class Principals:
     """The bridge's principals by name, each created on its first request: who calls, and
     its memory store and saved tools. ``http`` turns on per-principal stores (when tokens
