@@ -2567,6 +2567,86 @@ def _names_this_bridge(entry: Any, self_markers: tuple[str, ...]) -> bool:
     return launches_self([entry["command"], *words], self_markers)
 
 
+class _ConfigDocuments:
+    """The config files read so far, each read once (~/.claude.json serves three purposes),
+    or the error reading it raised."""
+
+    def __init__(self) -> None:
+        self.by_path: dict[Path, Any] = {}
+
+    def read(self, path: Path, format: Literal["json", "toml"]) -> Any:
+        if path not in self.by_path:
+            try:
+                self.by_path[path] = _read_document(path, format)
+            except (OSError, ValueError) as exc:
+                self.by_path[path] = exc
+        if isinstance(self.by_path[path], Exception):
+            raise self.by_path[path]
+        return self.by_path[path]
+
+    def optional(self, path: Path) -> Any:
+        """The JSON document at ``path``, or None: an approval that cannot be read approves nothing."""
+        with suppress(OSError, ValueError):
+            return self.read(path, "json")
+        return None
+
+
+@dataclass
+class _Discovered:
+    """What discover_servers has found so far, in the order it found it."""
+
+    chosen: dict[str, tuple[ServerSpec | None, list[str]]] = field(default_factory=dict)  # by name
+    problems: list[str] = field(default_factory=list)
+    unusable: list[str] = field(default_factory=list)  # also in problems
+    read: list[str] = field(default_factory=list)
+    untrusted: list[str] = field(default_factory=list)
+
+    def cannot_use(self, problem: str) -> None:
+        self.problems.append(problem)
+        self.unusable.append(problem)
+
+    def result(self) -> DiscoveryResult:
+        """The servers chosen, aliased and sorted; the problem lines of the entries chosen
+        come last (those of entries a later file replaced are gone with them)."""
+        specs = [spec for spec, _ in self.chosen.values() if spec is not None]
+        problems = self.problems + [line for _, lines in self.chosen.values() for line in lines]
+        aliases = assign_aliases(spec.name for spec in specs)
+        servers = sorted((replace(spec, alias=aliases[spec.name]) for spec in specs), key=lambda s: s.alias)
+        # dict.fromkeys: ~/.claude.json is read for two sources; report it once.
+        return DiscoveryResult(
+            tuple(servers),
+            tuple(dict.fromkeys(problems)),
+            tuple(dict.fromkeys(self.read)),
+            tuple(dict.fromkeys(self.untrusted)),
+            tuple(dict.fromkeys(self.unusable)),
+        )
+
+
+def _source_table(source: ConfigSource, documents: _ConfigDocuments, found: _Discovered) -> dict[str, Any]:
+    """The server table of one config file (empty if it has none); why it cannot be used,
+    if so, goes to ``found``."""
+    try:
+        document = documents.read(source.path, source.format)
+    except (FileNotFoundError, NotADirectoryError):
+        if source.required:
+            found.cannot_use("%s: the file does not exist" % source.path)
+        return {}
+    except (OSError, ValueError) as exc:
+        found.read.append(source.label)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        found.cannot_use("%s: cannot be used: %s" % (source.path, reason))
+        return {}
+    found.read.append(source.label)
+    try:
+        table = _server_table(document, source)
+    except ValueError as exc:
+        found.cannot_use("%s: cannot be used: %s" % (source.label, exc))
+        return {}
+    if table is None and source.required:
+        found.cannot_use("%s: has no mcpServers or servers table" % source.label)
+    return table or {}
+
+
 def discover_servers(
     home: Path,
     cwd: Path,
@@ -2582,57 +2662,14 @@ def discover_servers(
     for bad input: what cannot be used is skipped and described in `problems`; problem
     lines of entries that a later file replaced are dropped with them. The project's own
     files are read as `project_servers` says (see the table above)."""
-    chosen: dict[str, tuple[ServerSpec | None, list[str]]] = {}
-    problems: list[str] = []
-    unusable: list[str] = []  # also in problems
-    read: list[str] = []
-    untrusted: list[str] = []
+    found = _Discovered()
     editor = editor_variables(home, cwd)
-    documents: dict[Path, Any] = {}  # ~/.claude.json is read for three purposes: read it once
-
-    def document_of(path: Path, format: Literal["json", "toml"]) -> Any:
-        if path not in documents:
-            try:
-                documents[path] = _read_document(path, format)
-            except (OSError, ValueError) as exc:
-                documents[path] = exc
-        if isinstance(documents[path], Exception):
-            raise documents[path]
-        return documents[path]
-
-    def optional_document(path: Path) -> Any:  # an approval that cannot be read approves nothing
-        with suppress(OSError, ValueError):
-            return document_of(path, "json")
-        return None
-
-    def cannot_use(problem: str) -> None:
-        problems.append(problem)
-        unusable.append(problem)
-
+    documents = _ConfigDocuments()
     approvals: ClaudeCodeApprovals | None = None
     for source in config_sources(home, cwd, platform, environ, state_dir, explicit, clients):
         if source.project and project_servers == "none":
             continue
-        try:
-            document = document_of(source.path, source.format)
-        except (FileNotFoundError, NotADirectoryError):
-            if source.required:
-                cannot_use("%s: the file does not exist" % source.path)
-            continue
-        except (OSError, ValueError) as exc:
-            read.append(source.label)
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            cannot_use("%s: cannot be used: %s" % (source.path, reason))
-            continue
-        read.append(source.label)
-        try:
-            table = _server_table(document, source)
-        except ValueError as exc:
-            cannot_use("%s: cannot be used: %s" % (source.label, exc))
-            continue
-        if table is None and source.required:
-            cannot_use("%s: has no mcpServers or servers table" % source.label)
-        for name, entry in (table or {}).items():
+        for name, entry in _source_table(source, documents, found).items():
             if (
                 source.project
                 and project_servers == "trusted"
@@ -2640,28 +2677,17 @@ def discover_servers(
             ):
                 if approvals is None:
                     approvals = claude_code_approvals(
-                        optional_document(home / ".claude.json"),
-                        [optional_document(path) for path in claude_code_settings_files(home, cwd)],
+                        documents.optional(home / ".claude.json"),
+                        [documents.optional(path) for path in claude_code_settings_files(home, cwd)],
                         cwd,
                     )
                 refusal = untrusted_reason(source, name, approvals, cwd, state_dir)
                 if refusal is not None:
-                    untrusted.append(shown_name(name))
-                    problems.append(refusal)
+                    found.untrusted.append(shown_name(name))
+                    found.problems.append(refusal)
                     continue
-            chosen[name] = _parse_entry(name, entry, source, environ, self_markers, editor)
-    specs = [spec for spec, _ in chosen.values() if spec is not None]
-    problems += [line for _, lines in chosen.values() for line in lines]
-    aliases = assign_aliases(spec.name for spec in specs)
-    servers = sorted((replace(spec, alias=aliases[spec.name]) for spec in specs), key=lambda s: s.alias)
-    # dict.fromkeys: ~/.claude.json is read for two sources; report it once.
-    return DiscoveryResult(
-        tuple(servers),
-        tuple(dict.fromkeys(problems)),
-        tuple(dict.fromkeys(read)),
-        tuple(dict.fromkeys(untrusted)),
-        tuple(dict.fromkeys(unusable)),
-    )
+            found.chosen[name] = _parse_entry(name, entry, source, environ, self_markers, editor)
+    return found.result()
 
 
 def unusable_config_notices(discovery: DiscoveryResult) -> list[str]:
@@ -3119,6 +3145,20 @@ def shown_command(command: str, args: Sequence[str]) -> str:
     return text[:MAX_SHOWN_COMMAND_CHARS] + ("..." if len(text) > MAX_SHOWN_COMMAND_CHARS else "")
 
 
+async def _open_server_process(params: StdioServerParameters) -> anyio.abc.Process:
+    """A stdio server's process, started as the SDK's stdio_client starts it (the entry's
+    environment over the SDK's default one)."""
+    from mcp.client.stdio import get_default_environment
+
+    return await anyio.open_process(
+        [params.command, *params.args],
+        env=get_default_environment() | (params.env or {}),
+        stderr=subprocess.PIPE,  # read into process_log (the bridge's log); never its stdout
+        cwd=params.cwd,
+        start_new_session=True,  # its own process group, killed as a whole at the end
+    )
+
+
 @asynccontextmanager
 async def capped_stdio_transport(
     params: StdioServerParameters, cap: int, process_log: ServerProcessLog
@@ -3128,16 +3168,9 @@ async def capped_stdio_transport(
     requests, that request gets an error naming the cap and the connection stays;
     otherwise (no id found) the connection is ended so the server is restarted. The
     server's stderr goes to `process_log`, which also learns how the process ended."""
-    from mcp.client.stdio import get_default_environment
     from mcp.shared.message import SessionMessage
 
-    process = await anyio.open_process(
-        [params.command, *params.args],
-        env=get_default_environment() | (params.env or {}),
-        stderr=subprocess.PIPE,  # read into process_log (the bridge's log); never its stdout
-        cwd=params.cwd,
-        start_new_session=True,  # its own process group, killed as a whole at the end
-    )
+    process = await _open_server_process(params)
     stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
     assert stdin is not None and stdout is not None and stderr is not None
     stderr_read = anyio.Event()
@@ -9458,6 +9491,63 @@ def _nothing_to_move(client: str, sources: Sequence[ConfigSource], files: Sequen
     return "nothing to move from %s: %s. Nothing was changed." % (label, "; ".join(said))
 
 
+def _state_dir_files(
+    home: Path, platform: str, environ: Mapping[str, str], state_dir: Path
+) -> tuple[dict[Path, _ClientFile], dict[str, tuple[Path, Any]]]:
+    """The config files of the state dir, by path, and what they already define: each
+    server's name -> (its file, its entry)."""
+    files: dict[Path, _ClientFile] = {}
+    defined: dict[str, tuple[Path, Any]] = {}
+    for source in config_sources(home, home, platform, environ, state_dir, None, clients=False):
+        found = _read_config_file(source)
+        if found is not None:
+            files[source.path] = found
+            defined.update((name, (source.path, entry)) for name, entry in found.table.items())
+    return files, defined
+
+
+def _refuse_lost_bridges(
+    label: str, files: Sequence[_ClientFile], state_dir: Path, default_state_dir: Path
+) -> None:
+    """AdoptError if an entry of the client's files starts this bridge so that it would not
+    read the servers moved to ``state_dir``."""
+    for found in files:
+        for name in found.bridges:
+            problem = _bridge_entry_problem(found.table[name], state_dir, default_state_dir)
+            if problem:
+                raise AdoptError(
+                    "%s: the entry %s of %s starts this bridge, but %s; the servers would be lost to "
+                    "it. Nothing was changed." % (label, name, found.source.path, problem)
+                )
+
+
+def _bridge_entry(
+    found: _ClientFile, table: Mapping[str, Any], command: Sequence[str], env: Mapping[str, str]
+) -> tuple[str, dict[str, Any]]:
+    """The name and entry that start this bridge in ``found``'s (new) ``table``."""
+    name, number = BRIDGE_ENTRY_NAME, 1
+    while name in table:  # a server the client cannot lend keeps its name
+        number += 1
+        name = "%s-%d" % (BRIDGE_ENTRY_NAME, number)
+    entry: dict[str, Any] = {"command": command[0], "args": list(command[1:])}
+    if found.keys[-1] == "servers":  # VS Code's tables: its docs always give the type
+        entry = {"type": "stdio", **entry}
+    if env:
+        entry["env"] = dict(env)
+    return name, entry
+
+
+def _servers_file_change(
+    own_path: Path, existing: _ClientFile | None, adding: Mapping[str, tuple[Path, Any]]
+) -> FileChange:
+    """The bridge's servers file with the ``adding`` entries (new, or added to ``existing``)."""
+    table = {**(existing.table if existing else {}), **{name: entry for name, (_, entry) in adding.items()}}
+    if existing is None:
+        after = (json.dumps({"mcpServers": table}, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+        return FileChange(own_path, None, after)
+    return FileChange(own_path, existing.data, _rewritten(existing, table), existing.stamp)
+
+
 def plan_adoption(
     clients: Sequence[str],
     home: Path,
@@ -9475,13 +9565,7 @@ def plan_adoption(
     if state_dir != default_state_dir:  # a client starts the entry in a directory of its own
         env["MCP_BRIDGE_STATE_DIR"] = str(state_dir.absolute())
     own_path = state_dir / SERVERS_FILE
-    own_files: dict[Path, _ClientFile] = {}
-    defined: dict[str, tuple[Path, Any]] = {}  # what the state dir's files already define
-    for source in config_sources(home, home, platform, environ, state_dir, None, clients=False):
-        found = _read_config_file(source)
-        if found is not None:
-            own_files[source.path] = found
-            defined.update((name, (source.path, entry)) for name, entry in found.table.items())
+    own_files, defined = _state_dir_files(home, platform, environ, state_dir)
     adding: dict[str, tuple[Path, Any]] = {}
     conflicts: list[str] = []
     changes: list[FileChange] = []
@@ -9493,14 +9577,7 @@ def plan_adoption(
         movable = [found for found in files if found.moved]
         if not movable:
             raise AdoptError(_nothing_to_move(client, sources, files))
-        for found in files:
-            for name in found.bridges:
-                problem = _bridge_entry_problem(found.table[name], state_dir, default_state_dir)
-                if problem:
-                    raise AdoptError(
-                        "%s: the entry %s of %s starts this bridge, but %s; the servers would be lost to "
-                        "it. Nothing was changed." % (label, name, found.source.path, problem)
-                    )
+        _refuse_lost_bridges(label, files, state_dir, default_state_dir)
         add_bridge = not any(found.bridges for found in files)
         for found in movable:
             for name, entry in found.moved.items():
@@ -9520,15 +9597,7 @@ def plan_adoption(
             lines += ["%s: keeps %s (this bridge%s)" % (label, name, kept_as_is) for name in found.bridges]
             if add_bridge:
                 add_bridge = False
-                name, number = BRIDGE_ENTRY_NAME, 1
-                while name in table:  # a server the client cannot lend keeps its name
-                    number += 1
-                    name = "%s-%d" % (BRIDGE_ENTRY_NAME, number)
-                entry = {"command": command[0], "args": list(command[1:])}
-                if found.keys[-1] == "servers":  # VS Code's tables: its docs always give the type
-                    entry = {"type": "stdio", **entry}
-                if env:
-                    entry["env"] = dict(env)
+                name, entry = _bridge_entry(found, table, command, env)
                 table[name] = entry
                 settings = "".join(" %s=%s" % pair for pair in env.items())
                 lines.append("%s: adds %s (this bridge:%s %s)" % (label, name, settings, " ".join(command)))
@@ -9539,16 +9608,7 @@ def plan_adoption(
             % "; ".join(conflicts)
         )
     if adding:
-        existing = own_files.get(own_path)
-        table = {
-            **(existing.table if existing else {}),
-            **{name: entry for name, (_, entry) in adding.items()},
-        }
-        if existing is None:
-            after = (json.dumps({"mcpServers": table}, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
-            changes.append(FileChange(own_path, None, after))
-        else:
-            changes.append(FileChange(own_path, existing.data, _rewritten(existing, table), existing.stamp))
+        changes.append(_servers_file_change(own_path, own_files.get(own_path), adding))
     return changes, lines
 
 
