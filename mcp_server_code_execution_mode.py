@@ -74,7 +74,7 @@ from datetime import UTC, datetime
 from difflib import SequenceMatcher
 from functools import lru_cache
 from pathlib import Path
-from types import MappingProxyType
+from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, NoReturn
 
 import anyio
@@ -127,7 +127,7 @@ SERVER_NAME = "mcp-server-code-execution-mode"
 logger = logging.getLogger("mcp_server_code_execution_mode")
 
 
-def lazy_module(name: str) -> Any:
+def lazy_module(name: str) -> ModuleType:
     """``name``'s module, loaded on its first attribute access (the stdlib's LazyLoader
     recipe): what importing it costs is paid only by the paths that use it."""
     if name in sys.modules:
@@ -142,7 +142,9 @@ def lazy_module(name: str) -> Any:
 
 
 # The MCP protocol's types: a third of a second to import (pydantic models of two protocol
-# versions), which the terminal commands never need.
+# versions), which the terminal commands never need. (Python 3.11's LazyLoader is not
+# thread-safe on the first access: the servers make theirs in build_server, before any
+# worker thread runs.)
 if not TYPE_CHECKING:
     types = lazy_module("mcp_types")
 
