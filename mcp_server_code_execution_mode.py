@@ -42,6 +42,7 @@ import fnmatch
 import hashlib
 import hmac
 import importlib.metadata
+import importlib.util
 import io
 import ipaddress
 import json
@@ -65,7 +66,6 @@ import threading
 import time
 import tomllib
 import urllib.parse
-import zoneinfo
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
@@ -74,42 +74,36 @@ from datetime import UTC, datetime
 from difflib import SequenceMatcher
 from functools import lru_cache
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any, ClassVar, Literal, NoReturn, TypeVar, TypeVarTuple
+from types import MappingProxyType, ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NoReturn, TypeVar, TypeVarTuple
 
 import anyio
 import anyio.abc
-import h11
-import mcp_types as types
-import mcp_types.methods
-import toon_format
-import uvicorn
-import uvicorn.protocols.http.h11_impl
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from mcp.client.session import ClientSession
-from mcp.client.sse import sse_client
-from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.os.posix.utilities import terminate_posix_process_tree
-from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, BearerAuthBackend, RequireAuthMiddleware
-from mcp.server.auth.provider import AccessToken, TokenVerifier
-from mcp.server.context import ServerRequestContext
-from mcp.server.lowlevel import Server
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecuritySettings
-from mcp.shared._httpx_utils import create_mcp_http_client
-from mcp.shared.exceptions import MCPError as McpProtocolError
-from mcp.shared.message import SessionMessage
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 from pydantic.json_schema import SkipJsonSchema
-from starlette.applications import Starlette
-from starlette.authentication import AuthCredentials, AuthenticationBackend, BaseUser
-from starlette.middleware import Middleware
-from starlette.middleware.authentication import AuthenticationMiddleware
-from starlette.requests import HTTPConnection, Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+
+# The MCP SDK (mcp.*), uvicorn and starlette are imported where they are used, not here:
+# importing any mcp.* module loads the SDK's HTTP server as well (uvicorn, starlette,
+# sse_starlette, httpx: about half a second), which the terminal commands (memory, adopt,
+# build-image, --help) never need. tests/test_imports.py checks that importing this module
+# loads none of them. Here, the names that annotations use:
+if TYPE_CHECKING:
+    import mcp_types as types
+    import uvicorn
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters
+    from mcp.server.auth.provider import AccessToken
+    from mcp.server.context import ServerRequestContext
+    from mcp.server.lowlevel import Server
+    from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+    from mcp.shared.exceptions import MCPError as McpProtocolError
+    from mcp.shared.message import SessionMessage
+    from starlette.applications import Starlette
+    from starlette.authentication import AuthenticationBackend
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from uvicorn.protocols.http.h11_impl import H11Protocol
 
 import mcp_sandbox_kernel
 from mcp_sandbox_kernel import (
@@ -131,6 +125,41 @@ from mcp_sandbox_kernel import (
 __version__ = "0.1.0"
 SERVER_NAME = "mcp-server-code-execution-mode"
 logger = logging.getLogger("mcp_server_code_execution_mode")
+
+
+def lazy_module(name: str) -> ModuleType:
+    """``name``'s module, loaded on its first attribute access (the stdlib's LazyLoader
+    recipe): what importing it costs is paid only by the paths that use it."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.loader is not None, name
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# The MCP protocol's types: a third of a second to import (pydantic models of two protocol
+# versions), which the terminal commands never need. (Python 3.11's LazyLoader is not
+# thread-safe on the first access: the servers make theirs in build_server, before any
+# worker thread runs.)
+if not TYPE_CHECKING:
+    types = lazy_module("mcp_types")
+
+# What the bridge takes from the MCP SDK beyond its public API, each "module:name" (a
+# dotted name reaches into a class; an attribute the SDK sets in __init__ is checked on an
+# instance). An SDK upgrade may move or change them without notice: tests/test_imports.py
+# imports each and names the one that moved. Where one is used, its import says "one of
+# SDK_INTERNALS", and the test checks that every such import is listed here.
+SDK_INTERNALS = (
+    "mcp.shared._httpx_utils:create_mcp_http_client",  # an HTTP server's client, the SDK's timeouts
+    "mcp.os.posix.utilities:terminate_posix_process_tree",  # stops a stdio server's process group
+    "mcp.server.streamable_http_manager:StreamableHTTPSessionManager._admit_session",  # per-principal cap
+    "mcp.server.streamable_http_manager:StreamableHTTPSessionManager._session_owners",  # who holds each
+    "mcp.server.streamable_http_manager:StreamableHTTPSessionManager._server_instances",  # how many open
+)
 
 # =============================================================================
 # configuration
@@ -2650,6 +2679,86 @@ def _names_this_bridge(entry: Any, self_markers: tuple[str, ...]) -> bool:
     return launches_self([entry["command"], *words], self_markers)
 
 
+class _ConfigDocuments:
+    """The config files read so far, each read once (~/.claude.json serves three purposes),
+    or the error reading it raised."""
+
+    def __init__(self) -> None:
+        self.by_path: dict[Path, Any] = {}
+
+    def read(self, path: Path, format: Literal["json", "toml"]) -> Any:
+        if path not in self.by_path:
+            try:
+                self.by_path[path] = _read_document(path, format)
+            except (OSError, ValueError) as exc:
+                self.by_path[path] = exc
+        if isinstance(self.by_path[path], Exception):
+            raise self.by_path[path]
+        return self.by_path[path]
+
+    def optional(self, path: Path) -> Any:
+        """The JSON document at ``path``, or None: an approval that cannot be read approves nothing."""
+        with suppress(OSError, ValueError):
+            return self.read(path, "json")
+        return None
+
+
+@dataclass
+class _Discovered:
+    """What discover_servers has found so far, in the order it found it."""
+
+    chosen: dict[str, tuple[ServerSpec | None, list[str]]] = field(default_factory=dict)  # by name
+    problems: list[str] = field(default_factory=list)
+    unusable: list[str] = field(default_factory=list)  # also in problems
+    read: list[str] = field(default_factory=list)
+    untrusted: list[str] = field(default_factory=list)
+
+    def cannot_use(self, problem: str) -> None:
+        self.problems.append(problem)
+        self.unusable.append(problem)
+
+    def result(self) -> DiscoveryResult:
+        """The servers chosen, aliased and sorted; the problem lines of the entries chosen
+        come last (those of entries a later file replaced are gone with them)."""
+        specs = [spec for spec, _ in self.chosen.values() if spec is not None]
+        problems = self.problems + [line for _, lines in self.chosen.values() for line in lines]
+        aliases = assign_aliases(spec.name for spec in specs)
+        servers = sorted((replace(spec, alias=aliases[spec.name]) for spec in specs), key=lambda s: s.alias)
+        # dict.fromkeys: ~/.claude.json is read for two sources; report it once.
+        return DiscoveryResult(
+            tuple(servers),
+            tuple(dict.fromkeys(problems)),
+            tuple(dict.fromkeys(self.read)),
+            tuple(dict.fromkeys(self.untrusted)),
+            tuple(dict.fromkeys(self.unusable)),
+        )
+
+
+def _source_table(source: ConfigSource, documents: _ConfigDocuments, found: _Discovered) -> dict[str, Any]:
+    """The server table of one config file (empty if it has none); why it cannot be used,
+    if so, goes to ``found``."""
+    try:
+        document = documents.read(source.path, source.format)
+    except (FileNotFoundError, NotADirectoryError):
+        if source.required:
+            found.cannot_use("%s: the file does not exist" % source.path)
+        return {}
+    except (OSError, ValueError) as exc:
+        found.read.append(source.label)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        found.cannot_use("%s: cannot be used: %s" % (source.path, reason))
+        return {}
+    found.read.append(source.label)
+    try:
+        table = _server_table(document, source)
+    except ValueError as exc:
+        found.cannot_use("%s: cannot be used: %s" % (source.label, exc))
+        return {}
+    if table is None and source.required:
+        found.cannot_use("%s: has no mcpServers or servers table" % source.label)
+    return table or {}
+
+
 def discover_servers(
     home: Path,
     cwd: Path,
@@ -2665,57 +2774,14 @@ def discover_servers(
     for bad input: what cannot be used is skipped and described in `problems`; problem
     lines of entries that a later file replaced are dropped with them. The project's own
     files are read as `project_servers` says (see the table above)."""
-    chosen: dict[str, tuple[ServerSpec | None, list[str]]] = {}
-    problems: list[str] = []
-    unusable: list[str] = []  # also in problems
-    read: list[str] = []
-    untrusted: list[str] = []
+    found = _Discovered()
     editor = editor_variables(home, cwd)
-    documents: dict[Path, Any] = {}  # ~/.claude.json is read for three purposes: read it once
-
-    def document_of(path: Path, format: Literal["json", "toml"]) -> Any:
-        if path not in documents:
-            try:
-                documents[path] = _read_document(path, format)
-            except (OSError, ValueError) as exc:
-                documents[path] = exc
-        if isinstance(documents[path], Exception):
-            raise documents[path]
-        return documents[path]
-
-    def optional_document(path: Path) -> Any:  # an approval that cannot be read approves nothing
-        with suppress(OSError, ValueError):
-            return document_of(path, "json")
-        return None
-
-    def cannot_use(problem: str) -> None:
-        problems.append(problem)
-        unusable.append(problem)
-
+    documents = _ConfigDocuments()
     approvals: ClaudeCodeApprovals | None = None
     for source in config_sources(home, cwd, platform, environ, state_dir, explicit, clients):
         if source.project and project_servers == "none":
             continue
-        try:
-            document = document_of(source.path, source.format)
-        except (FileNotFoundError, NotADirectoryError):
-            if source.required:
-                cannot_use("%s: the file does not exist" % source.path)
-            continue
-        except (OSError, ValueError) as exc:
-            read.append(source.label)
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            cannot_use("%s: cannot be used: %s" % (source.path, reason))
-            continue
-        read.append(source.label)
-        try:
-            table = _server_table(document, source)
-        except ValueError as exc:
-            cannot_use("%s: cannot be used: %s" % (source.label, exc))
-            continue
-        if table is None and source.required:
-            cannot_use("%s: has no mcpServers or servers table" % source.label)
-        for name, entry in (table or {}).items():
+        for name, entry in _source_table(source, documents, found).items():
             if (
                 source.project
                 and project_servers == "trusted"
@@ -2723,28 +2789,17 @@ def discover_servers(
             ):
                 if approvals is None:
                     approvals = claude_code_approvals(
-                        optional_document(home / ".claude.json"),
-                        [optional_document(path) for path in claude_code_settings_files(home, cwd)],
+                        documents.optional(home / ".claude.json"),
+                        [documents.optional(path) for path in claude_code_settings_files(home, cwd)],
                         cwd,
                     )
                 refusal = untrusted_reason(source, name, approvals, cwd, state_dir)
                 if refusal is not None:
-                    untrusted.append(shown_name(name))
-                    problems.append(refusal)
+                    found.untrusted.append(shown_name(name))
+                    found.problems.append(refusal)
                     continue
-            chosen[name] = _parse_entry(name, entry, source, environ, self_markers, editor)
-    specs = [spec for spec, _ in chosen.values() if spec is not None]
-    problems += [line for _, lines in chosen.values() for line in lines]
-    aliases = assign_aliases(spec.name for spec in specs)
-    servers = sorted((replace(spec, alias=aliases[spec.name]) for spec in specs), key=lambda s: s.alias)
-    # dict.fromkeys: ~/.claude.json is read for two sources; report it once.
-    return DiscoveryResult(
-        tuple(servers),
-        tuple(dict.fromkeys(problems)),
-        tuple(dict.fromkeys(read)),
-        tuple(dict.fromkeys(untrusted)),
-        tuple(dict.fromkeys(unusable)),
-    )
+            found.chosen[name] = _parse_entry(name, entry, source, environ, self_markers, editor)
+    return found.result()
 
 
 def unusable_config_notices(discovery: DiscoveryResult) -> list[str]:
@@ -2783,6 +2838,8 @@ def _innermost(exc: BaseException) -> BaseException:
 
 def _describe_exception(exc: BaseException) -> str:
     """One line for the model: the innermost cause of a (possibly grouped) failure."""
+    from mcp.shared.exceptions import MCPError as McpProtocolError
+
     exc = _innermost(exc)
     if isinstance(exc, McpProtocolError):
         return exc.message
@@ -2837,6 +2894,8 @@ def _listing_problem(result: Mapping[str, Any], version: str) -> str | None:
     the negotiated version's wire schema, then the SDK's model), or None."""
     try:
         with suppress(KeyError):  # a method or version the SDK has no wire schema for
+            import mcp_types.methods
+
             mcp_types.methods.validate_server_result("tools/list", version, result)
         types.ListToolsResult.model_validate(result, by_name=False)
     except ValidationError as exc:
@@ -3027,6 +3086,8 @@ def oversized_response_id(line: OversizedLine) -> int | str | None:
 
 def _server_item(line: bytes | OversizedLine, cap: int) -> SessionMessage | Exception | None:
     """What the ClientSession receives for one line from a stdio server."""
+    from mcp.shared.message import SessionMessage
+
     if isinstance(line, OversizedLine):
         request_id = oversized_response_id(line)
         text = (
@@ -3053,6 +3114,8 @@ def _repaired_item(text: str, exc: ValueError) -> SessionMessage | Exception:
     validated again. A response that is still invalid answers its request with an error
     now (else the call would wait out MCP_BRIDGE_TOOL_TIMEOUT); anything else is junk on
     stdout, which the session reports while the connection stays."""
+    from mcp.shared.message import SessionMessage
+
     try:
         cleaned = _without_lone_surrogates(json.loads(text))
     except (ValueError, RecursionError):  # not JSON at all (or absurdly deep)
@@ -3182,6 +3245,20 @@ def shown_command(command: str, args: Sequence[str]) -> str:
     return text[:MAX_SHOWN_COMMAND_CHARS] + ("..." if len(text) > MAX_SHOWN_COMMAND_CHARS else "")
 
 
+async def _open_server_process(params: StdioServerParameters) -> anyio.abc.Process:
+    """A stdio server's process, started as the SDK's stdio_client starts it (the entry's
+    environment over the SDK's default one)."""
+    from mcp.client.stdio import get_default_environment
+
+    return await anyio.open_process(
+        [params.command, *params.args],
+        env=get_default_environment() | (params.env or {}),
+        stderr=subprocess.PIPE,  # read into process_log (the bridge's log); never its stdout
+        cwd=params.cwd,
+        start_new_session=True,  # its own process group, killed as a whole at the end
+    )
+
+
 @asynccontextmanager
 async def capped_stdio_transport(
     params: StdioServerParameters, cap: int, process_log: ServerProcessLog
@@ -3191,13 +3268,9 @@ async def capped_stdio_transport(
     requests, that request gets an error naming the cap and the connection stays;
     otherwise (no id found) the connection is ended so the server is restarted. The
     server's stderr goes to `process_log`, which also learns how the process ended."""
-    process = await anyio.open_process(
-        [params.command, *params.args],
-        env=get_default_environment() | (params.env or {}),
-        stderr=subprocess.PIPE,  # read into process_log (the bridge's log); never its stdout
-        cwd=params.cwd,
-        start_new_session=True,  # its own process group, killed as a whole at the end
-    )
+    from mcp.shared.message import SessionMessage
+
+    process = await _open_server_process(params)
     stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
     assert stdin is not None and stdout is not None and stderr is not None
     stderr_read = anyio.Event()
@@ -3269,6 +3342,8 @@ async def _stop_server_process(process: anyio.abc.Process, stderr_read: anyio.Ev
     """The MCP shutdown sequence, every step bounded: close stdin, wait, SIGTERM then
     SIGKILL the server's whole process group, let its last stderr lines be read
     (`stderr_read`), release the pipes."""
+    from mcp.os.posix.utilities import terminate_posix_process_tree  # one of SDK_INTERNALS
+
     assert process.stdin is not None
     with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         await process.stdin.aclose()
@@ -3356,6 +3431,9 @@ class PooledClient:
     async def _own(
         self, ready: anyio.Event, closed: anyio.Event, stop: anyio.Event, process_log: ServerProcessLog
     ) -> None:
+        from mcp.client.session import ClientSession
+        from mcp.shared.message import SessionMessage
+
         owned: ClientSession | None = None
         try:
             async with self._transport(process_log) as (read, write), anyio.create_task_group() as relays:
@@ -3410,6 +3488,8 @@ class PooledClient:
         server's stderr and exit go to `process_log`."""
         spec = self.spec
         if spec.transport == "stdio":
+            from mcp.client.stdio import StdioServerParameters, stdio_client
+
             assert spec.command is not None
             params = StdioServerParameters(
                 command=spec.command,
@@ -3429,9 +3509,14 @@ class PooledClient:
         assert spec.url is not None
         headers = dict(spec.headers) or None
         if spec.transport == "sse":
+            from mcp.client.sse import sse_client
+
             async with sse_client(spec.url, headers=headers) as streams:
                 yield streams
             return
+        from mcp.client.streamable_http import streamable_http_client
+        from mcp.shared._httpx_utils import create_mcp_http_client  # one of SDK_INTERNALS
+
         async with (
             create_mcp_http_client(headers=headers) as http,
             streamable_http_client(
@@ -3444,6 +3529,8 @@ class PooledClient:
         """``item``, or, when it answers tools/list (the one result with a "tools" list)
         with tools the session would refuse, the same answer without them (check_tool_listing),
         with a notice naming those left out."""
+        from mcp.shared.message import SessionMessage
+
         message = item.message if isinstance(item, SessionMessage) else None
         if not (isinstance(message, types.JSONRPCResponse) and isinstance(message.result.get("tools"), list)):
             return item
@@ -3509,6 +3596,8 @@ class PooledClient:
         """What the sandbox is told when `request` ("tools/list", "the call to X") failed.
         A server that missed the deadline (it may be wedged) or whose connection failed
         is stopped, so the next use restarts it. None: not the server's failure."""
+        from mcp.shared.exceptions import MCPError as McpProtocolError
+
         name, leaf = self.spec.name, _innermost(exc)
         code = leaf.code if isinstance(leaf, McpProtocolError) else None
         if isinstance(leaf, McpProtocolError) and isinstance(leaf.data, dict) and OVERSIZED in leaf.data:
@@ -3522,15 +3611,15 @@ class PooledClient:
                 "MCP server %r answered %s with a message that is not valid MCP (%s); the bridge "
                 "discarded it." % (name, request, leaf.data[INVALID])
             )
-        if code == REQUEST_TIMEOUT or isinstance(leaf, TimeoutError):
+        if code == types.REQUEST_TIMEOUT or isinstance(leaf, TimeoutError):
             limit = "within %gs (MCP_BRIDGE_TOOL_TIMEOUT)" % self.config.tool_timeout
             self._fail(session, "did not answer %s %s" % (request, limit))
             return ProxyError(
                 "MCP server %r did not answer %s %s; it was stopped and will be restarted on the next call."
                 % (name, request, limit)
             )
-        if code == CONNECTION_CLOSED or (code is None and _is_transport_failure(exc)):
-            if code == CONNECTION_CLOSED:  # the reason may be known: a crash, a stop, a discarded message
+        if code == types.CONNECTION_CLOSED or (code is None and _is_transport_failure(exc)):
+            if code == types.CONNECTION_CLOSED:  # the reason may be known: a crash, a stop, a discard
                 cause = self.failure or _CONNECTION_ENDED
             else:
                 cause = "lost its connection: %s" % _describe_exception(exc)
@@ -4018,6 +4107,8 @@ _INTENTS = {_stem(word): intent for intent, words in _INTENT_WORDS.items() for w
 def _places() -> frozenset[str]:
     """The cities of the tz database, lower case, letters only ("newyork"); empty where the
     system has no time zone data."""
+    import zoneinfo  # for search only, once
+
     return frozenset(
         re.sub(r"[^a-z]", "", name.rsplit("/", 1)[-1].lower())
         for name in zoneinfo.available_timezones()
@@ -7254,6 +7345,8 @@ def render_compact(outcome: ExecutionOutcome, config: BridgeConfig) -> str:
 
 
 def render_toon(outcome: ExecutionOutcome, fitted: FittedOutput) -> str:
+    import toon_format  # the TOON response format only
+
     return str(toon_format.encode(structured_result(outcome, fitted)))
 
 
@@ -7597,12 +7690,15 @@ RESOURCES_PAGE_SIZE = 500
 MAX_RESOURCE_FILE_BYTES = 1024 * 1024
 MAX_DESCRIBED_METADATA_CHARS = 200
 
-CAPABILITIES_RESOURCE = types.Resource(
-    uri=CAPABILITIES_URI,
-    name="capabilities",
-    description="Manual of the run_python sandbox",
-    mime_type="text/markdown",
-)
+
+@lru_cache(maxsize=1)
+def capabilities_resource() -> types.Resource:
+    return types.Resource(
+        uri=CAPABILITIES_URI,
+        name="capabilities",
+        description="Manual of the run_python sandbox",
+        mime_type="text/markdown",
+    )
 
 
 def memory_uri(key: str) -> str:
@@ -7713,10 +7809,14 @@ def read_saved_tool(tools: SavedTools, name: str) -> str | None:
 
 
 def resource_error(code: int, uri: str, message: str) -> McpProtocolError:
+    from mcp.shared.exceptions import MCPError as McpProtocolError
+
     return McpProtocolError(code=code, message=message, data={"uri": uri})
 
 
 def page_start(cursor: str | None) -> int:
+    from mcp.shared.exceptions import MCPError as McpProtocolError
+
     if cursor is None:
         return 0
     if not (cursor.isascii() and cursor.isdigit() and len(cursor) <= 12):
@@ -7771,6 +7871,8 @@ class Principals:
         """The principal a tool call or resource request comes from. Over HTTP, the one
         the auth middleware put on the request; a request without one is refused (fail
         closed), never served as somebody's."""
+        from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+
         if not self.http:
             return self.get(LOCAL_PRINCIPAL)
         user = getattr(request, "scope", {}).get("user") if request is not None else None
@@ -7832,6 +7934,7 @@ async def open_bridge(
 def build_server(bridge: Bridge) -> Server[Bridge]:
     """The MCP server over an open ``bridge``, for either transport (config.transport):
     its lifespan only hands the bridge to the module-level handlers."""
+    from mcp.server.lowlevel import Server
 
     @asynccontextmanager
     async def lifespan(_: Server[Bridge]) -> AsyncIterator[Bridge]:
@@ -7874,6 +7977,8 @@ async def on_call_tool(
     ctx: ServerRequestContext[Bridge], params: types.CallToolRequestParams
 ) -> types.CallToolResult:
     """run_python: its arguments checked, one RunRequest built and run, the outcome rendered."""
+    from mcp.shared.exceptions import MCPError as McpProtocolError
+
     if params.name != TOOL_NAME:  # a protocol error, as the MCP spec has it, not a tool result
         raise McpProtocolError(
             code=types.INVALID_PARAMS,
@@ -7919,7 +8024,7 @@ async def on_list_resources(
     # In the principal's store thread (one at a time): listing stats the files and reads
     # their index, and one principal's listings must not crowd out the others.
     saved = await host._in_store(user_resources, host.memory, host.saved_tools)
-    resources = [CAPABILITIES_RESOURCE, *saved]
+    resources = [capabilities_resource(), *saved]
     end = start + RESOURCES_PAGE_SIZE
     return types.ListResourcesResult(
         resources=resources[start:end], next_cursor=str(end) if end < len(resources) else None
@@ -7962,6 +8067,8 @@ async def on_read_resource(
 
 def _resource_owner(ctx: ServerRequestContext[Bridge]) -> Principal:
     """The caller's principal: memories and saved tools are listed and read from its store only."""
+    from mcp.shared.exceptions import MCPError as McpProtocolError
+
     try:
         return ctx.lifespan_context.principals.of_request(ctx.request)
     except BridgeError as exc:
@@ -8010,7 +8117,7 @@ async def _read_tool_resource(saved_tools: SavedTools, uri: str, name: str) -> s
 # transport answers such a line with the error JSON-RPC 2.0 prescribes and caps a line at
 # what HTTP accepts, discarding a longer one as it arrives (LineSplitter, above).
 
-STDIO_MAX_MESSAGE_BYTES = DEFAULT_MAX_REQUEST_BODY_SIZE  # 4 MiB, the SDK's cap on an HTTP request body
+STDIO_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # the SDK's cap on an HTTP request body (a test checks)
 MAX_MESSAGE_DEPTH = 200  # the nesting the SDK's JSON parser accepts, over HTTP as over stdio
 
 
@@ -8021,6 +8128,8 @@ def client_line_item(
     reply (JSON text) that JSON-RPC 2.0 requires for a line the server cannot take; or
     nothing: a blank line, or an invalid notification or response (JSON-RPC answers
     neither; they are logged)."""
+    from mcp.shared.message import SessionMessage
+
     if isinstance(line, OversizedLine):
         large, request_id = id_at_ends(line.head, line.tail)
         if large in (b"result", b"error"):
@@ -8217,6 +8326,8 @@ async def stdio_transport(
     """The SDK's stdio_server with a reply to every message and a size cap: a line over
     `cap` bytes is discarded as it arrives and answered with an error, so it is never held
     whole; a line the SDK would drop gets its JSON-RPC error (client_line_item)."""
+    from mcp.shared.message import SessionMessage
+
     with claimed_stdio() as (wire_in, wire_out):
         out = LineWriter(wire_out)
         read_send, read_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
@@ -8313,6 +8424,8 @@ def misconfigured_message(problem: str) -> str:
 
 def build_misconfigured_server(problem: str) -> Server[Any]:
     """The MCP server a bad setting leaves: run_python and the manual, each saying what is wrong."""
+    from mcp.server.lowlevel import Server
+
     message = misconfigured_message(problem)
     tool = run_python_tool(BridgeConfig())  # the default schema: the client lists the tool as usual
 
@@ -8325,7 +8438,7 @@ def build_misconfigured_server(problem: str) -> Server[Any]:
         return render_error(ConfigurationUnusableError(message))
 
     async def list_resources(ctx: ServerRequestContext[Any], params: Any) -> types.ListResourcesResult:
-        return types.ListResourcesResult(resources=[CAPABILITIES_RESOURCE])
+        return types.ListResourcesResult(resources=[capabilities_resource()])
 
     async def read_resource(
         ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
@@ -8377,12 +8490,30 @@ LOOPBACK_ORIGINS = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"
 REFUSED_CONNECTION_SECONDS = 1.0
 
 
-class PrincipalSessionManager(StreamableHTTPSessionManager):
+# The SDK's session manager and uvicorn's h11 protocol are extended below, but imported only
+# when the HTTP transport starts (they load starlette and uvicorn): each class here is a mixin
+# whose base is joined on at that time (create(), configured()). mypy sees the real base.
+if TYPE_CHECKING:
+    _SessionManagerBase = StreamableHTTPSessionManager
+    _H11ProtocolBase = H11Protocol
+else:
+    _SessionManagerBase = _H11ProtocolBase = object
+
+
+class PrincipalSessionManager(_SessionManagerBase):
     """The SDK's session manager with a cap on each principal's MCP sessions. The SDK's
     own cap is global: one token could fill it with initialize requests and lock every
     other principal out. Admission is decided here, under the SDK's creation lock, so
     parallel initializes of one principal cannot overshoot; the SDK's global limit is set
-    to the per-principal cap times the number of principals, so it is never reached first."""
+    to the per-principal cap times the number of principals, so it is never reached first.
+    Made with ``create()``, which joins it to the SDK's class."""
+
+    @classmethod
+    def create(cls, app: Server[Bridge], config: BridgeConfig, **settings: Any) -> PrincipalSessionManager:
+        from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+        joined: type[PrincipalSessionManager] = type(cls.__name__, (cls, StreamableHTTPSessionManager), {})
+        return joined(app, config, **settings)
 
     def __init__(self, app: Server[Bridge], config: BridgeConfig, **settings: Any) -> None:
         principals = len(config.auth_tokens.principals) if config.auth_tokens is not None else 1
@@ -8426,6 +8557,8 @@ class SessionCapApp:
         try:
             await self.manager.asgi_app(scope, receive, send)
         except TooManyMcpSessionsError as exc:  # raised before any response was started
+            from starlette.responses import Response
+
             body = types.JSONRPCError(
                 jsonrpc="2.0", id=None, error=types.ErrorData(code=types.INVALID_REQUEST, message=str(exc))
             )
@@ -8448,7 +8581,7 @@ def bound_host_names(config: BridgeConfig) -> tuple[list[str], list[str]]:
     return LOOPBACK_HOSTS + hosts, LOOPBACK_ORIGINS + ["http://" + name for name in hosts]
 
 
-class GuardedH11Protocol(uvicorn.protocols.http.h11_impl.H11Protocol):
+class GuardedH11Protocol(_H11ProtocolBase):
     """uvicorn's h11 protocol with the two guards uvicorn lacks (slowloris): a request
     (headers and body) must arrive within ``request_timeout`` seconds of its first byte (or
     of the connection), and at most ``max_connections`` connections are open. A connection
@@ -8456,19 +8589,21 @@ class GuardedH11Protocol(uvicorn.protocols.http.h11_impl.H11Protocol):
     real client sends its request within milliseconds, a slowloris never finishes one), so
     slow connections cannot lock real clients out; when every connection is serving a
     request, the new one is answered 503 at once and closed. uvicorn's own timeout only
-    covers the wait between requests. Configure a subclass with ``configured()``; uvicorn
-    makes one instance per connection."""
+    covers the wait between requests. ``configured()`` makes the class uvicorn is given (this
+    one joined to uvicorn's H11Protocol); uvicorn makes one instance per connection."""
 
     request_timeout: ClassVar[float] = 10.0
     max_connections: ClassVar[int] = 256
 
     @classmethod
     def configured(cls, config: BridgeConfig) -> type[GuardedH11Protocol]:
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
         settings = {
             "request_timeout": config.http_request_timeout,
             "max_connections": config.http_max_connections,
         }
-        return type("GuardedH11Protocol", (cls,), settings)
+        return type(cls.__name__, (cls, H11Protocol), settings)
 
     def connection_made(self, transport: Any) -> None:
         self._deadline: Any = None
@@ -8499,6 +8634,8 @@ class GuardedH11Protocol(uvicorn.protocols.http.h11_impl.H11Protocol):
         return True
 
     def data_received(self, data: bytes) -> None:
+        import h11  # loaded by uvicorn's protocol already
+
         if self._deadline is None and self.conn.their_state is h11.IDLE:
             self._arm(self.request_timeout)  # the next request on a kept-alive connection begins
         super().data_received(data)
@@ -8519,6 +8656,8 @@ class GuardedH11Protocol(uvicorn.protocols.http.h11_impl.H11Protocol):
         self._request_began = self.loop.time()
 
     def _too_slow(self) -> None:
+        import h11
+
         self._deadline = None
         if self.transport.is_closing() or self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):
             return
@@ -8526,6 +8665,8 @@ class GuardedH11Protocol(uvicorn.protocols.http.h11_impl.H11Protocol):
         self._close_unfinished()
 
     def _close_unfinished(self) -> None:
+        import h11
+
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
@@ -8539,6 +8680,8 @@ class GuardedH11Protocol(uvicorn.protocols.http.h11_impl.H11Protocol):
 
 async def refuse_busy_connection(scope: Any, receive: Any, send: Any) -> None:
     """The ASGI answer on a connection over MCP_BRIDGE_HTTP_MAX_CONNECTIONS."""
+    from starlette.responses import Response
+
     response = Response(
         "The bridge has MCP_BRIDGE_HTTP_MAX_CONNECTIONS connections open, the most it allows; try "
         "again in a moment, or reuse an open connection.\n",
@@ -8548,13 +8691,16 @@ async def refuse_busy_connection(scope: Any, receive: Any, send: Any) -> None:
     await response(scope, receive, send)
 
 
-class TokenFileVerifier(TokenVerifier):
-    """The SDK's TokenVerifier over the token file: a token's principal is the client."""
+class TokenFileVerifier:
+    """The SDK's TokenVerifier (a Protocol) over the token file: a token's principal is the
+    client."""
 
     def __init__(self, tokens: AuthTokens) -> None:
         self.tokens = tokens
 
     async def verify_token(self, token: str) -> AccessToken | None:
+        from mcp.server.auth.provider import AccessToken
+
         principal = self.tokens.principal_of(token)
         if principal is None:
             return None
@@ -8562,18 +8708,33 @@ class TokenFileVerifier(TokenVerifier):
         return AccessToken(token="", client_id=principal, scopes=[])
 
 
-class LocalPrincipalBackend(AuthenticationBackend):
+def local_principal_backend() -> AuthenticationBackend:
     """No token file (loopback only): every request is the local principal."""
+    from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+    from mcp.server.auth.provider import AccessToken
+    from starlette.authentication import AuthCredentials, AuthenticationBackend, BaseUser
+    from starlette.requests import HTTPConnection
 
-    async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, BaseUser] | None:
-        return AuthCredentials([]), AuthenticatedUser(
-            AccessToken(token="", client_id=LOCAL_PRINCIPAL, scopes=[])
-        )
+    class LocalPrincipalBackend(AuthenticationBackend):
+        async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, BaseUser] | None:
+            return AuthCredentials([]), AuthenticatedUser(
+                AccessToken(token="", client_id=LOCAL_PRINCIPAL, scopes=[])
+            )
+
+    return LocalPrincipalBackend()
 
 
 def http_app(server: Server[Bridge], bridge: Bridge) -> tuple[Starlette, PrincipalSessionManager]:
     """The ASGI app (/mcp behind bearer auth, /health open) and the session manager whose
     run() holds the server's lifespan."""
+    from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
+    from mcp.server.transport_security import TransportSecuritySettings
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.middleware.authentication import AuthenticationMiddleware
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
     config = bridge.config
     security = None
     if config.auth_tokens is None:
@@ -8583,9 +8744,9 @@ def http_app(server: Server[Bridge], bridge: Bridge) -> tuple[Starlette, Princip
         security = TransportSecuritySettings(
             enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
         )
-    manager = PrincipalSessionManager(server, config, security_settings=security)
+    manager = PrincipalSessionManager.create(server, config, security_settings=security)
     backend: AuthenticationBackend = (
-        LocalPrincipalBackend()
+        local_principal_backend()
         if config.auth_tokens is None
         else BearerAuthBackend(TokenFileVerifier(config.auth_tokens))
     )
@@ -8610,13 +8771,17 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return socket.create_server((address, port), family=family)
 
 
-class _UvicornServer(uvicorn.Server):
-    """uvicorn without its own signal handlers: serve_http's answer the calls in flight
-    first, and uvicorn's would raise the signal again once it has stopped."""
+def uvicorn_server_class() -> type[uvicorn.Server]:
+    """uvicorn's Server without its own signal handlers: serve_http's answer the calls in
+    flight first, and uvicorn's would raise the signal again once it has stopped."""
+    import uvicorn
 
-    @contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
+    class _UvicornServer(uvicorn.Server):
+        @contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return _UvicornServer
 
 
 def token_file_warning(tokens: AuthTokens) -> str | None:
@@ -8644,8 +8809,11 @@ async def serve_http(config: BridgeConfig, discovery: DiscoveryResult, listener:
         group.cancel_scope.cancel()
 
 
-def http_server_for(app: Starlette, config: BridgeConfig) -> _UvicornServer:
+def http_server_for(app: Starlette, config: BridgeConfig) -> uvicorn.Server:
     """uvicorn serving ``app`` (its warnings about the token file logged first)."""
+    import uvicorn
+
+    _UvicornServer = uvicorn_server_class()
     uvicorn_config = uvicorn.Config(
         app,
         log_config=None,
@@ -8668,7 +8836,7 @@ def http_server_for(app: Starlette, config: BridgeConfig) -> _UvicornServer:
     return http_server
 
 
-async def stop_http_on_signal(http_server: _UvicornServer, bridge: Bridge) -> None:
+async def stop_http_on_signal(http_server: uvicorn.Server, bridge: Bridge) -> None:
     """On SIGTERM/SIGINT: answer the calls in flight, then let uvicorn stop."""
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
@@ -9540,6 +9708,63 @@ def _nothing_to_move(client: str, sources: Sequence[ConfigSource], files: Sequen
     return "nothing to move from %s: %s. Nothing was changed." % (label, "; ".join(said))
 
 
+def _state_dir_files(
+    home: Path, platform: str, environ: Mapping[str, str], state_dir: Path
+) -> tuple[dict[Path, _ClientFile], dict[str, tuple[Path, Any]]]:
+    """The config files of the state dir, by path, and what they already define: each
+    server's name -> (its file, its entry)."""
+    files: dict[Path, _ClientFile] = {}
+    defined: dict[str, tuple[Path, Any]] = {}
+    for source in config_sources(home, home, platform, environ, state_dir, None, clients=False):
+        found = _read_config_file(source)
+        if found is not None:
+            files[source.path] = found
+            defined.update((name, (source.path, entry)) for name, entry in found.table.items())
+    return files, defined
+
+
+def _refuse_lost_bridges(
+    label: str, files: Sequence[_ClientFile], state_dir: Path, default_state_dir: Path
+) -> None:
+    """AdoptError if an entry of the client's files starts this bridge so that it would not
+    read the servers moved to ``state_dir``."""
+    for found in files:
+        for name in found.bridges:
+            problem = _bridge_entry_problem(found.table[name], state_dir, default_state_dir)
+            if problem:
+                raise AdoptError(
+                    "%s: the entry %s of %s starts this bridge, but %s; the servers would be lost to "
+                    "it. Nothing was changed." % (label, name, found.source.path, problem)
+                )
+
+
+def _bridge_entry(
+    found: _ClientFile, table: Mapping[str, Any], command: Sequence[str], env: Mapping[str, str]
+) -> tuple[str, dict[str, Any]]:
+    """The name and entry that start this bridge in ``found``'s (new) ``table``."""
+    name, number = BRIDGE_ENTRY_NAME, 1
+    while name in table:  # a server the client cannot lend keeps its name
+        number += 1
+        name = "%s-%d" % (BRIDGE_ENTRY_NAME, number)
+    entry: dict[str, Any] = {"command": command[0], "args": list(command[1:])}
+    if found.keys[-1] == "servers":  # VS Code's tables: its docs always give the type
+        entry = {"type": "stdio", **entry}
+    if env:
+        entry["env"] = dict(env)
+    return name, entry
+
+
+def _servers_file_change(
+    own_path: Path, existing: _ClientFile | None, adding: Mapping[str, tuple[Path, Any]]
+) -> FileChange:
+    """The bridge's servers file with the ``adding`` entries (new, or added to ``existing``)."""
+    table = {**(existing.table if existing else {}), **{name: entry for name, (_, entry) in adding.items()}}
+    if existing is None:
+        after = (json.dumps({"mcpServers": table}, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+        return FileChange(own_path, None, after)
+    return FileChange(own_path, existing.data, _rewritten(existing, table), existing.stamp)
+
+
 def plan_adoption(
     clients: Sequence[str],
     home: Path,
@@ -9557,13 +9782,7 @@ def plan_adoption(
     if state_dir != default_state_dir:  # a client starts the entry in a directory of its own
         env["MCP_BRIDGE_STATE_DIR"] = str(state_dir.absolute())
     own_path = state_dir / SERVERS_FILE
-    own_files: dict[Path, _ClientFile] = {}
-    defined: dict[str, tuple[Path, Any]] = {}  # what the state dir's files already define
-    for source in config_sources(home, home, platform, environ, state_dir, None, clients=False):
-        found = _read_config_file(source)
-        if found is not None:
-            own_files[source.path] = found
-            defined.update((name, (source.path, entry)) for name, entry in found.table.items())
+    own_files, defined = _state_dir_files(home, platform, environ, state_dir)
     adding: dict[str, tuple[Path, Any]] = {}
     conflicts: list[str] = []
     changes: list[FileChange] = []
@@ -9575,14 +9794,7 @@ def plan_adoption(
         movable = [found for found in files if found.moved]
         if not movable:
             raise AdoptError(_nothing_to_move(client, sources, files))
-        for found in files:
-            for name in found.bridges:
-                problem = _bridge_entry_problem(found.table[name], state_dir, default_state_dir)
-                if problem:
-                    raise AdoptError(
-                        "%s: the entry %s of %s starts this bridge, but %s; the servers would be lost to "
-                        "it. Nothing was changed." % (label, name, found.source.path, problem)
-                    )
+        _refuse_lost_bridges(label, files, state_dir, default_state_dir)
         add_bridge = not any(found.bridges for found in files)
         for found in movable:
             for name, entry in found.moved.items():
@@ -9602,15 +9814,7 @@ def plan_adoption(
             lines += ["%s: keeps %s (this bridge%s)" % (label, name, kept_as_is) for name in found.bridges]
             if add_bridge:
                 add_bridge = False
-                name, number = BRIDGE_ENTRY_NAME, 1
-                while name in table:  # a server the client cannot lend keeps its name
-                    number += 1
-                    name = "%s-%d" % (BRIDGE_ENTRY_NAME, number)
-                entry = {"command": command[0], "args": list(command[1:])}
-                if found.keys[-1] == "servers":  # VS Code's tables: its docs always give the type
-                    entry = {"type": "stdio", **entry}
-                if env:
-                    entry["env"] = dict(env)
+                name, entry = _bridge_entry(found, table, command, env)
                 table[name] = entry
                 settings = "".join(" %s=%s" % pair for pair in env.items())
                 lines.append("%s: adds %s (this bridge:%s %s)" % (label, name, settings, " ".join(command)))
@@ -9621,16 +9825,7 @@ def plan_adoption(
             % "; ".join(conflicts)
         )
     if adding:
-        existing = own_files.get(own_path)
-        table = {
-            **(existing.table if existing else {}),
-            **{name: entry for name, (_, entry) in adding.items()},
-        }
-        if existing is None:
-            after = (json.dumps({"mcpServers": table}, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
-            changes.append(FileChange(own_path, None, after))
-        else:
-            changes.append(FileChange(own_path, existing.data, _rewritten(existing, table), existing.stamp))
+        changes.append(_servers_file_change(own_path, own_files.get(own_path), adding))
     return changes, lines
 
 
