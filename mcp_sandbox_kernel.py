@@ -17,7 +17,8 @@ wire-protocol section on the host too, so frames are built, parsed and validated
 exactly one place.
 
 Sections (``grep -n '^# ====' mcp_sandbox_kernel.py``):
-    wire protocol    -> newline-delimited JSON frames, size-capped, schema per frame type
+    wire protocol    -> newline-delimited JSON frames, size-capped, schema per frame type;
+                        the host request methods (REQUEST_METHODS)
     output capture   -> the supervisor's pumps on the executor's stdout/stderr pipes
     code execution   -> one persistent namespace, top-level await, REPL-style value
     sandbox API      -> ``from mcp import runtime``, ``mcp_<alias>``, host requests
@@ -60,8 +61,11 @@ import time
 import traceback
 import types
 import urllib.parse
-from collections.abc import Coroutine, Iterable, Iterator
-from typing import Any, Callable, NamedTuple
+from collections.abc import Coroutine, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple, TypedDict, Union
+
+if TYPE_CHECKING:  # typing.NotRequired is new in 3.11; annotations here are never evaluated
+    from typing import NotRequired
 
 # =============================================================================
 # wire protocol
@@ -310,6 +314,168 @@ SUPERVISOR_FRAME_TYPES = frozenset({"execute", "response"})
 EXECUTOR_FRAME_TYPES = frozenset({"hello", "result", "error", "request", "cancel", "loading"})
 
 
+# --- frames as types ------------------------------------------------------------------
+# The fields of each frame type for a type checker, as FRAME_SCHEMAS checks them at run
+# time (annotations are never evaluated here, so they may use syntax newer than 3.9).
+FrameId = Union[str, int]
+
+
+class KeyFrame(TypedDict):
+    type: Literal["key"]
+    key: str
+
+
+class ExecuteFrame(TypedDict):
+    type: Literal["execute"]
+    id: FrameId
+    code: str
+    saved_tools: NotRequired[bool]
+    skip: NotRequired[list[str]]
+
+
+class InterruptFrame(TypedDict):
+    type: Literal["interrupt"]
+    id: FrameId
+    grace: NotRequired[float]
+
+
+class ErrorInfo(TypedDict):
+    type: str
+    message: str
+    traceback: NotRequired[str | None]
+    module: NotRequired[str | None]
+
+
+class ResponseFrame(TypedDict):
+    type: Literal["response"]
+    id: FrameId
+    result: NotRequired[object]  # JSON data: what the method answers
+    error: NotRequired[ErrorInfo | None]
+
+
+class HelloFrame(TypedDict):
+    type: Literal["hello"]
+    protocol: int
+    python: str
+    pid: NotRequired[int]
+
+
+class StreamFrame(TypedDict):
+    type: Literal["stream"]
+    id: FrameId
+    name: Literal["stdout", "stderr"]
+    text: str
+
+
+class Cut(TypedDict):
+    count: int
+    tail: str
+    file: NotRequired[str | None]
+
+
+class Image(TypedDict):
+    mime_type: str
+    data: str  # base64
+
+
+class Attachment(TypedDict):
+    uri: str
+    mime_type: str
+    text: NotRequired[str]
+    blob: NotRequired[str]  # base64
+
+
+class FailedTool(TypedDict):
+    name: str
+    digest: str
+    reason: str
+
+
+class ResultFrame(TypedDict):
+    type: Literal["result"]
+    id: FrameId
+    status: Literal["ok", "error", "interrupted", "killed", "crashed"]
+    value: NotRequired[str | None]
+    json: NotRequired[object]  # the value as JSON data
+    error: NotRequired[ErrorInfo | None]
+    cut: NotRequired[dict[str, Cut]]
+    notices: NotRequired[list[str]]
+    images: NotRequired[list[Image]]
+    attachments: NotRequired[list[Attachment]]
+    defined_tools: NotRequired[list[str]]
+    failed_tools: NotRequired[list[FailedTool]]
+
+
+class LoadingFrame(TypedDict):
+    type: Literal["loading"]
+    tool: str | None
+    digest: NotRequired[str | None]
+
+
+class ErrorFrame(TypedDict):
+    type: Literal["error"]
+    id: NotRequired[FrameId | None]
+    message: str
+
+
+class RequestFrame(TypedDict):
+    type: Literal["request"]
+    id: FrameId
+    method: str  # one of REQUEST_METHODS (the bridge answers any other with an error)
+    params: dict[str, object]  # that method's parameters (JSON data), by name
+    call: NotRequired[FrameId | None]
+
+
+class CancelFrame(TypedDict):
+    type: Literal["cancel"]
+    id: FrameId
+
+
+# --- host requests --------------------------------------------------------------------
+# What code in the sandbox may ask the bridge: a ``request`` frame names one of these
+# methods and carries its parameters by name; the bridge answers with one ``response``.
+# This table is the protocol: the bridge validates each method's params with a model of
+# its own (strict JSON types), and a test checks that its methods and their parameter
+# names and kinds (JSON types) are exactly these.
+DISCOVERED_SERVERS = "discovered_servers"
+LIST_TOOLS = "list_tools"
+QUERY_TOOL_DOCS = "query_tool_docs"
+SEARCH_TOOL_DOCS = "search_tool_docs"
+CALL_TOOL = "call_tool"
+CAPABILITY_SUMMARY = "capability_summary"
+MEMORY_SAVE = "memory_save"
+MEMORY_LOAD = "memory_load"
+MEMORY_PUT_IF = "memory_put_if"
+MEMORY_DELETE = "memory_delete"
+MEMORY_INFO = "memory_info"
+MEMORY_LIST = "memory_list"
+TOOL_SAVE = "tool_save"
+TOOL_LIST = "tool_list"
+TOOL_DELETE = "tool_delete"
+TOOL_SOURCES = "tool_sources"
+PROGRESS = "progress"  # about the asking sandbox's own call: its session answers it
+
+REQUEST_METHODS: dict[str, dict[str, str]] = {
+    DISCOVERED_SERVERS: {"detailed": "boolean"},
+    LIST_TOOLS: {"server": "string"},
+    QUERY_TOOL_DOCS: {"server": "string", "tool": "string or null", "detail": "string"},
+    SEARCH_TOOL_DOCS: {"query": "string", "limit": "integer", "detail": "string"},
+    CALL_TOOL: {"server": "string", "tool": "string", "arguments": "object or null"},
+    CAPABILITY_SUMMARY: {},
+    MEMORY_SAVE: {"key": "string", "value": "JSON", "metadata": "object or null"},
+    MEMORY_LOAD: {"key": "string"},
+    MEMORY_PUT_IF: {"key": "string", "value": "JSON", "generation": "integer"},
+    MEMORY_DELETE: {"key": "string"},
+    MEMORY_INFO: {"key": "string"},
+    MEMORY_LIST: {"after": "string or null", "limit": "integer"},
+    TOOL_SAVE: {"name": "string", "source": "string"},
+    TOOL_LIST: {},
+    TOOL_DELETE: {"name": "string"},
+    TOOL_SOURCES: {},
+    PROGRESS: {"done": "number", "total": "number or null", "message": "string or null"},
+}
+
+
 def validate_frame(frame: Frame, accepted: frozenset[str]) -> Frame:
     """``frame`` itself when its type is one of ``accepted`` and every field has the
     right type and size; else ProtocolError saying which field is wrong."""
@@ -362,7 +528,7 @@ def authentic_part(line: bytes, key: bytes) -> bool:
     return hmac.compare_digest(line[start : start + MAC_CHARS], frame_mac(key, line[start + MAC_CHARS + 2 :]))
 
 
-def encode_frame(frame: Frame, max_frame_bytes: int, key: bytes | None = None) -> bytes:
+def encode_frame(frame: Mapping[str, object], max_frame_bytes: int, key: bytes | None = None) -> bytes:
     """One frame = one JSON object on one line (signed with ``key`` when given). JSON
     escapes newlines inside strings, so the only raw newline is the terminator."""
     data = json.dumps(frame, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
@@ -490,7 +656,7 @@ class Channel:
         self.deferred_interrupt = False
         self.output_closed = False
 
-    def send(self, frame: Frame) -> None:
+    def send(self, frame: Mapping[str, object]) -> None:
         """Send one frame whole; ProtocolError (nothing sent) when it is over the cap,
         so the sender can tell its own caller at once."""
         in_main = threading.current_thread() is threading.main_thread()
@@ -1534,8 +1700,13 @@ class HostRequests:
         return request_id
 
     def _send_request(self, request_id: str, method: str, params: dict[str, Any]) -> None:
-        frame = {"type": "request", "id": request_id, "method": method, "params": params}
-        frame["call"] = CURRENT_CALL.get()
+        frame: RequestFrame = {
+            "type": "request",
+            "id": request_id,
+            "method": method,
+            "params": params,
+            "call": CURRENT_CALL.get(),
+        }
         try:
             self.channel.send(frame)
         except ProtocolError as exc:
@@ -1709,8 +1880,8 @@ class SandboxRuntime:
         """Configured servers (none is started by this): aliases, or dicts with details."""
         params, label = {"detailed": detailed}, "runtime.discovered_servers()"
         if detailed:  # the details carry every configuration problem
-            return self._host("discovered_servers", params, label)
-        return self._host("discovered_servers", params, label, self._aliases)
+            return self._host(DISCOVERED_SERVERS, params, label)
+        return self._host(DISCOVERED_SERVERS, params, label, self._aliases)
 
     def _aliases(self, aliases: list[str]) -> list[str]:
         """Aliases as a list that also prints the config files that could not be used, if any."""
@@ -1731,13 +1902,13 @@ class SandboxRuntime:
     @deferrable
     def list_tools(self, server: str) -> Any:
         """Tool names and one-line descriptions of one server (starts it if needed)."""
-        return self._host("list_tools", {"server": server}, "runtime.list_tools(%r)" % (server,))
+        return self._host(LIST_TOOLS, {"server": server}, "runtime.list_tools(%r)" % (server,))
 
     @deferrable
     def query_tool_docs(self, server: str, tool: str | None = None, detail: str = "summary") -> Any:
         """Python signatures of a server's tools (or one tool); detail="full" adds schemas."""
         params = {"server": server, "tool": tool, "detail": detail}
-        return self._host("query_tool_docs", params, "runtime.query_tool_docs(%r)" % (server,))
+        return self._host(QUERY_TOOL_DOCS, params, "runtime.query_tool_docs(%r)" % (server,))
 
     @deferrable
     def search_tool_docs(self, query: str, limit: int = 5, detail: str = "summary") -> Any:
@@ -1747,19 +1918,19 @@ class SandboxRuntime:
         lines; ``detail="full"``: with descriptions and schemas."""
         params = {"query": query, "limit": limit, "detail": detail}
         label = "runtime.search_tool_docs(%r)" % (query,)
-        return self._host("search_tool_docs", params, label, lambda hits: [_hit(hit) for hit in hits])
+        return self._host(SEARCH_TOOL_DOCS, params, label, lambda hits: [_hit(hit) for hit in hits])
 
     @deferrable
     def capability_summary(self) -> Any:
         """A short text: servers, how to discover and call their tools."""
-        return self._host("capability_summary", {}, "runtime.capability_summary()")
+        return self._host(CAPABILITY_SUMMARY, {}, "runtime.capability_summary()")
 
     @deferrable
     def list_loaded_server_metadata(self) -> Any:
         """The original project's name: details of every configured server."""
         params = {"detailed": True}
         label = "runtime.list_loaded_server_metadata()"
-        return self._host("discovered_servers", params, label, lambda result: result["servers"])
+        return self._host(DISCOVERED_SERVERS, params, label, lambda result: result["servers"])
 
     # The original project's synchronous names: the same helpers.
     list_servers_sync = list_servers
@@ -1777,7 +1948,7 @@ class SandboxRuntime:
     def _dispatch_call(self, server: str, tool: str, arguments: dict[str, Any], raw: bool, label: str) -> Any:
         params = {"server": server, "tool": tool, "arguments": arguments}
         return self._host(
-            "call_tool", params, label, lambda result: unwrap_tool_result(server, tool, result, raw)
+            CALL_TOOL, params, label, lambda result: unwrap_tool_result(server, tool, result, raw)
         )
 
     @deferrable
@@ -1786,7 +1957,7 @@ class SandboxRuntime:
         if it asked for progress: a notification it shows while the call runs. Values
         must grow; reports closer than a quarter second apart are thinned out."""
         params = {"done": done, "total": total, "message": message}
-        return self._host("progress", params, "runtime.progress(%r)" % (done,))
+        return self._host(PROGRESS, params, "runtime.progress(%r)" % (done,))
 
     # --- memory: kept on the host, across sessions and bridges ------------------------------
     @deferrable
@@ -1796,13 +1967,13 @@ class SandboxRuntime:
         _require_json(value, "save_memory: the value")
         _require_json(metadata, "save_memory: the metadata")
         params = {"key": key, "value": value, "metadata": metadata}
-        return self._host("memory_save", params, "save_memory(%r, ...)" % (key,))
+        return self._host(MEMORY_SAVE, params, "save_memory(%r, ...)" % (key,))
 
     @deferrable
     def load_memory(self, key: str, default: Any = None) -> Any:
         """The value saved under ``key``, or ``default`` when there is none."""
         return self._host(
-            "memory_load",
+            MEMORY_LOAD,
             {"key": key},
             "load_memory(%r)" % (key,),
             lambda r: r["value"] if r["found"] else default,
@@ -1811,16 +1982,16 @@ class SandboxRuntime:
     @deferrable
     def delete_memory(self, key: str) -> Any:
         """Forget ``key``; True when it existed."""
-        return self._host("memory_delete", {"key": key}, "delete_memory(%r)" % (key,))
+        return self._host(MEMORY_DELETE, {"key": key}, "delete_memory(%r)" % (key,))
 
     @deferrable
     def memory_exists(self, key: str) -> Any:
-        return self._host("memory_info", {"key": key}, "memory_exists(%r)" % (key,), lambda r: r is not None)
+        return self._host(MEMORY_INFO, {"key": key}, "memory_exists(%r)" % (key,), lambda r: r is not None)
 
     @deferrable
     def get_memory_info(self, key: str) -> Any:
         """{key, metadata, size, version, created, updated} of ``key``, or None."""
-        return self._host("memory_info", {"key": key}, "get_memory_info(%r)" % (key,))
+        return self._host(MEMORY_INFO, {"key": key}, "get_memory_info(%r)" % (key,))
 
     @deferrable
     def list_memories(self, after: str | None = None, limit: int | None = None) -> Any:
@@ -1834,14 +2005,14 @@ class SandboxRuntime:
         def run() -> Any:
             entries: list[Any] = []
             while (params := _next_memory_page(after, limit, entries)) is not None:
-                if not _take_memory_page(entries, self._requests.call("memory_list", params)):
+                if not _take_memory_page(entries, self._requests.call(MEMORY_LIST, params)):
                     break
             return entries
 
         async def run_async() -> Any:
             entries: list[Any] = []
             while (params := _next_memory_page(after, limit, entries)) is not None:
-                if not _take_memory_page(entries, await self._requests.call_async("memory_list", params)):
+                if not _take_memory_page(entries, await self._requests.call_async(MEMORY_LIST, params)):
                     break
             return entries
 
@@ -1861,22 +2032,22 @@ class SandboxRuntime:
 
     def _update_sync(self, key: str, fn: Callable[[Any], Any], default: Any) -> Any:
         for attempt in range(UPDATE_MEMORY_ATTEMPTS):
-            current = self._requests.call("memory_load", {"key": key})
+            current = self._requests.call(MEMORY_LOAD, {"key": key})
             value = fn(current["value"] if current["found"] else default)
             _require_json(value, "update_memory: the new value")
             params = {"key": key, "value": value, "generation": current["generation"]}
-            if self._requests.call("memory_put_if", params)["ok"]:
+            if self._requests.call(MEMORY_PUT_IF, params)["ok"]:
                 return value
             time.sleep(_backoff(attempt))
         raise MCPError(_CONTENDED % (key, UPDATE_MEMORY_ATTEMPTS))
 
     async def _update_async(self, key: str, fn: Callable[[Any], Any], default: Any) -> Any:
         for attempt in range(UPDATE_MEMORY_ATTEMPTS):
-            current = await self._requests.call_async("memory_load", {"key": key})
+            current = await self._requests.call_async(MEMORY_LOAD, {"key": key})
             value = fn(current["value"] if current["found"] else default)
             _require_json(value, "update_memory: the new value")
             params = {"key": key, "value": value, "generation": current["generation"]}
-            if (await self._requests.call_async("memory_put_if", params))["ok"]:
+            if (await self._requests.call_async(MEMORY_PUT_IF, params))["ok"]:
                 return value
             await asyncio.sleep(_backoff(attempt))
         raise MCPError(_CONTENDED % (key, UPDATE_MEMORY_ATTEMPTS))
@@ -1894,17 +2065,17 @@ class SandboxRuntime:
             saved = info.pop("tools", [])  # every saved tool's name: a fresh session has them
             return dict(info, warnings=unbound_name_warnings(unbound, saved))
 
-        return self._host("tool_save", params, "save_tool(%s)" % func.__name__, answer)
+        return self._host(TOOL_SAVE, params, "save_tool(%s)" % func.__name__, answer)
 
     @deferrable
     def list_saved_tools(self) -> Any:
         """[{"name", "doc", "path"}] of the saved tools (``doc``: the docstring's first line)."""
-        return self._host("tool_list", {}, "list_saved_tools()")
+        return self._host(TOOL_LIST, {}, "list_saved_tools()")
 
     @deferrable
     def delete_tool(self, name: str) -> Any:
         """Forget a saved tool (sessions that have it keep it until they end); True if it existed."""
-        return self._host("tool_delete", {"name": name}, "delete_tool(%r)" % (name,))
+        return self._host(TOOL_DELETE, {"name": name}, "delete_tool(%r)" % (name,))
 
 
 class SearchHit(dict):  # type: ignore[type-arg]
@@ -2252,7 +2423,7 @@ def tool_function(runtime: SandboxRuntime, server: str, tool: str, name: str) ->
     call.__module__ = "mcp.servers.%s" % server
     call._mcp_deferrable = True  # type: ignore[attr-defined]
     try:
-        docs = runtime._requests.call("query_tool_docs", {"server": server, "tool": tool, "detail": "full"})
+        docs = runtime._requests.call(QUERY_TOOL_DOCS, {"server": server, "tool": tool, "detail": "full"})
     except MCPError as exc:
         call.__doc__ = "The docs of %s.%s are unavailable: %s" % (server, tool, exc)
         return call
@@ -2469,7 +2640,7 @@ class ExecutorProcess:
         rest are left out. The names defined are kept in ``defined_tools``: the bridge,
         not each fresh session, says which they are."""
         try:
-            answer = self.requests.call("tool_sources", {})
+            answer = self.requests.call(TOOL_SOURCES, {})
         except MCPError as exc:
             return ["Saved tools could not be loaded: %s" % exc]
         notices: list[str] = [str(notice) for notice in answer.get("skipped") or []]

@@ -11,7 +11,7 @@ ARCHITECTURE.md).
 
 Sections, in dependency order (``grep -n '^# ====' mcp_server_code_execution_mode.py``):
     configuration        -> BridgeConfig, built once in main() from flags and MCP_BRIDGE_*
-    errors               -> BridgeError and the subclasses each section raises
+    errors               -> every exception class: BridgeError (for the model), CommandError (a terminal)
     wire protocol        -> shared with the kernel: encode_frame / FrameDecoder
     container runtime    -> Podman / Docker strategies, detection, hardened argv, sweeping
     server discovery     -> the user's MCP servers, read from every client's config files
@@ -42,6 +42,7 @@ import fnmatch
 import hashlib
 import hmac
 import importlib.metadata
+import importlib.util
 import io
 import ipaddress
 import json
@@ -65,7 +66,6 @@ import threading
 import time
 import tomllib
 import urllib.parse
-import zoneinfo
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
@@ -74,42 +74,36 @@ from datetime import UTC, datetime
 from difflib import SequenceMatcher
 from functools import lru_cache
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any, ClassVar, Literal, NoReturn
+from types import MappingProxyType, ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NoReturn, TypeVar, TypeVarTuple
 
 import anyio
 import anyio.abc
-import h11
-import mcp_types as types
-import mcp_types.methods
-import toon_format
-import uvicorn
-import uvicorn.protocols.http.h11_impl
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from mcp.client.session import ClientSession
-from mcp.client.sse import sse_client
-from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.os.posix.utilities import terminate_posix_process_tree
-from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, BearerAuthBackend, RequireAuthMiddleware
-from mcp.server.auth.provider import AccessToken, TokenVerifier
-from mcp.server.context import ServerRequestContext
-from mcp.server.lowlevel import Server
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecuritySettings
-from mcp.shared._httpx_utils import create_mcp_http_client
-from mcp.shared.exceptions import MCPError as McpProtocolError
-from mcp.shared.message import SessionMessage
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 from pydantic.json_schema import SkipJsonSchema
-from starlette.applications import Starlette
-from starlette.authentication import AuthCredentials, AuthenticationBackend, BaseUser
-from starlette.middleware import Middleware
-from starlette.middleware.authentication import AuthenticationMiddleware
-from starlette.requests import HTTPConnection, Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+
+# The MCP SDK (mcp.*), uvicorn and starlette are imported where they are used, not here:
+# importing any mcp.* module loads the SDK's HTTP server as well (uvicorn, starlette,
+# sse_starlette, httpx: about half a second), which the terminal commands (memory, adopt,
+# build-image, --help) never need. tests/test_imports.py checks that importing this module
+# loads none of them. Here, the names that annotations use:
+if TYPE_CHECKING:
+    import mcp_types as types
+    import uvicorn
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters
+    from mcp.server.auth.provider import AccessToken
+    from mcp.server.context import ServerRequestContext
+    from mcp.server.lowlevel import Server
+    from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+    from mcp.shared.exceptions import MCPError as McpProtocolError
+    from mcp.shared.message import SessionMessage
+    from starlette.applications import Starlette
+    from starlette.authentication import AuthenticationBackend
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from uvicorn.protocols.http.h11_impl import H11Protocol
 
 import mcp_sandbox_kernel
 from mcp_sandbox_kernel import (
@@ -131,6 +125,41 @@ from mcp_sandbox_kernel import (
 __version__ = "0.1.0"
 SERVER_NAME = "mcp-server-code-execution-mode"
 logger = logging.getLogger("mcp_server_code_execution_mode")
+
+
+def lazy_module(name: str) -> ModuleType:
+    """``name``'s module, loaded on its first attribute access (the stdlib's LazyLoader
+    recipe): what importing it costs is paid only by the paths that use it."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.loader is not None, name
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# The MCP protocol's types: a third of a second to import (pydantic models of two protocol
+# versions), which the terminal commands never need. (Python 3.11's LazyLoader is not
+# thread-safe on the first access: the servers make theirs in build_server, before any
+# worker thread runs.)
+if not TYPE_CHECKING:
+    types = lazy_module("mcp_types")
+
+# What the bridge takes from the MCP SDK beyond its public API, each "module:name" (a
+# dotted name reaches into a class; an attribute the SDK sets in __init__ is checked on an
+# instance). An SDK upgrade may move or change them without notice: tests/test_imports.py
+# imports each and names the one that moved. Where one is used, its import says "one of
+# SDK_INTERNALS", and the test checks that every such import is listed here.
+SDK_INTERNALS = (
+    "mcp.shared._httpx_utils:create_mcp_http_client",  # an HTTP server's client, the SDK's timeouts
+    "mcp.os.posix.utilities:terminate_posix_process_tree",  # stops a stdio server's process group
+    "mcp.server.streamable_http_manager:StreamableHTTPSessionManager._admit_session",  # per-principal cap
+    "mcp.server.streamable_http_manager:StreamableHTTPSessionManager._session_owners",  # who holds each
+    "mcp.server.streamable_http_manager:StreamableHTTPSessionManager._server_instances",  # how many open
+)
 
 # =============================================================================
 # configuration
@@ -303,10 +332,6 @@ class BridgeConfig:
     mcp_session_idle_timeout: float = 300.0
     http_request_timeout: float = 10.0
     http_max_connections: int = 256
-
-
-class ConfigError(Exception):
-    """A bad setting; the message names the variable and the accepted values."""
 
 
 def _number(text: str, kind: Callable[[str], float], expected: str, valid: Callable[[float], bool]) -> Any:
@@ -891,8 +916,41 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> BridgeConfig
 # =============================================================================
 
 
+# Every exception class of the bridge, by the audience that reads its message:
+#
+#   Exception
+#    +-- BridgeError                      the model reads it: what happened and what to do in the
+#    |    |                               next run_python call (render_error, at the tool boundary)
+#    |    +-- RuntimeUnavailableError     the container engine does not answer
+#    |    |    +-- NoEngineError          none of the engines tried answers (.problems: why each)
+#    |    +-- SandboxStartError           the container or its kernel did not start
+#    |    |    +-- SandboxImageMissingError   ... and its image is not here (not retried at once)
+#    |    +-- InvalidRequestError         run_python's arguments are unusable
+#    |    +-- ConfigurationUnusableError  a bad setting: run_python cannot run anything
+#    |    +-- ShuttingDownError           a stop signal arrived during the call
+#    |    +-- ServerUnavailableError      a configured MCP server did not start, or died
+#    |    |    +-- OversizedMessageError  it sent a message over the cap (handed to its client
+#    |    |                               session as a stream item, never raised)
+#    |    +-- ProxyError                  a request from the sandbox the bridge refuses or cannot serve
+#    |    +-- MemoryStoreError            the memory store refuses or cannot serve a request
+#    |    +-- TooManySessionsError        a new session while MCP_BRIDGE_MAX_SESSIONS hold sandboxes
+#    |    +-- TooManyCallsError           a principal's run_python calls in flight are at their cap
+#    |    +-- UnauthenticatedError        an HTTP request without the principal auth sets
+#    |    +-- TooManyMcpSessionsError     a principal's MCP sessions are at their cap
+#    +-- CommandError (.status)           a person at a terminal reads it: what to run or set there;
+#         |                               main() prints it once and exits with its status
+#         +-- ConfigError (status 2)      a bad setting: the flag or variable and what it accepts
+#         +-- AdoptError                  adopt refuses, having changed nothing
+#              +-- ConfigChangedError     a file changed between adopt's read and its write
+#
+# A failure both audiences meet keeps one fact and each layer phrases it: NoEngineError
+# carries .problems, which the model reads with "call run_python again" and the command
+# line with "run this command again" (engine_problem); a ConfigError reaches the model
+# through misconfigured_message; a MemoryStoreError's facts suit both as they are.
+
+
 class BridgeError(Exception):
-    """Root of the bridge's own errors. The message is written for the model: what
+    """Root of the errors the model reads. The message is written for the model: what
     happened and what to do next. Rendered once, at the tool boundary."""
 
 
@@ -900,8 +958,22 @@ class RuntimeUnavailableError(BridgeError):
     """No container runtime answers."""
 
 
+class NoEngineError(RuntimeUnavailableError):
+    """None of the engines tried answers. The message is the model's; ``problems`` (why
+    each engine failed) lets the command line say the same in its own words."""
+
+    def __init__(self, message: str, problems: Sequence[str]) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
+
+
 class SandboxStartError(BridgeError):
     """The container did not start or the kernel did not say hello in time."""
+
+
+class SandboxImageMissingError(SandboxStartError):
+    """The container did not start, and its image is not on this machine (not found, or
+    the pull failed): the one start failure that is not retried at once."""
 
 
 class InvalidRequestError(BridgeError):
@@ -914,6 +986,68 @@ class ConfigurationUnusableError(BridgeError):
 
 class ShuttingDownError(BridgeError):
     """The bridge received SIGTERM/SIGINT while the call was in flight."""
+
+
+class ServerUnavailableError(BridgeError):
+    """A configured MCP server could not be started, or died."""
+
+
+class OversizedMessageError(ServerUnavailableError):
+    """A server sent a message over the size cap; it was discarded unread. Handed to the
+    server's ClientSession as a stream item (the connection then restarts), never raised."""
+
+
+class ProxyError(BridgeError):
+    """A request from the sandbox that the bridge refuses or cannot serve."""
+
+
+class MemoryStoreError(BridgeError):
+    """A memory request the store refuses (bad key, value too large) or cannot serve. The
+    memory and tools commands show the same message (its facts suit a terminal too)."""
+
+
+class TooManySessionsError(BridgeError):
+    """A call named a new session while MCP_BRIDGE_MAX_SESSIONS sessions hold sandboxes."""
+
+
+class TooManyCallsError(BridgeError):
+    """An HTTP principal has MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL run_python calls in flight."""
+
+
+class UnauthenticatedError(BridgeError):
+    """An HTTP request reached a handler without the principal the auth middleware sets."""
+
+
+class TooManyMcpSessionsError(BridgeError):
+    """An HTTP principal holds MCP_BRIDGE_MAX_MCP_SESSIONS_PER_PRINCIPAL MCP sessions and sent
+    another initialize."""
+
+
+class CommandError(Exception):
+    """Root of the errors a person at a terminal reads (the subcommands, the server's own
+    start): what to run or set there. main() prints it once, as one line on stderr after
+    the command's name, and exits with ``status`` (1: refused or failed, 2: a bad command
+    line or setting)."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ConfigError(CommandError):
+    """A bad setting; the message names the variable and the accepted values. Exit status 2;
+    over stdio, the model hears of it through misconfigured_message."""
+
+    def __init__(self, message: str, status: int = 2) -> None:
+        super().__init__(message, status)
+
+
+class AdoptError(CommandError):
+    """adopt refuses, having changed nothing (or says what it could not finish)."""
+
+
+class ConfigChangedError(AdoptError):
+    """A file changed between adopt's read and its write: its client may be running."""
 
 
 SHUTTING_DOWN = (
@@ -1009,11 +1143,15 @@ def process_limits(spec: LaunchSpec, gvisor: bool) -> tuple[int, int]:
 
 COMMAND_TIMEOUT = 20.0
 
-INSTALL_HINT = (
+# Where to get an engine: one fact, which each audience reads in its own words (the
+# model's here, a terminal's in engine_problem).
+INSTALL_ENGINE = (
     "Install Podman (https://podman.io/docs/installation; on Debian/Ubuntu: "
-    "`sudo apt-get install podman`) or Docker (https://docs.docker.com/get-docker/), make sure "
-    "`podman info` or `docker info` works for the user running this MCP server, then call "
-    "run_python again. To choose one explicitly set MCP_BRIDGE_RUNTIME=podman|docker."
+    "`sudo apt-get install podman`) or Docker (https://docs.docker.com/get-docker/)"
+)
+INSTALL_HINT = (
+    INSTALL_ENGINE + ", make sure `podman info` or `docker info` works for the user running this MCP "
+    "server, then call run_python again. To choose one explicitly set MCP_BRIDGE_RUNTIME=podman|docker."
 )
 
 
@@ -1589,9 +1727,10 @@ async def detect_runtime(
             problems.append(str(exc))
             continue
         return runtime
-    raise RuntimeUnavailableError(
+    raise NoEngineError(
         "No container runtime is available, so Python cannot run yet: %s. %s"
-        % ("; ".join(problems), INSTALL_HINT)
+        % ("; ".join(problems), INSTALL_HINT),
+        problems,
     )
 
 
@@ -2540,6 +2679,86 @@ def _names_this_bridge(entry: Any, self_markers: tuple[str, ...]) -> bool:
     return launches_self([entry["command"], *words], self_markers)
 
 
+class _ConfigDocuments:
+    """The config files read so far, each read once (~/.claude.json serves three purposes),
+    or the error reading it raised."""
+
+    def __init__(self) -> None:
+        self.by_path: dict[Path, Any] = {}
+
+    def read(self, path: Path, format: Literal["json", "toml"]) -> Any:
+        if path not in self.by_path:
+            try:
+                self.by_path[path] = _read_document(path, format)
+            except (OSError, ValueError) as exc:
+                self.by_path[path] = exc
+        if isinstance(self.by_path[path], Exception):
+            raise self.by_path[path]
+        return self.by_path[path]
+
+    def optional(self, path: Path) -> Any:
+        """The JSON document at ``path``, or None: an approval that cannot be read approves nothing."""
+        with suppress(OSError, ValueError):
+            return self.read(path, "json")
+        return None
+
+
+@dataclass
+class _Discovered:
+    """What discover_servers has found so far, in the order it found it."""
+
+    chosen: dict[str, tuple[ServerSpec | None, list[str]]] = field(default_factory=dict)  # by name
+    problems: list[str] = field(default_factory=list)
+    unusable: list[str] = field(default_factory=list)  # also in problems
+    read: list[str] = field(default_factory=list)
+    untrusted: list[str] = field(default_factory=list)
+
+    def cannot_use(self, problem: str) -> None:
+        self.problems.append(problem)
+        self.unusable.append(problem)
+
+    def result(self) -> DiscoveryResult:
+        """The servers chosen, aliased and sorted; the problem lines of the entries chosen
+        come last (those of entries a later file replaced are gone with them)."""
+        specs = [spec for spec, _ in self.chosen.values() if spec is not None]
+        problems = self.problems + [line for _, lines in self.chosen.values() for line in lines]
+        aliases = assign_aliases(spec.name for spec in specs)
+        servers = sorted((replace(spec, alias=aliases[spec.name]) for spec in specs), key=lambda s: s.alias)
+        # dict.fromkeys: ~/.claude.json is read for two sources; report it once.
+        return DiscoveryResult(
+            tuple(servers),
+            tuple(dict.fromkeys(problems)),
+            tuple(dict.fromkeys(self.read)),
+            tuple(dict.fromkeys(self.untrusted)),
+            tuple(dict.fromkeys(self.unusable)),
+        )
+
+
+def _source_table(source: ConfigSource, documents: _ConfigDocuments, found: _Discovered) -> dict[str, Any]:
+    """The server table of one config file (empty if it has none); why it cannot be used,
+    if so, goes to ``found``."""
+    try:
+        document = documents.read(source.path, source.format)
+    except (FileNotFoundError, NotADirectoryError):
+        if source.required:
+            found.cannot_use("%s: the file does not exist" % source.path)
+        return {}
+    except (OSError, ValueError) as exc:
+        found.read.append(source.label)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        found.cannot_use("%s: cannot be used: %s" % (source.path, reason))
+        return {}
+    found.read.append(source.label)
+    try:
+        table = _server_table(document, source)
+    except ValueError as exc:
+        found.cannot_use("%s: cannot be used: %s" % (source.label, exc))
+        return {}
+    if table is None and source.required:
+        found.cannot_use("%s: has no mcpServers or servers table" % source.label)
+    return table or {}
+
+
 def discover_servers(
     home: Path,
     cwd: Path,
@@ -2555,57 +2774,14 @@ def discover_servers(
     for bad input: what cannot be used is skipped and described in `problems`; problem
     lines of entries that a later file replaced are dropped with them. The project's own
     files are read as `project_servers` says (see the table above)."""
-    chosen: dict[str, tuple[ServerSpec | None, list[str]]] = {}
-    problems: list[str] = []
-    unusable: list[str] = []  # also in problems
-    read: list[str] = []
-    untrusted: list[str] = []
+    found = _Discovered()
     editor = editor_variables(home, cwd)
-    documents: dict[Path, Any] = {}  # ~/.claude.json is read for three purposes: read it once
-
-    def document_of(path: Path, format: Literal["json", "toml"]) -> Any:
-        if path not in documents:
-            try:
-                documents[path] = _read_document(path, format)
-            except (OSError, ValueError) as exc:
-                documents[path] = exc
-        if isinstance(documents[path], Exception):
-            raise documents[path]
-        return documents[path]
-
-    def optional_document(path: Path) -> Any:  # an approval that cannot be read approves nothing
-        with suppress(OSError, ValueError):
-            return document_of(path, "json")
-        return None
-
-    def cannot_use(problem: str) -> None:
-        problems.append(problem)
-        unusable.append(problem)
-
+    documents = _ConfigDocuments()
     approvals: ClaudeCodeApprovals | None = None
     for source in config_sources(home, cwd, platform, environ, state_dir, explicit, clients):
         if source.project and project_servers == "none":
             continue
-        try:
-            document = document_of(source.path, source.format)
-        except (FileNotFoundError, NotADirectoryError):
-            if source.required:
-                cannot_use("%s: the file does not exist" % source.path)
-            continue
-        except (OSError, ValueError) as exc:
-            read.append(source.label)
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            cannot_use("%s: cannot be used: %s" % (source.path, reason))
-            continue
-        read.append(source.label)
-        try:
-            table = _server_table(document, source)
-        except ValueError as exc:
-            cannot_use("%s: cannot be used: %s" % (source.label, exc))
-            continue
-        if table is None and source.required:
-            cannot_use("%s: has no mcpServers or servers table" % source.label)
-        for name, entry in (table or {}).items():
+        for name, entry in _source_table(source, documents, found).items():
             if (
                 source.project
                 and project_servers == "trusted"
@@ -2613,28 +2789,17 @@ def discover_servers(
             ):
                 if approvals is None:
                     approvals = claude_code_approvals(
-                        optional_document(home / ".claude.json"),
-                        [optional_document(path) for path in claude_code_settings_files(home, cwd)],
+                        documents.optional(home / ".claude.json"),
+                        [documents.optional(path) for path in claude_code_settings_files(home, cwd)],
                         cwd,
                     )
                 refusal = untrusted_reason(source, name, approvals, cwd, state_dir)
                 if refusal is not None:
-                    untrusted.append(shown_name(name))
-                    problems.append(refusal)
+                    found.untrusted.append(shown_name(name))
+                    found.problems.append(refusal)
                     continue
-            chosen[name] = _parse_entry(name, entry, source, environ, self_markers, editor)
-    specs = [spec for spec, _ in chosen.values() if spec is not None]
-    problems += [line for _, lines in chosen.values() for line in lines]
-    aliases = assign_aliases(spec.name for spec in specs)
-    servers = sorted((replace(spec, alias=aliases[spec.name]) for spec in specs), key=lambda s: s.alias)
-    # dict.fromkeys: ~/.claude.json is read for two sources; report it once.
-    return DiscoveryResult(
-        tuple(servers),
-        tuple(dict.fromkeys(problems)),
-        tuple(dict.fromkeys(read)),
-        tuple(dict.fromkeys(untrusted)),
-        tuple(dict.fromkeys(unusable)),
-    )
+            found.chosen[name] = _parse_entry(name, entry, source, environ, self_markers, editor)
+    return found.result()
 
 
 def unusable_config_notices(discovery: DiscoveryResult) -> list[str]:
@@ -2664,14 +2829,6 @@ async def _first_of(*events: anyio.Event) -> None:
             group.start_soon(wait_for, event)
 
 
-class ServerUnavailableError(BridgeError):
-    """A configured MCP server could not be started, or died."""
-
-
-class ProxyError(BridgeError):
-    """A request from the sandbox that the bridge refuses or cannot serve."""
-
-
 def _innermost(exc: BaseException) -> BaseException:
     """The first leaf of an exception group (task groups wrap what their tasks raise)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
@@ -2681,6 +2838,8 @@ def _innermost(exc: BaseException) -> BaseException:
 
 def _describe_exception(exc: BaseException) -> str:
     """One line for the model: the innermost cause of a (possibly grouped) failure."""
+    from mcp.shared.exceptions import MCPError as McpProtocolError
+
     exc = _innermost(exc)
     if isinstance(exc, McpProtocolError):
         return exc.message
@@ -2735,6 +2894,8 @@ def _listing_problem(result: Mapping[str, Any], version: str) -> str | None:
     the negotiated version's wire schema, then the SDK's model), or None."""
     try:
         with suppress(KeyError):  # a method or version the SDK has no wire schema for
+            import mcp_types.methods
+
             mcp_types.methods.validate_server_result("tools/list", version, result)
         types.ListToolsResult.model_validate(result, by_name=False)
     except ValidationError as exc:
@@ -2923,12 +3084,10 @@ def oversized_response_id(line: OversizedLine) -> int | str | None:
     return found if large in (b"result", b"error") else None
 
 
-class OversizedMessageError(Exception):
-    """A server sent a message over the size cap; it was discarded unread."""
-
-
 def _server_item(line: bytes | OversizedLine, cap: int) -> SessionMessage | Exception | None:
     """What the ClientSession receives for one line from a stdio server."""
+    from mcp.shared.message import SessionMessage
+
     if isinstance(line, OversizedLine):
         request_id = oversized_response_id(line)
         text = (
@@ -2955,6 +3114,8 @@ def _repaired_item(text: str, exc: ValueError) -> SessionMessage | Exception:
     validated again. A response that is still invalid answers its request with an error
     now (else the call would wait out MCP_BRIDGE_TOOL_TIMEOUT); anything else is junk on
     stdout, which the session reports while the connection stays."""
+    from mcp.shared.message import SessionMessage
+
     try:
         cleaned = _without_lone_surrogates(json.loads(text))
     except (ValueError, RecursionError):  # not JSON at all (or absurdly deep)
@@ -3084,6 +3245,20 @@ def shown_command(command: str, args: Sequence[str]) -> str:
     return text[:MAX_SHOWN_COMMAND_CHARS] + ("..." if len(text) > MAX_SHOWN_COMMAND_CHARS else "")
 
 
+async def _open_server_process(params: StdioServerParameters) -> anyio.abc.Process:
+    """A stdio server's process, started as the SDK's stdio_client starts it (the entry's
+    environment over the SDK's default one)."""
+    from mcp.client.stdio import get_default_environment
+
+    return await anyio.open_process(
+        [params.command, *params.args],
+        env=get_default_environment() | (params.env or {}),
+        stderr=subprocess.PIPE,  # read into process_log (the bridge's log); never its stdout
+        cwd=params.cwd,
+        start_new_session=True,  # its own process group, killed as a whole at the end
+    )
+
+
 @asynccontextmanager
 async def capped_stdio_transport(
     params: StdioServerParameters, cap: int, process_log: ServerProcessLog
@@ -3093,13 +3268,9 @@ async def capped_stdio_transport(
     requests, that request gets an error naming the cap and the connection stays;
     otherwise (no id found) the connection is ended so the server is restarted. The
     server's stderr goes to `process_log`, which also learns how the process ended."""
-    process = await anyio.open_process(
-        [params.command, *params.args],
-        env=get_default_environment() | (params.env or {}),
-        stderr=subprocess.PIPE,  # read into process_log (the bridge's log); never its stdout
-        cwd=params.cwd,
-        start_new_session=True,  # its own process group, killed as a whole at the end
-    )
+    from mcp.shared.message import SessionMessage
+
+    process = await _open_server_process(params)
     stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
     assert stdin is not None and stdout is not None and stderr is not None
     stderr_read = anyio.Event()
@@ -3171,6 +3342,8 @@ async def _stop_server_process(process: anyio.abc.Process, stderr_read: anyio.Ev
     """The MCP shutdown sequence, every step bounded: close stdin, wait, SIGTERM then
     SIGKILL the server's whole process group, let its last stderr lines be read
     (`stderr_read`), release the pipes."""
+    from mcp.os.posix.utilities import terminate_posix_process_tree  # one of SDK_INTERNALS
+
     assert process.stdin is not None
     with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         await process.stdin.aclose()
@@ -3258,6 +3431,9 @@ class PooledClient:
     async def _own(
         self, ready: anyio.Event, closed: anyio.Event, stop: anyio.Event, process_log: ServerProcessLog
     ) -> None:
+        from mcp.client.session import ClientSession
+        from mcp.shared.message import SessionMessage
+
         owned: ClientSession | None = None
         try:
             async with self._transport(process_log) as (read, write), anyio.create_task_group() as relays:
@@ -3312,6 +3488,8 @@ class PooledClient:
         server's stderr and exit go to `process_log`."""
         spec = self.spec
         if spec.transport == "stdio":
+            from mcp.client.stdio import StdioServerParameters, stdio_client
+
             assert spec.command is not None
             params = StdioServerParameters(
                 command=spec.command,
@@ -3331,9 +3509,14 @@ class PooledClient:
         assert spec.url is not None
         headers = dict(spec.headers) or None
         if spec.transport == "sse":
+            from mcp.client.sse import sse_client
+
             async with sse_client(spec.url, headers=headers) as streams:
                 yield streams
             return
+        from mcp.client.streamable_http import streamable_http_client
+        from mcp.shared._httpx_utils import create_mcp_http_client  # one of SDK_INTERNALS
+
         async with (
             create_mcp_http_client(headers=headers) as http,
             streamable_http_client(
@@ -3346,6 +3529,8 @@ class PooledClient:
         """``item``, or, when it answers tools/list (the one result with a "tools" list)
         with tools the session would refuse, the same answer without them (check_tool_listing),
         with a notice naming those left out."""
+        from mcp.shared.message import SessionMessage
+
         message = item.message if isinstance(item, SessionMessage) else None
         if not (isinstance(message, types.JSONRPCResponse) and isinstance(message.result.get("tools"), list)):
             return item
@@ -3411,6 +3596,8 @@ class PooledClient:
         """What the sandbox is told when `request` ("tools/list", "the call to X") failed.
         A server that missed the deadline (it may be wedged) or whose connection failed
         is stopped, so the next use restarts it. None: not the server's failure."""
+        from mcp.shared.exceptions import MCPError as McpProtocolError
+
         name, leaf = self.spec.name, _innermost(exc)
         code = leaf.code if isinstance(leaf, McpProtocolError) else None
         if isinstance(leaf, McpProtocolError) and isinstance(leaf.data, dict) and OVERSIZED in leaf.data:
@@ -3424,15 +3611,15 @@ class PooledClient:
                 "MCP server %r answered %s with a message that is not valid MCP (%s); the bridge "
                 "discarded it." % (name, request, leaf.data[INVALID])
             )
-        if code == REQUEST_TIMEOUT or isinstance(leaf, TimeoutError):
+        if code == types.REQUEST_TIMEOUT or isinstance(leaf, TimeoutError):
             limit = "within %gs (MCP_BRIDGE_TOOL_TIMEOUT)" % self.config.tool_timeout
             self._fail(session, "did not answer %s %s" % (request, limit))
             return ProxyError(
                 "MCP server %r did not answer %s %s; it was stopped and will be restarted on the next call."
                 % (name, request, limit)
             )
-        if code == CONNECTION_CLOSED or (code is None and _is_transport_failure(exc)):
-            if code == CONNECTION_CLOSED:  # the reason may be known: a crash, a stop, a discarded message
+        if code == types.CONNECTION_CLOSED or (code is None and _is_transport_failure(exc)):
+            if code == types.CONNECTION_CLOSED:  # the reason may be known: a crash, a stop, a discard
                 cause = self.failure or _CONNECTION_ENDED
             else:
                 cause = "lost its connection: %s" % _describe_exception(exc)
@@ -3920,6 +4107,8 @@ _INTENTS = {_stem(word): intent for intent, words in _INTENT_WORDS.items() for w
 def _places() -> frozenset[str]:
     """The cities of the tz database, lower case, letters only ("newyork"); empty where the
     system has no time zone data."""
+    import zoneinfo  # for search only, once
+
     return frozenset(
         re.sub(r"[^a-z]", "", name.rsplit("/", 1)[-1].lower())
         for name in zoneinfo.available_timezones()
@@ -4263,10 +4452,6 @@ _MEMORY_SCHEMA = (
     "(id INTEGER PRIMARY KEY CHECK (id = 1), last INTEGER NOT NULL)",
     "INSERT OR IGNORE INTO memory_generation (id, last) VALUES (1, 0)",
 )
-
-
-class MemoryStoreError(BridgeError):
-    """A memory request the store refuses (bad key, value too large) or cannot serve."""
 
 
 def validate_memory_key(key: str) -> str:
@@ -4828,8 +5013,10 @@ def _iso_time(seconds: float) -> str:
 # =============================================================================
 
 
-# One input model per sandbox request method: the validation and the error text the
-# sandbox code sees come from it. Strict: the sandbox must send the right JSON types.
+# One input model per sandbox request method of the kernel's REQUEST_METHODS (the protocol
+# is declared there; a test checks these models have its methods and parameters): the
+# validation and the error text the sandbox code sees come from it. Strict: the sandbox
+# must send the right JSON types.
 class _SandboxParams(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -4959,6 +5146,19 @@ def describe_params_error(method: str, exc: ValidationError) -> str:
     return "Bad arguments for runtime.%s: %s." % (method, problems)
 
 
+_Params = TypeVar("_Params", bound=_SandboxParams)
+_Result = TypeVar("_Result")
+_Args = TypeVarTuple("_Args")
+
+
+def parse_params(method: str, model: type[_Params], params: Mapping[str, object]) -> _Params:
+    """``params`` of a ``method`` request as its ``model``; ProxyError says what is wrong."""
+    try:
+        return model.model_validate(params)
+    except ValidationError as exc:
+        raise ProxyError(describe_params_error(method, exc)) from None
+
+
 MAX_CONFIG_PROBLEMS = 20  # unusable config files named to the kernel (a line each)
 
 
@@ -4972,25 +5172,6 @@ class HostAPI:
         HTTP principal has its own)."""
         self.pool = pool
         self.config = config
-        self.methods: dict[str, tuple[type[_SandboxParams], Callable[..., Awaitable[Any]]]] = {
-            "discovered_servers": (DiscoveredServersParams, self.discovered_servers),
-            "list_tools": (ListToolsParams, self.list_tools),
-            "query_tool_docs": (QueryToolDocsParams, self.query_tool_docs),
-            "search_tool_docs": (SearchToolDocsParams, self.search_tool_docs),
-            "call_tool": (CallToolParams, self.call_tool),
-            "capability_summary": (CapabilitySummaryParams, self.capability_summary),
-            "memory_save": (MemorySaveParams, self.memory_save),
-            "memory_load": (MemoryKeyParams, self.memory_load),
-            "memory_put_if": (MemoryPutIfParams, self.memory_put_if),
-            "memory_delete": (MemoryKeyParams, self.memory_delete),
-            "memory_info": (MemoryKeyParams, self.memory_info),
-            "memory_list": (MemoryPageParams, self.memory_list),
-            "tool_save": (ToolSaveParams, self.tool_save),
-            "tool_list": (MemoryListParams, self.tool_list),
-            "tool_delete": (ToolNameParams, self.tool_delete),
-            "tool_sources": (MemoryListParams, self.tool_sources),
-            "progress": (ProgressParams, self.progress),
-        }
         self.tool_pattern_problems: list[str] = []  # found as servers list their tools
         self.announced_tools: tuple[str, ...] | None = None  # see defined_tools_notice()
         store_dir = store_dir or config.state_dir / MEMORY_DIRNAME
@@ -5021,24 +5202,19 @@ class HostAPI:
         missing (runtime.discovered_servers(), the error for an unknown mcp_<alias>)."""
         return list(self.pool.discovery.unusable[:MAX_CONFIG_PROBLEMS])
 
-    async def handle(self, method: str, params: dict[str, Any], execute: PendingExecute | None = None) -> Any:
-        """Serve one request of a sandbox whose running execute (if any) is ``execute``:
-        one HostAPI serves every session, so the asking session says which one is its."""
-        entry = self.methods.get(method)
+    async def handle(self, method: str, params: Mapping[str, object]) -> object:
+        """Serve one request of any of the sandboxes this HostAPI serves (see HOST_METHODS);
+        the answer does not depend on which sandbox asked."""
+        entry = HOST_METHODS.get(method)
         if entry is None:
             raise ProxyError(
-                "Unknown sandbox request %r; the host serves %s." % (method[:100], ", ".join(self.methods))
+                "Unknown sandbox request %r; the host serves %s."
+                % (method[:100], ", ".join(mcp_sandbox_kernel.REQUEST_METHODS))
             )
-        model, handler = entry
-        try:
-            arguments = model.model_validate(params)
-        except ValidationError as exc:
-            raise ProxyError(describe_params_error(method, exc)) from None
-        if handler == self.progress:  # the one request about the asking session's own call
-            return await self.progress(execute, **dict(arguments))
-        return await handler(**dict(arguments))
+        arguments = parse_params(method, entry.params, params)
+        return await entry.handler(self, **dict(arguments))
 
-    async def discovered_servers(self, detailed: bool = False) -> Any:
+    async def discovered_servers(self, detailed: bool = False) -> object:
         if not detailed:
             return sorted(self.pool.clients)
         servers = [
@@ -5107,7 +5283,7 @@ class HostAPI:
 
     async def query_tool_docs(
         self, server: str, tool: str | None = None, detail: Literal["summary", "full"] = "summary"
-    ) -> Any:
+    ) -> object:
         client = self.pool.client(server)  # detail was checked by QueryToolDocsParams
         chosen = [await self._find_tool(client, tool)] if tool else await self._allowed_tools(client)
         docs = [render_tool_doc(client.spec.alias, _tool_dict(item), detail) for item in chosen]
@@ -5180,8 +5356,7 @@ class HostAPI:
         # The signature shows Python names (user_id); the server knows its own (user-id).
         renamed = await self._off_loop(schema_arguments, found.input_schema, arguments or {})
         result = await client.call_tool(found.name, renamed)
-        measured: tuple[dict[str, Any], int] = await self._off_loop(result_payload, result)
-        payload, size = measured
+        payload, size = await self._off_loop(result_payload, result)
         if size > self.config.max_tool_result_bytes:
             raise ProxyError(
                 "The result of %s.%s is %d bytes, over the %d-byte cap (MCP_BRIDGE_MAX_TOOL_RESULT_BYTES). "
@@ -5190,43 +5365,45 @@ class HostAPI:
             )
         return payload
 
-    async def _off_loop(self, function: Callable[..., Any], *args: Any) -> Any:
+    async def _off_loop(self, function: Callable[[*_Args], _Result], *args: *_Args) -> _Result:
         """``function(*args)`` in a worker thread: it walks data of up to the request or
         result cap, which would hold the event loop for a second or more."""
         return await anyio.to_thread.run_sync(function, *args, limiter=self._cpu_limiter)
 
     # --- memory: the store's methods, off the event loop ---------------------------------
-    async def _in_store(self, method: Callable[..., Any], *args: Any) -> Any:
+    async def _in_store(self, method: Callable[[*_Args], _Result], *args: *_Args) -> _Result:
         return await anyio.to_thread.run_sync(method, *args, limiter=self._memory_limiter)
 
-    async def memory_save(self, key: str, value: Any = None, metadata: dict[str, Any] | None = None) -> Any:
+    async def memory_save(
+        self, key: str, value: Any = None, metadata: dict[str, Any] | None = None
+    ) -> object:
         return await self._in_store(self.memory.save, key, value, metadata)
 
-    async def memory_load(self, key: str) -> Any:
+    async def memory_load(self, key: str) -> object:
         return await self._in_store(self.memory.load, key)
 
-    async def memory_put_if(self, key: str, value: Any, generation: int) -> Any:
+    async def memory_put_if(self, key: str, value: Any, generation: int) -> object:
         return await self._in_store(self.memory.put_if, key, value, generation)
 
-    async def memory_delete(self, key: str) -> Any:
+    async def memory_delete(self, key: str) -> object:
         return await self._in_store(self.memory.delete, key)
 
-    async def memory_info(self, key: str) -> Any:
+    async def memory_info(self, key: str) -> object:
         return await self._in_store(self.memory.info, key)
 
-    async def memory_list(self, after: str | None = None, limit: int = MEMORY_PAGE_ENTRIES) -> Any:
+    async def memory_list(self, after: str | None = None, limit: int = MEMORY_PAGE_ENTRIES) -> object:
         return await self._in_store(self.memory.page, after, limit)
 
-    async def tool_save(self, name: str, source: str) -> Any:
+    async def tool_save(self, name: str, source: str) -> object:
         return await self._in_store(self.saved_tools.save, name, source)
 
-    async def tool_list(self) -> Any:
+    async def tool_list(self) -> object:
         return await self._in_store(self.saved_tools.entries)
 
-    async def tool_delete(self, name: str) -> Any:
+    async def tool_delete(self, name: str) -> object:
         return await self._in_store(self.saved_tools.delete, name)
 
-    async def tool_sources(self) -> Any:
+    async def tool_sources(self) -> object:
         return await self._in_store(self.saved_tools.sources)
 
     def defined_tools_notice(self, names: Sequence[str]) -> str | None:
@@ -5239,7 +5416,7 @@ class HostAPI:
         self.announced_tools = defined
         return "Saved tools defined in this fresh session: %s." % ", ".join(names) if names else None
 
-    async def quarantine_tools(self, failed: Sequence[Mapping[str, str]]) -> list[str]:
+    async def quarantine_tools(self, failed: Sequence[mcp_sandbox_kernel.FailedTool]) -> list[str]:
         """Keep the saved tools whose definition killed or hung a sandbox's Python process
         (as its supervisor reports: names and digests the sandbox sent, so only checked
         against the files) out of new sessions until they change; a notice for each."""
@@ -5256,18 +5433,6 @@ class HostAPI:
             else:
                 notices.append("Saved tool %s was skipped: defining it %s." % (name, reason))
         return notices
-
-    async def progress(
-        self,
-        execute: PendingExecute | None,
-        done: float,
-        total: float | None = None,
-        message: str | None = None,
-    ) -> None:
-        """runtime.progress(): heard by the progress listener of the call waiting for
-        ``execute`` (the asking session's running code), if that call's client asked."""
-        if execute is not None and execute.progress is not None:
-            await execute.progress.from_code(done, total, message)
 
     async def capability_summary(self) -> str:
         lines = ["MCP servers available in this sandbox (none is started until used):"]
@@ -5293,6 +5458,54 @@ class HostAPI:
                 % len(self.pool.discovery.problems)
             )
         return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class HostMethod:
+    """A request method the host API serves: its name (one of the kernel's REQUEST_METHODS),
+    the model of its params, and the HostAPI method that answers, called with them by name."""
+
+    name: str
+    params: type[_SandboxParams]
+    handler: Callable[..., Awaitable[object]]
+
+
+# What HostAPI.handle serves: every request method but PROGRESS (see report_progress).
+HOST_METHODS: dict[str, HostMethod] = {
+    method.name: method
+    for method in (
+        HostMethod(
+            mcp_sandbox_kernel.DISCOVERED_SERVERS, DiscoveredServersParams, HostAPI.discovered_servers
+        ),
+        HostMethod(mcp_sandbox_kernel.LIST_TOOLS, ListToolsParams, HostAPI.list_tools),
+        HostMethod(mcp_sandbox_kernel.QUERY_TOOL_DOCS, QueryToolDocsParams, HostAPI.query_tool_docs),
+        HostMethod(mcp_sandbox_kernel.SEARCH_TOOL_DOCS, SearchToolDocsParams, HostAPI.search_tool_docs),
+        HostMethod(mcp_sandbox_kernel.CALL_TOOL, CallToolParams, HostAPI.call_tool),
+        HostMethod(
+            mcp_sandbox_kernel.CAPABILITY_SUMMARY, CapabilitySummaryParams, HostAPI.capability_summary
+        ),
+        HostMethod(mcp_sandbox_kernel.MEMORY_SAVE, MemorySaveParams, HostAPI.memory_save),
+        HostMethod(mcp_sandbox_kernel.MEMORY_LOAD, MemoryKeyParams, HostAPI.memory_load),
+        HostMethod(mcp_sandbox_kernel.MEMORY_PUT_IF, MemoryPutIfParams, HostAPI.memory_put_if),
+        HostMethod(mcp_sandbox_kernel.MEMORY_DELETE, MemoryKeyParams, HostAPI.memory_delete),
+        HostMethod(mcp_sandbox_kernel.MEMORY_INFO, MemoryKeyParams, HostAPI.memory_info),
+        HostMethod(mcp_sandbox_kernel.MEMORY_LIST, MemoryPageParams, HostAPI.memory_list),
+        HostMethod(mcp_sandbox_kernel.TOOL_SAVE, ToolSaveParams, HostAPI.tool_save),
+        HostMethod(mcp_sandbox_kernel.TOOL_LIST, MemoryListParams, HostAPI.tool_list),
+        HostMethod(mcp_sandbox_kernel.TOOL_DELETE, ToolNameParams, HostAPI.tool_delete),
+        HostMethod(mcp_sandbox_kernel.TOOL_SOURCES, MemoryListParams, HostAPI.tool_sources),
+    )
+}
+
+
+async def report_progress(execute: PendingExecute | None, params: Mapping[str, object]) -> None:
+    """runtime.progress() (a PROGRESS request): heard by the progress listener of the call
+    waiting for ``execute``, if that call's client asked. The request is about the asking
+    sandbox's own call, so its sandbox session answers it, not the HostAPI that all the
+    sandboxes of a principal share."""
+    arguments = parse_params(mcp_sandbox_kernel.PROGRESS, ProgressParams, params)
+    if execute is not None and execute.progress is not None:
+        await execute.progress.from_code(arguments.done, arguments.total, arguments.message)
 
 
 def result_payload(result: types.CallToolResult) -> tuple[dict[str, Any], int]:
@@ -5458,6 +5671,11 @@ def checked_attachments(
     return kept
 
 
+def sandbox_error_result(kind: str, message: str) -> dict[str, Any]:
+    """A result frame for an execute the kernel could not run to its own result."""
+    return {"type": "result", "status": "error", "error": {"type": kind, "message": message, "traceback": ""}}
+
+
 class PendingExecute:
     """Collects the frames of one execute until its result (or the session's death)."""
 
@@ -5488,15 +5706,21 @@ class PendingExecute:
             self.result = result
             self.done.set()
 
+    def receive(self, frame: dict[str, Any]) -> None:
+        """A valid stream, result or error frame of this execute's."""
+        if frame["type"] == "stream":
+            self.add_stream(frame["name"], frame["text"])
+        elif frame["type"] == "result":
+            self.complete(frame)
+        else:
+            self.complete(sandbox_error_result("SandboxError", frame["message"]))
 
-class SandboxImageMissingError(SandboxStartError):
-    """The container did not start, and its image is not on this machine (not found, or
-    the pull failed): the one start failure that is not retried at once."""
-
-
-def sandbox_error_result(kind: str, message: str) -> dict[str, Any]:
-    """A result frame for an execute the kernel could not run to its own result."""
-    return {"type": "result", "status": "error", "error": {"type": kind, "message": message, "traceback": ""}}
+    async def tick(self, started: float) -> None:
+        """Progress for whichever call is waiting for this execute now (it may change)."""
+        while True:
+            await anyio.sleep(PROGRESS_INTERVAL)
+            if self.progress is not None:
+                await self.progress.tick(time.monotonic() - started)
 
 
 class ProblemLog:
@@ -5519,9 +5743,13 @@ class ProblemLog:
             )
 
 
-class SandboxSession:
-    """One container running the kernel, the tasks that read its frames, and the tasks
-    serving its requests to the host (many may be in flight at once)."""
+# --- a sandbox's parts: its container, its request desk, its exit, its outcome ----------
+
+
+class SandboxContainer:
+    """One sandbox's container on the engine's side: its name, its private IPC directory
+    (the kernel, its settings, the seccomp profile), the launch spec, the process that
+    starts it and the first bytes the kernel reads, why it did not start, and its removal."""
 
     def __init__(
         self,
@@ -5529,44 +5757,17 @@ class SandboxSession:
         config: BridgeConfig,
         ipc_root: Path,
         host: HostAPI,
-        owner: OwnerIdentity | None = None,
-        problems: ProblemLog | None = None,
-        session: str = DEFAULT_SESSION,
+        owner: OwnerIdentity,
+        session: str,
     ) -> None:
         self.runtime = runtime
         self.config = config
         self.host = host
-        self.session = session  # run_python's name for it (runtime.session inside)
-        self.task_group: anyio.abc.TaskGroup | None = None
-        self.requests: dict[str | int, anyio.CancelScope] = {}
-        self.in_flight = 0
-        self.request_bytes = 0  # frame bytes of the requests in flight (capped, see _accept_request)
-        self.owner = owner or bridge_owner()
-        self.name = container_name(self.owner)
-        self.ipc_dir = ipc_root / session_dir_name(self.owner, self.name) / "ipc"
-        self.process: anyio.abc.Process | None = None
-        self.hello: dict[str, Any] | None = None
-        self.hello_received = anyio.Event()
-        self.exited = anyio.Event()
-        self.pending: PendingExecute | None = None
-        self.killed_by_bridge = False
-        self.death_reason: str | None = None
-        self.stderr_tail: list[str] = []
-        self.kernel_errors: list[str] = []  # the last few id-less error frames, for the exit reason
-        self.malformed_frames = 0
-        self.first_malformed: str | None = None
-        # Shared by the bridge's sessions: a sandbox restarted again and again logs once.
-        self.problems = problems or ProblemLog()
-        self.frame_key = secrets.token_bytes(32)  # signs what the supervisor sends (see the kernel)
-        self.refusing = 0  # refusal answers being sent
-        self._write_lock = anyio.Lock()
-        self._reader_scopes: list[anyio.CancelScope] = []
+        self.owner = owner
+        self.session = session
+        self.name = container_name(owner)
+        self.ipc_dir = ipc_root / session_dir_name(owner, self.name) / "ipc"
 
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and not self.exited.is_set()
-
-    # --- start ------------------------------------------------------------------
     @property
     def kernel_via_stdin(self) -> bool:
         """Whether the kernel reaches the container on its stdin (BOOTSTRAP) rather than
@@ -5630,20 +5831,22 @@ class SandboxSession:
     def seccomp_path(self) -> Path:
         return self.ipc_dir.parent / SECCOMP_FILENAME
 
-    async def start(self, task_group: anyio.abc.TaskGroup) -> None:
-        try:
-            await self._start(task_group)
-        except BaseException:
-            await self.stop()  # cancelled or failed half-way: the container must not outlive it
-            raise
+    def opening(self, frame_key: bytes) -> bytes:
+        """What the kernel reads first: with the kernel on stdin, BOOTSTRAP's payload (the
+        kernel and its settings); then the key the supervisor signs its frames with."""
+        key = encode_frame({"type": "key", "key": frame_key.hex()}, self.config.max_frame_bytes)
+        if not self.kernel_via_stdin:
+            return key
+        return boot_payload(KERNEL_SOURCE.read_text(encoding="utf-8"), self.session_config()) + key
 
-    async def _start(self, task_group: anyio.abc.TaskGroup) -> None:
+    async def open_process(self) -> anyio.abc.Process:
+        """Prepare the IPC directory and run the engine's CLI, which starts the container."""
         argv = self.runtime.run_argv(self.launch_spec())
         try:
             self.prepare_ipc_dir()
             # cwd: Podman's conmon drops an "oom" marker file into the working directory
             # when the container is OOM-killed; keep it in the session's private directory.
-            self.process = await anyio.open_process(
+            process = await anyio.open_process(
                 argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -5656,34 +5859,408 @@ class SandboxSession:
                 "MCP_BRIDGE_STATE_DIR is a writable directory." % (exc, self.config.state_dir)
             ) from None
         logger.debug("starting sandbox: %s", " ".join(argv))
-        self.task_group = task_group
+        return process
+
+    async def failure(self, reason: str) -> SandboxStartError:
+        """Why the sandbox did not start (``reason``), and what the user can do about it."""
+        tried = "`%s run ... %s`" % (Path(self.runtime.executable).name, self.config.image)
+        if not await self.runtime.has_image(self.config.image):
+            return SandboxImageMissingError(
+                "The sandbox image %s could not be found or pulled: %s. Tried: %s. Set MCP_BRIDGE_IMAGE "
+                "to an image with python3 >= 3.9 that this machine has or can pull (`%s build-image` "
+                "builds one), then restart the MCP server; the server log has the runtime's output."
+                % (self.config.image, reason, tried, SERVER_NAME)
+            )
+        # A cluster's nodes pull the image: whether they can is not known here.
+        where = "" if isinstance(self.runtime, KubernetesRuntime) else " (the image is on this machine)"
+        return SandboxStartError(
+            "The sandbox container did not start: %s. Tried: %s%s. Check the sandbox settings "
+            "(MCP_BRIDGE_OCI_RUNTIME, MCP_BRIDGE_MEMORY, MCP_BRIDGE_CONTAINER_USER, ...) and the "
+            "runtime's output in the server log, then restart the MCP server." % (reason, tried, where)
+        )
+
+    async def remove(self) -> None:
+        """Remove the container, running or not."""
+        try:
+            await run_command(self.runtime.kill_argv(self.name))
+        except TimeoutError:
+            logger.warning("%s rm --force %s timed out", self.runtime.name, self.name)
+
+    async def clean_up(self, launched: bool) -> None:
+        """Remove what is left once the process has ended: what the engine keeps of a
+        container that was ``launched`` (e.g. a Pod that has ended is kept until it is
+        deleted), and the IPC directory."""
+        leftover = self.runtime.leftover_argv(self.name) if launched else None
+        if leftover is not None:
+            try:
+                await run_command(leftover)
+            except (TimeoutError, OSError) as exc:  # swept by label at the next start
+                logger.warning("could not remove sandbox %s: %s", self.name, exc)
+        shutil.rmtree(self.ipc_dir.parent, ignore_errors=True)
+
+
+def execute_frame(execute_id: str, code: str, saved_tools: bool, max_frame_bytes: int) -> bytes:
+    """The execute frame for ``code``; InvalidRequestError when it is too large to send."""
+    frame: dict[str, Any] = {"type": "execute", "id": execute_id, "code": code}
+    if not saved_tools:
+        frame["saved_tools"] = False
+    try:
+        return encode_frame(frame, max_frame_bytes)
+    except ProtocolError as exc:
+        raise InvalidRequestError(
+            "The code is too large to send to the sandbox (%s). Split it into smaller calls, "
+            "or raise MCP_BRIDGE_MAX_FRAME_BYTES." % exc
+        ) from None
+
+
+class RequestDesk:
+    """The sandbox's requests to the host while a call runs. Each is served in a task of
+    its own (many may be in flight), within caps on how many and on their bytes together;
+    each gets exactly one answer, also when it is refused, fails, is cancelled (the call
+    that made it ended) or its answer cannot be sent. Nothing here raises to the reader."""
+
+    def __init__(
+        self,
+        name: str,
+        serve: Callable[[dict[str, Any]], Awaitable[Any]],
+        send: Callable[[dict[str, Any]], Awaitable[None]],
+        max_bytes: int,
+        problems: ProblemLog,
+    ) -> None:
+        self.name = name  # the sandbox's, for the log
+        self.serve = serve  # a request frame -> its result; BridgeError: an answer for the code
+        self.send = send  # one frame into the sandbox
+        self.max_bytes = max_bytes  # per request, and of all requests in flight together
+        self.problems = problems
+        self.task_group: anyio.abc.TaskGroup | None = None  # none yet: every request is refused
+        self.requests: dict[str | int, anyio.CancelScope] = {}  # in flight, by id
+        self.request_bytes = 0  # frame bytes of the requests in flight
+        self.refusing = 0  # refusal answers being sent
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.requests)
+
+    def accept(self, frame: dict[str, Any], size: int) -> None:
+        """Serve a valid request frame of ``size`` bytes, or refuse it (a duplicate id is dropped)."""
+        request_id, cap = frame["id"], self.max_bytes
+        if request_id in self.requests:
+            self.problems.report("duplicate id", "sandbox %s reused request id %r", self.name, request_id)
+        elif self.in_flight >= MAX_REQUESTS_IN_FLIGHT or self.task_group is None:
+            # Defense in depth (the supervisor caps requests in flight too): code that fires
+            # requests without bound must not make the bridge hold unbounded server calls.
+            self.refuse(request_id, TOO_MANY_REQUESTS)
+        elif size > cap:
+            # Defense in depth: a request's arguments are held (and checked, and sent on)
+            # by the bridge, so they are capped like a tool's result.
+            self.refuse(
+                request_id,
+                "runtime.%s: the request is %d bytes, over the %d-byte cap for a request to the host "
+                "(MCP_BRIDGE_MAX_TOOL_RESULT_BYTES). Pass less data per call (split it over several calls)."
+                % (frame["method"], size, cap),
+            )
+        elif self.request_bytes + size > cap:
+            # All requests in flight together hold at most the cap too (up to 256 of them
+            # could otherwise hold 256 times the cap).
+            self.refuse(
+                request_id,
+                "runtime.%s: the request is %d bytes, and requests still in flight hold %d bytes; together "
+                "they may hold at most %d bytes (MCP_BRIDGE_MAX_TOOL_RESULT_BYTES). Wait for those calls to "
+                "finish, or pass less data per call." % (frame["method"], size, self.request_bytes, cap),
+            )
+        else:
+            self.request_bytes += size
+            scope = self.requests[request_id] = anyio.CancelScope()
+            self.task_group.start_soon(self._serve, frame, scope, size)
+
+    def refuse(self, request_id: Any, message: str) -> None:
+        """Answer a request with an error from a task of its own: the reader must never
+        wait on a write to the sandbox (the sandbox may be waiting for the reader), and a
+        flood of refusals beyond MAX_REQUESTS_IN_FLIGHT is dropped, not queued."""
+        if self.refusing >= MAX_REQUESTS_IN_FLIGHT or self.task_group is None:
+            self.problems.report("refusal flood", "sandbox %s: request refusals dropped", self.name)
+            return
+        self.refusing += 1
+
+        async def answer() -> None:
+            try:
+                await self.respond(request_id, error=message)
+            finally:
+                self.refusing -= 1
+
+        self.task_group.start_soon(answer)
+
+    def cancel(self, request_id: str | int | None = None) -> None:
+        """Cancel one request in flight, or all of them (the call that made them ended)."""
+        for key, scope in list(self.requests.items()):
+            if request_id is None or key == request_id:
+                scope.cancel()
+
+    async def _serve(self, frame: dict[str, Any], scope: anyio.CancelScope, size: int) -> None:
+        """Serve one request and answer it exactly once; nothing raises out of here."""
+        request_id = frame["id"]
+        result: Any = None
+        error: str | None = None
+        try:
+            with scope:
+                try:
+                    result = await self.serve(frame)
+                except BridgeError as exc:
+                    error = str(exc)
+                except Exception as exc:  # a bug here must fail one request, not the bridge
+                    self.problems.report(
+                        "internal " + type(exc).__name__,
+                        "sandbox request %s failed",
+                        frame["method"],
+                        exc_info=True,
+                    )
+                    error = "internal bridge error (%s); the server log has details" % type(exc).__name__
+            if scope.cancelled_caught:
+                # Answered anyway: a background thread or task in the sandbox may still wait.
+                error = "cancelled: the run_python call that made this request has ended"
+        finally:
+            self.requests.pop(request_id, None)
+            self.request_bytes -= size
+        await self.respond(request_id, result=result, error=error)
+
+    async def respond(self, request_id: Any, result: Any = None, error: str | None = None) -> None:
+        """Send the one response to ``request_id``; a response too large for a frame
+        becomes an error response. Never raises: the sandbox may be gone already."""
+        response: dict[str, Any] = {"type": "response", "id": request_id}
+        if error is None:
+            response["result"] = result
+        else:
+            response["error"] = {"type": "MCPError", "message": error}
+        try:
+            try:
+                await self.send(response)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                raise
+            except Exception as exc:  # too large, or not encodable (RecursionError): still one answer
+                message = "the answer could not be sent into the sandbox: %s: %s" % (type(exc).__name__, exc)
+                await self.send(
+                    {
+                        "type": "response",
+                        "id": request_id,
+                        "error": {"type": "MCPError", "message": message[:2000]},
+                    }
+                )
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # the sandbox is gone; its reader reports that
+        except Exception:
+            self.problems.report(
+                "respond", "sandbox %s: could not answer request %r", self.name, request_id, exc_info=True
+            )
+
+
+class SandboxExit:
+    """How a sandbox ended, told to the model as "The sandbox <reason>": the bridge's own
+    reason when it stopped or removed it, else a reason read from the exit code and from
+    what the sandbox said last (the kernel's id-less errors, its stderr's last lines)."""
+
+    def __init__(self, memory: str) -> None:
+        self.memory = memory  # the memory limit, named when the out-of-memory killer struck
+        self.reason: str | None = None
+        self.by_bridge = False
+        self.stderr_tail: list[str] = []
+        self.kernel_errors: list[str] = []  # the last few
+
+    def stopped_by_bridge(self, reason: str) -> None:
+        self.by_bridge = True
+        self.reason = self.reason or reason
+
+    def saw_stderr(self, text: str) -> None:
+        self.stderr_tail = (self.stderr_tail + [line[:500] for line in text.splitlines()])[-20:]
+
+    def saw_kernel_error(self, message: str) -> None:
+        self.kernel_errors = [*self.kernel_errors[-4:], message[:500]]
+
+    def ended(self, code: int | None) -> None:
+        """The process ended with ``code``: the reason, unless one is known already."""
+        self.reason = self.reason or self.explain(code)
+
+    def explain(self, code: int | None) -> str:
+        if self.by_bridge:
+            return "was stopped by the bridge"
+        if code in (SIGKILL_EXIT, -signal.SIGKILL):
+            return (
+                "was killed (SIGKILL), almost certainly by the out-of-memory killer: the code "
+                "exceeded the sandbox's %s memory limit" % self.memory
+            )
+        if self.kernel_errors:
+            return "stopped (exit code %s); the kernel reported: %s" % (code, self.kernel_errors[-1])
+        tail = " Last kernel output: %s" % " | ".join(self.stderr_tail[-3:]) if self.stderr_tail else ""
+        return "exited unexpectedly with code %s.%s" % (code, tail)
+
+
+# Import names of common data packages, and the PyPI name build-image installs each by.
+# The sandbox has no network, so `pip install` cannot add one: the image must have it.
+DATA_PACKAGES = {
+    "numpy": "numpy", "pandas": "pandas", "matplotlib": "matplotlib", "scipy": "scipy",
+    "sklearn": "scikit-learn", "PIL": "pillow", "seaborn": "seaborn", "statsmodels": "statsmodels",
+    "sympy": "sympy", "polars": "polars", "pyarrow": "pyarrow", "openpyxl": "openpyxl",
+    "networkx": "networkx", "plotly": "plotly", "yaml": "pyyaml", "bs4": "beautifulsoup4",
+    "lxml": "lxml", "cv2": "opencv-python", "dateutil": "python-dateutil", "tabulate": "tabulate",
+}  # fmt: skip
+
+
+def missing_package_hint(error: Mapping[str, Any] | None, image: str) -> str | None:
+    """For code that failed to import a common data package (the kernel's ``module`` of a
+    ModuleNotFoundError): the image lacks it, and how the user gets one that has it."""
+    module = str((error or {}).get("module") or "")  # "a.b": a is there, a.b is not
+    if module not in DATA_PACKAGES:
+        return None
+    packages = list(BATTERIES) + [DATA_PACKAGES[module]] * (DATA_PACKAGES[module] not in BATTERIES)
+    return (
+        "%s is not installed in the sandbox image %s, and the sandbox has no network to pip install "
+        "it. Tell the user: `%s %s --packages %s` builds an image with it; then set MCP_BRIDGE_IMAGE=%s "
+        "in this MCP server's environment and restart it. Meanwhile, use the standard library."
+        % (module, image, SERVER_NAME, BUILD_IMAGE_COMMAND, ",".join(packages), BATTERIES_TAG)
+    )
+
+
+MAX_CRASH_REASON_CHARS = 1000
+
+
+def outcome_of_execute(
+    pending: PendingExecute,
+    *,
+    timeout: float,
+    timed_out: bool,
+    death_reason: str | None,
+    config: BridgeConfig,
+) -> ExecutionOutcome:
+    """What the kernel said about one execute (``pending``'s output and result, none when
+    the sandbox died), as the call's outcome: whether the code timed out (``timed_out``:
+    it had no result within ``timeout`` seconds), ended, crashed or failed, and what of
+    the session's state is left. ``death_reason`` completes "The sandbox ..."."""
+    result = pending.result or {}
+    status = result.get("status")
+    cuts = {name: OutputCut(**cut) for name, cut in (result.get("cut") or {}).items()}
+    for name, count in pending.cut.items():  # the host's own cap cut the head
+        if count:
+            cuts.setdefault(name, OutputCut()).count += count
+    outcome = ExecutionOutcome(
+        status="ok",
+        stdout="".join(pending.streams["stdout"]),
+        stderr="".join(pending.streams["stderr"]),
+        value=result.get("value"),
+        value_json=result.get("json"),
+        error=result.get("error"),
+        cuts=cuts,
+        notices=list(result.get("notices") or []),
+    )
+    outcome.images = checked_images(result.get("images") or [], config, outcome.notices)
+    outcome.attachments = checked_attachments(result.get("attachments") or [], config, outcome.notices)
+    if timed_out and status == "ok":
+        timed_out = False  # it finished during the grace period: an ordinary success
+    if timed_out and status == "killed":
+        # error (kept) says what the supervisor did and how fast a fresh process was up.
+        outcome.status, outcome.state_kept = "timeout", False
+        outcome.detail = (
+            "Timed out after %gs and did not stop when interrupted. Variables, imports and functions "
+            "are gone; files in /tmp and /workspace were kept." % timeout
+        )
+    elif timed_out and pending.result is not None:
+        outcome.status = "timeout"
+        outcome.detail = (
+            "Timed out after %gs: the code was interrupted (KeyboardInterrupt) and any processes it "
+            "started were stopped. The session and its variables were kept." % timeout
+        )
+    elif timed_out:
+        outcome.status, outcome.state_kept, outcome.error = "timeout", False, None
+        outcome.detail = (
+            "Timed out after %gs and did not stop when interrupted, so the sandbox was killed. "
+            "All state was lost; the next call starts a fresh session." % timeout
+        )
+    elif pending.result is None:
+        outcome.status, outcome.state_kept = "crashed", False
+        outcome.detail = "The sandbox %s. All state was lost; the next call starts a fresh session." % (
+            death_reason or "stopped"
+        )
+    elif status in ("crashed", "killed"):
+        reason = str((outcome.error or {}).get("message") or "the Python process running the code ended")
+        reason = reason[:MAX_CRASH_REASON_CHARS]  # the supervisor's word, from the sandbox
+        outcome.status, outcome.state_kept, outcome.error = "crashed", False, None
+        outcome.detail = (
+            "%s%s. Variables, imports and functions are gone; files in /tmp and /workspace were kept, "
+            "and the next call runs in a fresh Python process." % (reason[:1].upper(), reason[1:])
+        )
+    elif status != "ok":
+        outcome.status = "error"
+        outcome.detail = missing_package_hint(outcome.error, config.image)
+    return outcome
+
+
+class SandboxSession:
+    """One container running the kernel: its process, the tasks that read its frames, and
+    the calls it runs. Its container on the engine's side (SandboxContainer), its requests
+    to the host (RequestDesk), the story of its exit (SandboxExit) and what an execute's
+    result means (outcome_of_execute) are parts of their own."""
+
+    def __init__(
+        self,
+        runtime: ContainerRuntime,
+        config: BridgeConfig,
+        ipc_root: Path,
+        host: HostAPI,
+        owner: OwnerIdentity | None = None,
+        problems: ProblemLog | None = None,
+        session: str = DEFAULT_SESSION,
+    ) -> None:
+        self.runtime = runtime
+        self.config = config
+        self.host = host
+        self.session = session  # run_python's name for it (runtime.session inside)
+        self.container = SandboxContainer(runtime, config, ipc_root, host, owner or bridge_owner(), session)
+        self.name = self.container.name
+        self.process: anyio.abc.Process | None = None
+        self.hello: dict[str, Any] | None = None
+        self.hello_received = anyio.Event()
+        self.exited = anyio.Event()
+        self.exit = SandboxExit(config.memory)
+        self.pending: PendingExecute | None = None
+        self.malformed_frames = 0
+        self.first_malformed: str | None = None
+        # Shared by the bridge's sessions: a sandbox restarted again and again logs once.
+        self.problems = problems or ProblemLog()
+        self.desk = RequestDesk(
+            self.name, self._serve, self.send, config.max_tool_result_bytes, self.problems
+        )
+        self.frame_key = secrets.token_bytes(32)  # signs what the supervisor sends (see the kernel)
+        self._write_lock = anyio.Lock()
+        self._reader_scopes: list[anyio.CancelScope] = []
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and not self.exited.is_set()
+
+    @property
+    def death_reason(self) -> str | None:
+        """Why the sandbox ended (completes "The sandbox ..."); None while it runs."""
+        return self.exit.reason
+
+    # --- start ------------------------------------------------------------------
+    async def start(self, task_group: anyio.abc.TaskGroup) -> None:
+        try:
+            await self._start(task_group)
+        except BaseException:
+            await self.stop()  # cancelled or failed half-way: the container must not outlive it
+            raise
+
+    async def _start(self, task_group: anyio.abc.TaskGroup) -> None:
+        self.process = await self.container.open_process()
+        self.desk.task_group = task_group
         task_group.start_soon(self._read_frames)
         task_group.start_soon(self._read_stderr)
         with anyio.move_on_after(self.config.start_timeout):
             # Within the start timeout: an engine still pulling the image reads nothing yet.
             with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                if self.kernel_via_stdin:  # BOOTSTRAP reads the kernel and its settings first
-                    source = KERNEL_SOURCE.read_text(encoding="utf-8")
-                    await self.send_bytes(boot_payload(source, self.session_config()))
-                # The first frame: the key the supervisor signs its frames with (frame authentication).
-                await self.send({"type": "key", "key": self.frame_key.hex()})
+                await self.send_bytes(self.container.opening(self.frame_key))
             await _first_of(self.hello_received, self.exited)
         if self.hello is None:
-            reason = self.death_reason or "no hello from the kernel within %gs" % self.config.start_timeout
-            tried = "`%s run ... %s`" % (Path(self.runtime.executable).name, self.config.image)
-            # A cluster's nodes pull the image: whether they can is not known here.
-            where = "" if isinstance(self.runtime, KubernetesRuntime) else " (the image is on this machine)"
-            if not await self.runtime.has_image(self.config.image):
-                raise SandboxImageMissingError(
-                    "The sandbox image %s could not be found or pulled: %s. Tried: %s. Set MCP_BRIDGE_IMAGE "
-                    "to an image with python3 >= 3.9 that this machine has or can pull (`%s build-image` "
-                    "builds one), then restart the MCP server; the server log has the runtime's output."
-                    % (self.config.image, reason, tried, SERVER_NAME)
-                )
-            raise SandboxStartError(
-                "The sandbox container did not start: %s. Tried: %s%s. Check the sandbox settings "
-                "(MCP_BRIDGE_OCI_RUNTIME, MCP_BRIDGE_MEMORY, MCP_BRIDGE_CONTAINER_USER, ...) and the "
-                "runtime's output in the server log, then restart the MCP server." % (reason, tried, where)
+            raise await self.container.failure(
+                self.death_reason or "no hello from the kernel within %gs" % self.config.start_timeout
             )
         if self.hello.get("protocol") != PROTOCOL_VERSION:
             raise SandboxStartError(
@@ -5737,7 +6314,7 @@ class SandboxSession:
                 async for chunk in self.process.stderr:
                     text = chunk.decode(errors="replace")
                     logger.info("sandbox %s stderr: %s", self.name, text.rstrip())
-                    self.stderr_tail = (self.stderr_tail + [line[:500] for line in text.splitlines()])[-20:]
+                    self.exit.saw_stderr(text)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass
 
@@ -5753,32 +6330,34 @@ class SandboxSession:
         try:
             validate_frame(frame, KERNEL_FRAME_TYPES)
         except ProtocolError as exc:
-            await self._on_malformed(frame, exc)
+            self._on_malformed(frame, exc)
             return
-        kind = frame["type"]
-        pending = self.pending
-        matches = pending is not None and frame.get("id") == pending.id
-        if kind == "hello":
+        kind, pending = frame["type"], self.pending
+        if kind in ("stream", "result", "error") and pending is not None and frame.get("id") == pending.id:
+            pending.receive(frame)
+        elif kind == "hello":
             if self.hello is None:
                 self.hello = frame
                 self.hello_received.set()
-        elif kind == "stream":
-            if matches and pending is not None:
-                pending.add_stream(frame["name"], frame["text"])
-        elif kind == "result":
-            if matches and pending is not None:
-                pending.complete(frame)
-        elif kind == "error":
-            if matches and pending is not None:
-                pending.complete(sandbox_error_result("SandboxError", frame["message"]))
-            else:
-                self._note_kernel_error(frame["message"])
+        elif kind == "error":  # with no execute to end (e.g. why the kernel is stopping)
+            self.exit.saw_kernel_error(frame["message"])
+            self.problems.report("kernel error", "sandbox %s kernel: %s", self.name, frame["message"][:500])
+        elif kind == "request" and pending is None:
+            # The supervisor already refuses requests between calls; defense in depth.
+            self.desk.refuse(frame["id"], "refused: no run_python call is running")
         elif kind == "request":
-            await self._accept_request(frame, size)
+            self.desk.accept(frame, size)
         elif kind == "cancel":
             self.cancel_requests(frame["id"])
 
-    async def _on_malformed(self, frame: dict[str, Any], exc: ProtocolError) -> None:
+    async def _serve(self, frame: dict[str, Any]) -> Any:
+        """One request of the sandbox's, served by the host (see RequestDesk)."""
+        if frame["method"] == mcp_sandbox_kernel.PROGRESS:  # about this session's own call
+            await report_progress(self.pending, frame["params"])  # answered with null
+            return None
+        return await self.host.handle(frame["method"], frame["params"])
+
+    def _on_malformed(self, frame: dict[str, Any], exc: ProtocolError) -> None:
         self.malformed_frames += 1
         self.first_malformed = self.first_malformed or str(exc)
         self.problems.report("malformed frame", "sandbox %s sent a malformed frame: %s", self.name, exc)
@@ -5789,150 +6368,19 @@ class SandboxSession:
                 sandbox_error_result("ProtocolError", "the sandbox sent a malformed result: %s" % exc)
             )
         elif kind == "request" and is_frame_id(frame_id):
-            self._refuse(frame_id, "the request was malformed: %s" % exc)
-
-    def _note_kernel_error(self, message: str) -> None:
-        """An error the kernel reports with no execute to end (e.g. why it is stopping)."""
-        self.kernel_errors = [*self.kernel_errors[-4:], message[:500]]
-        self.problems.report("kernel error", "sandbox %s kernel: %s", self.name, message[:500])
-
-    async def _accept_request(self, frame: dict[str, Any], size: int = 0) -> None:
-        request_id, cap = frame["id"], self.config.max_tool_result_bytes
-        if self.pending is None:
-            # The supervisor already refuses requests between calls; defense in depth.
-            self._refuse(request_id, "refused: no run_python call is running")
-        elif request_id in self.requests:
-            self.problems.report("duplicate id", "sandbox %s reused request id %r", self.name, request_id)
-        elif self.in_flight >= MAX_REQUESTS_IN_FLIGHT or self.task_group is None:
-            # Defense in depth (the supervisor caps requests in flight too): code that fires
-            # requests without bound must not make the bridge hold unbounded server calls.
-            self._refuse(request_id, TOO_MANY_REQUESTS)
-        elif size > cap:
-            # Defense in depth: a request's arguments are held (and checked, and sent on)
-            # by the bridge, so they are capped like a tool's result.
-            self._refuse(
-                request_id,
-                "runtime.%s: the request is %d bytes, over the %d-byte cap for a request to the host "
-                "(MCP_BRIDGE_MAX_TOOL_RESULT_BYTES). Pass less data per call (split it over several calls)."
-                % (frame["method"], size, cap),
-            )
-        elif self.request_bytes + size > cap:
-            # All requests in flight together hold at most the cap too (up to 256 of them
-            # could otherwise hold 256 times the cap).
-            self._refuse(
-                request_id,
-                "runtime.%s: the request is %d bytes, and requests still in flight hold %d bytes; together "
-                "they may hold at most %d bytes (MCP_BRIDGE_MAX_TOOL_RESULT_BYTES). Wait for those calls to "
-                "finish, or pass less data per call." % (frame["method"], size, self.request_bytes, cap),
-            )
-        else:
-            self.in_flight += 1
-            self.request_bytes += size
-            scope = self.requests[request_id] = anyio.CancelScope()
-            self.task_group.start_soon(self._serve_request, frame, scope, size)
-
-    def _refuse(self, request_id: Any, message: str) -> None:
-        """Answer a request with an error from a task of its own: the reader must never
-        wait on a write to the sandbox (the sandbox may be waiting for the reader), and a
-        flood of refusals beyond MAX_REQUESTS_IN_FLIGHT is dropped, not queued."""
-        if self.refusing >= MAX_REQUESTS_IN_FLIGHT or self.task_group is None:
-            self.problems.report("refusal flood", "sandbox %s: request refusals dropped", self.name)
-            return
-        self.refusing += 1
-
-        async def answer() -> None:
-            try:
-                await self._respond(request_id, error=message)
-            finally:
-                self.refusing -= 1
-
-        self.task_group.start_soon(answer)
-
-    async def _serve_request(self, frame: dict[str, Any], scope: anyio.CancelScope, size: int = 0) -> None:
-        """Serve one request and answer it exactly once; nothing raises out of here."""
-        request_id = frame["id"]
-        result: Any = None
-        error: str | None = None
-        try:
-            with scope:
-                try:
-                    result = await self.host.handle(frame["method"], frame["params"], self.pending)
-                except BridgeError as exc:
-                    error = str(exc)
-                except Exception as exc:  # a bug here must fail one request, not the bridge
-                    self.problems.report(
-                        "internal " + type(exc).__name__,
-                        "sandbox request %s failed",
-                        frame["method"],
-                        exc_info=True,
-                    )
-                    error = "internal bridge error (%s); the server log has details" % type(exc).__name__
-            if scope.cancelled_caught:
-                # Answered anyway: a background thread or task in the sandbox may still wait.
-                error = "cancelled: the run_python call that made this request has ended"
-        finally:
-            self.requests.pop(request_id, None)
-            self.in_flight -= 1
-            self.request_bytes -= size
-        await self._respond(request_id, result=result, error=error)
-
-    async def _respond(self, request_id: Any, result: Any = None, error: str | None = None) -> None:
-        """Send the one response to ``request_id``; a response too large for a frame
-        becomes an error response. Never raises: the sandbox may be gone already."""
-        response: dict[str, Any] = {"type": "response", "id": request_id}
-        if error is None:
-            response["result"] = result
-        else:
-            response["error"] = {"type": "MCPError", "message": error}
-        try:
-            try:
-                await self.send(response)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                raise
-            except Exception as exc:  # too large, or not encodable (RecursionError): still one answer
-                message = "the answer could not be sent into the sandbox: %s: %s" % (type(exc).__name__, exc)
-                await self.send(
-                    {
-                        "type": "response",
-                        "id": request_id,
-                        "error": {"type": "MCPError", "message": message[:2000]},
-                    }
-                )
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass  # the sandbox is gone; its reader reports that
-        except Exception:
-            self.problems.report(
-                "respond", "sandbox %s: could not answer request %r", self.name, request_id, exc_info=True
-            )
+            self.desk.refuse(frame_id, "the request was malformed: %s" % exc)
 
     def cancel_requests(self, request_id: str | int | None = None) -> None:
         """Cancel one outstanding sandbox request, or all of them (end of an execute)."""
-        for key, scope in list(self.requests.items()):
-            if request_id is None or key == request_id:
-                scope.cancel()
+        self.desk.cancel(request_id)
 
     async def _on_exit(self) -> None:
         assert self.process is not None
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):
-            code = await self.process.wait()
-            if self.death_reason is None:
-                self.death_reason = self._explain_exit(code)
+            self.exit.ended(await self.process.wait())
         self.exited.set()
         if self.pending is not None:
             self.pending.done.set()
-
-    def _explain_exit(self, code: int | None) -> str:
-        if self.killed_by_bridge:
-            return "was stopped by the bridge"
-        if code in (SIGKILL_EXIT, -signal.SIGKILL):
-            return (
-                "was killed (SIGKILL), almost certainly by the out-of-memory killer: the code "
-                "exceeded the sandbox's %s memory limit" % self.config.memory
-            )
-        if self.kernel_errors:
-            return "stopped (exit code %s); the kernel reported: %s" % (code, self.kernel_errors[-1])
-        tail = " Last kernel output: %s" % " | ".join(self.stderr_tail[-3:]) if self.stderr_tail else ""
-        return "exited unexpectedly with code %s.%s" % (code, tail)
 
     # --- execute ---------------------------------------------------------------------
     async def execute(
@@ -5948,18 +6396,8 @@ class SandboxSession:
         malformed_before, self.first_malformed = self.malformed_frames, None
         pending = pending or PendingExecute(secrets.token_hex(8), self.config.max_output_chars)
         pending.progress = progress or pending.progress  # a waiting call may have set its own
+        data = execute_frame(pending.id, code, saved_tools, self.config.max_frame_bytes)
         self.pending = pending
-        try:
-            frame: dict[str, Any] = {"type": "execute", "id": pending.id, "code": code}
-            if not saved_tools:
-                frame["saved_tools"] = False
-            data = encode_frame(frame, self.config.max_frame_bytes)
-        except ProtocolError as exc:
-            self.pending = None
-            raise InvalidRequestError(
-                "The code is too large to send to the sandbox (%s). Split it into smaller calls, "
-                "or raise MCP_BRIDGE_MAX_FRAME_BYTES." % exc
-            ) from None
         timed_out = False
         try:
             with anyio.move_on_after(timeout):
@@ -5967,7 +6405,7 @@ class SandboxSession:
                 with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                     await self.send_bytes(data)  # if gone, the reader completes `pending`
                 async with anyio.create_task_group() as ticking:
-                    ticking.start_soon(self._tick, pending, started)
+                    ticking.start_soon(pending.tick, started)
                     await pending.done.wait()
                     ticking.cancel_scope.cancel()
             if not pending.done.is_set():
@@ -5982,7 +6420,9 @@ class SandboxSession:
         finally:
             self.pending = None
             self.cancel_requests()
-        outcome = self._outcome(pending, timeout, timed_out)
+        outcome = outcome_of_execute(
+            pending, timeout=timeout, timed_out=timed_out, death_reason=self.death_reason, config=self.config
+        )
         defined = (pending.result or {}).get("defined_tools")
         notice = self.host.defined_tools_notice(defined) if defined is not None else None
         if notice is not None:
@@ -5998,19 +6438,11 @@ class SandboxSession:
             )
         return outcome
 
-    @staticmethod
-    async def _tick(pending: PendingExecute, started: float) -> None:
-        """Progress for whichever call is waiting for this execute now (it may change)."""
-        while True:
-            await anyio.sleep(PROGRESS_INTERVAL)
-            if pending.progress is not None:
-                await pending.progress.tick(time.monotonic() - started)
-
     def abandon(self, reason: str) -> None:
         """End the running execute now, without its result (the bridge is shutting down);
         ``reason`` completes "The sandbox ..." for the model."""
         if self.pending is not None:
-            self.death_reason = self.death_reason or reason
+            self.exit.reason = self.exit.reason or reason
             self.pending.done.set()
 
     async def _stop_running(self, pending: PendingExecute, when: str) -> None:
@@ -6028,77 +6460,11 @@ class SandboxSession:
             with anyio.move_on_after(10):
                 await self.exited.wait()
 
-    MAX_CRASH_REASON_CHARS = 1000
-
-    def _outcome(self, pending: PendingExecute, timeout: float, timed_out: bool) -> ExecutionOutcome:
-        result = pending.result or {}
-        status = result.get("status")
-        cuts = {name: OutputCut(**cut) for name, cut in (result.get("cut") or {}).items()}
-        for name, count in pending.cut.items():  # the host's own cap cut the head
-            if count:
-                cuts.setdefault(name, OutputCut()).count += count
-        outcome = ExecutionOutcome(
-            status="ok",
-            stdout="".join(pending.streams["stdout"]),
-            stderr="".join(pending.streams["stderr"]),
-            value=result.get("value"),
-            value_json=result.get("json"),
-            error=result.get("error"),
-            cuts=cuts,
-            notices=list(result.get("notices") or []),
-        )
-        outcome.images = checked_images(result.get("images") or [], self.config, outcome.notices)
-        outcome.attachments = checked_attachments(
-            result.get("attachments") or [], self.config, outcome.notices
-        )
-        if timed_out and status == "ok":
-            timed_out = False  # it finished during the grace period: an ordinary success
-        if timed_out and status == "killed":
-            # error (kept) says what the supervisor did and how fast a fresh process was up.
-            outcome.status, outcome.state_kept = "timeout", False
-            outcome.detail = (
-                "Timed out after %gs and did not stop when interrupted. Variables, imports and functions "
-                "are gone; files in /tmp and /workspace were kept." % timeout
-            )
-        elif timed_out and pending.result is not None:
-            outcome.status = "timeout"
-            outcome.detail = (
-                "Timed out after %gs: the code was interrupted (KeyboardInterrupt) and any processes it "
-                "started were stopped. The session and its variables were kept." % timeout
-            )
-        elif timed_out:
-            outcome.status, outcome.state_kept, outcome.error = "timeout", False, None
-            outcome.detail = (
-                "Timed out after %gs and did not stop when interrupted, so the sandbox was killed. "
-                "All state was lost; the next call starts a fresh session." % timeout
-            )
-        elif pending.result is None:
-            outcome.status, outcome.state_kept = "crashed", False
-            outcome.detail = "The sandbox %s. All state was lost; the next call starts a fresh session." % (
-                self.death_reason or "stopped"
-            )
-        elif status in ("crashed", "killed"):
-            reason = str((outcome.error or {}).get("message") or "the Python process running the code ended")
-            reason = reason[: self.MAX_CRASH_REASON_CHARS]  # the supervisor's word, from the sandbox
-            outcome.status, outcome.state_kept, outcome.error = "crashed", False, None
-            outcome.detail = (
-                "%s%s. Variables, imports and functions are gone; files in /tmp and /workspace were kept, "
-                "and the next call runs in a fresh Python process." % (reason[:1].upper(), reason[1:])
-            )
-        elif status != "ok":
-            outcome.status = "error"
-            outcome.detail = missing_package_hint(outcome.error, self.config.image)
-        return outcome
-
     # --- stop --------------------------------------------------------------------------
     async def _kill(self, reason: str) -> None:
         """Remove the container; `reason` completes "The sandbox ..." for the model."""
-        self.killed_by_bridge = True
-        self.death_reason = self.death_reason or reason
-        try:
-            await run_command(self.runtime.kill_argv(self.name))
-        except TimeoutError:
-            logger.warning("%s rm --force %s timed out", self.runtime.name, self.name)
+        self.exit.stopped_by_bridge(reason)
+        await self.container.remove()
         if self.process is not None and self.process.returncode is None:
             self.process.kill()
 
@@ -6109,8 +6475,7 @@ class SandboxSession:
         with anyio.CancelScope(shield=True):
             process = self.process
             if process is not None and process.returncode is None:
-                self.killed_by_bridge = True
-                self.death_reason = self.death_reason or "was stopped by the bridge"
+                self.exit.stopped_by_bridge("was stopped by the bridge")
                 if process.stdin is not None:
                     with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                         await process.stdin.aclose()
@@ -6120,44 +6485,50 @@ class SandboxSession:
                     await self._kill("was stopped by the bridge")
                     with anyio.move_on_after(10):
                         await process.wait()
-            leftover = self.runtime.leftover_argv(self.name) if process is not None else None
-            if leftover is not None:  # e.g. a Pod that has ended is kept until it is deleted
-                try:
-                    await run_command(leftover)
-                except (TimeoutError, OSError) as exc:  # swept by label at the next start
-                    logger.warning("could not remove sandbox %s: %s", self.name, exc)
+            await self.container.clean_up(launched=process is not None)
             for scope in self._reader_scopes:
                 scope.cancel()
             self.exited.set()
-            shutil.rmtree(self.ipc_dir.parent, ignore_errors=True)
 
 
 START_RETRY_SECONDS = 300
 
-# Import names of common data packages, and the PyPI name build-image installs each by.
-# The sandbox has no network, so `pip install` cannot add one: the image must have it.
-DATA_PACKAGES = {
-    "numpy": "numpy", "pandas": "pandas", "matplotlib": "matplotlib", "scipy": "scipy",
-    "sklearn": "scikit-learn", "PIL": "pillow", "seaborn": "seaborn", "statsmodels": "statsmodels",
-    "sympy": "sympy", "polars": "polars", "pyarrow": "pyarrow", "openpyxl": "openpyxl",
-    "networkx": "networkx", "plotly": "plotly", "yaml": "pyyaml", "bs4": "beautifulsoup4",
-    "lxml": "lxml", "cv2": "opencv-python", "dateutil": "python-dateutil", "tabulate": "tabulate",
-}  # fmt: skip
+
+@dataclass(frozen=True)
+class Principal:
+    """Who calls: stdio's one client, or an HTTP bearer token's principal. Its memory store
+    and saved tools are its own (``host``); its sandboxes are Sessions', keyed by its name."""
+
+    name: str
+    host: HostAPI  # its memory store and saved tools
 
 
-def missing_package_hint(error: Mapping[str, Any] | None, image: str) -> str | None:
-    """For code that failed to import a common data package (the kernel's ``module`` of a
-    ModuleNotFoundError): the image lacks it, and how the user gets one that has it."""
-    module = str((error or {}).get("module") or "")  # "a.b": a is there, a.b is not
-    if module not in DATA_PACKAGES:
-        return None
-    packages = list(BATTERIES) + [DATA_PACKAGES[module]] * (DATA_PACKAGES[module] not in BATTERIES)
-    return (
-        "%s is not installed in the sandbox image %s, and the sandbox has no network to pip install "
-        "it. Tell the user: `%s %s --packages %s` builds an image with it; then set MCP_BRIDGE_IMAGE=%s "
-        "in this MCP server's environment and restart it. Meanwhile, use the standard library."
-        % (module, image, SERVER_NAME, BUILD_IMAGE_COMMAND, ",".join(packages), BATTERIES_TAG)
-    )
+@dataclass(frozen=True)
+class RunRequest:
+    """One run_python call, built once at the tool boundary and passed whole down to the
+    sandbox: what the caller asked, who asked (and from which MCP session), when the call
+    arrived and how to report its progress."""
+
+    code: str
+    timeout: float
+    reset: bool
+    session: str  # run_python's session name
+    principal: Principal
+    saved_tools: bool = True
+    client: str | None = None  # the caller's MCP session over HTTP (Mcp-Session-Id); None over stdio
+    progress: CallProgress | None = None  # None: the client asked for no progress
+    arrived: float = field(default_factory=time.monotonic)  # the client's clock runs from here
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What one call's turn at a sandbox produced, composed into the call's outcome once
+    (SessionManager.answer): its outcome, what is said before the outcome's own notices,
+    and the end of code an earlier call left running."""
+
+    outcome: ExecutionOutcome
+    notices: list[str] = field(default_factory=list)
+    earlier: ExecutionOutcome | None = None
 
 
 class RunningCode:
@@ -6165,14 +6536,9 @@ class RunningCode:
     after respond_after seconds and a later call can wait for the rest. Its own timeout
     still ends it; cancelling its scope stops the code (the client gave up)."""
 
-    def __init__(
-        self, session: SandboxSession, code: str, timeout: float, arrived: float, saved_tools: bool = True
-    ) -> None:
+    def __init__(self, session: SandboxSession, request: RunRequest) -> None:
         self.session = session
-        self.code = code
-        self.timeout = timeout
-        self.saved_tools = saved_tools
-        self.started = arrived  # when its call arrived: "still running after" counts from there
+        self.request = request  # "still running after" counts from its arrival
         self.pending = PendingExecute(secrets.token_hex(8), session.config.max_output_chars)
         self.scope = anyio.CancelScope()
         self.finished = anyio.Event()
@@ -6181,11 +6547,12 @@ class RunningCode:
         self.shown = {"stdout": 0, "stderr": 0}  # characters already returned by "still running"
 
     async def run(self) -> None:
+        request = self.request
         try:
             with self.scope:
                 try:
                     self.outcome = await self.session.execute(
-                        self.code, self.timeout, pending=self.pending, saved_tools=self.saved_tools
+                        request.code, request.timeout, pending=self.pending, saved_tools=request.saved_tools
                     )
                 except Exception as exc:  # re-raised to the call that waits for it
                     self.failure = exc
@@ -6217,28 +6584,38 @@ class RunningCode:
             text[name], self.shown[name] = whole[self.shown[name] :], len(whole)
         return text
 
-    def rest_of(self, outcome: ExecutionOutcome) -> ExecutionOutcome:
-        outcome.stdout = outcome.stdout[self.shown["stdout"] :]
-        outcome.stderr = outcome.stderr[self.shown["stderr"] :]
-        return outcome
+    def rest(self, notices: list[str]) -> ExecutionOutcome:
+        """The ended code's outcome less what "still running" answers showed, ``notices`` last."""
+        assert self.outcome is not None
+        outcome = self.outcome
+        return replace(
+            outcome,
+            stdout=outcome.stdout[self.shown["stdout"] :],
+            stderr=outcome.stderr[self.shown["stderr"] :],
+            notices=[*outcome.notices, *notices],
+        )
 
     def still_running(self, waited_for_earlier: bool) -> ExecutionOutcome:
-        elapsed = time.monotonic() - self.started
+        elapsed = time.monotonic() - self.request.arrived
         output = self.new_output()
         detail = (
             "Still running after %.0fs (its timeout of %gs still applies). Call run_python again to wait "
             "for the rest of its output and its result (any code; it runs once this code has ended), "
-            "or with reset: true to stop it." % (elapsed, self.timeout)
+            "or with reset: true to stop it." % (elapsed, self.request.timeout)
         )
         if waited_for_earlier:
             detail = "Your code was not run: the code of an earlier call is still running. " + detail
-        outcome = ExecutionOutcome(status="running", stdout=output["stdout"], stderr=output["stderr"])
-        outcome.detail, outcome.duration = detail, elapsed
-        return outcome
+        return ExecutionOutcome(
+            status="running",
+            stdout=output["stdout"],
+            stderr=output["stderr"],
+            detail=detail,
+            duration=elapsed,
+        )
 
     def stopped_by_reset(self) -> str:
         """The notice for a reset that stops this code, which has not ended."""
-        elapsed = time.monotonic() - self.started
+        elapsed = time.monotonic() - self.request.arrived
         unseen = sum(len("".join(self.pending.streams[name])) - self.shown[name] for name in self.shown)
         lost = " Its output since the last answer (%d characters) was not shown." % unseen if unseen else ""
         return (
@@ -6287,35 +6664,35 @@ class SharedRuntime:
 
 
 class SessionManager:
-    """Owns one named sandbox session (run_python's ``session``): pre-warms it,
-    serializes its executes, replaces it after a crash, a kill, a reset or idle shutdown,
-    and tells the model whenever earlier state is gone. ``Sessions`` holds one per name."""
+    """One sandbox of one principal (``Sessions`` holds them by principal and session name):
+    serializes the calls to it, pre-warms it, replaces it after a crash, a kill, a reset or
+    an idle stop, and tells the model whenever earlier state is gone. Its lifetime, caps and
+    shutdown are Sessions'; ``closing`` is Sessions' event, set when the bridge stops."""
 
     def __init__(
         self,
         config: BridgeConfig,
         task_group: anyio.abc.TaskGroup,
         host: HostAPI,
-        runtime: SharedRuntime | None = None,
+        runtime: SharedRuntime,
         name: str = DEFAULT_SESSION,
         problems: ProblemLog | None = None,
+        closing: anyio.Event | None = None,
     ) -> None:
         self.config = config
         self.task_group = task_group
         self.host = host
         self.name = name
-        self.shared_runtime = runtime or SharedRuntime(config)
+        self.shared_runtime = runtime
         self.ipc_root = config.state_dir / "ipc"
         self.session: SandboxSession | None = None
         self.lost_reason: str | None = None
         self.last_used = time.monotonic()
         self._lock = anyio.Lock()
-        # Shared by the bridge's sessions: a sandbox restarted again and again logs once.
+        # Shared by the principal's sessions: a sandbox restarted again and again logs once.
         self.problems = problems or ProblemLog()
-        self.closing = anyio.Event()  # set when the bridge begins to shut down
+        self.closing = closing or anyio.Event()
         self.active_calls = 0
-        self._no_calls = anyio.Event()  # set while active_calls is 0
-        self._no_calls.set()
         # The last start failure for want of the image, and when it happened: explained in
         # full once, then answered at once, not retried (a pull that cannot work takes long
         # every time) until the image appears locally or START_RETRY_SECONDS pass.
@@ -6324,37 +6701,40 @@ class SessionManager:
         self.unreported: ExecutionOutcome | None = None  # its end, until a call returns it
         self.held_notices: list[str] = []  # what the pre-warm start has to say to the first call
 
-    async def _ensure_session(self, notices: list[str]) -> SandboxSession:
+    async def _ensure_session(self) -> tuple[SandboxSession, list[str]]:
+        """The live sandbox, started when there is none, and what a start has to tell."""
         if self.session is not None and not self.session.alive:
             self.lost_reason = self.lost_reason or "the previous sandbox %s." % self.session.death_reason
             await self.session.stop()
             self.session = None
-        if self.session is None:
-            runtime = await self.shared_runtime.get()
-            await self._check_earlier_start_failure(runtime)
-            session = SandboxSession(
-                runtime, self.config, self.ipc_root, self.host, problems=self.problems, session=self.name
+        if self.session is not None:
+            return self.session, []
+        runtime = await self.shared_runtime.get()
+        await self._check_earlier_start_failure(runtime)
+        session = SandboxSession(
+            runtime, self.config, self.ipc_root, self.host, problems=self.problems, session=self.name
+        )
+        try:
+            await session.start(self.task_group)
+        except SandboxStartError as exc:
+            missing = isinstance(exc, SandboxImageMissingError)  # other failures: retried at once
+            self.start_failure = (str(exc), time.monotonic()) if missing else None
+            raise
+        self.start_failure = None
+        self.session = session
+        notices = []
+        if self.lost_reason:
+            notices.append(
+                "Started a fresh sandbox session: %s Variables, imports and functions from "
+                "earlier calls are gone." % self.lost_reason
             )
-            try:
-                await session.start(self.task_group)
-            except SandboxStartError as exc:
-                missing = isinstance(exc, SandboxImageMissingError)  # other failures: retried at once
-                self.start_failure = (str(exc), time.monotonic()) if missing else None
-                raise
-            self.start_failure = None
-            self.session = session
-            if self.lost_reason:
-                notices.append(
-                    "Started a fresh sandbox session: %s Variables, imports and functions from "
-                    "earlier calls are gone." % self.lost_reason
-                )
-                self.lost_reason = None
-            notices.extend(runtime.warnings)
-            notices.extend(unusable_config_notices(self.host.pool.discovery))
-            warning = workspace_warning(self.config)
-            if warning:
-                notices.append(warning)
-        return self.session
+            self.lost_reason = None
+        notices.extend(runtime.warnings)
+        notices.extend(unusable_config_notices(self.host.pool.discovery))
+        warning = workspace_warning(self.config)
+        if warning:
+            notices.append(warning)
+        return session, notices
 
     async def _check_earlier_start_failure(self, runtime: ContainerRuntime) -> None:
         if self.start_failure is None:
@@ -6372,36 +6752,29 @@ class SessionManager:
     async def prewarm(self) -> None:
         async with self._lock:
             try:
-                await self._ensure_session(self.held_notices)  # for the first call's result
+                _, notices = await self._ensure_session()
+                self.held_notices.extend(notices)  # for the first call's result
             except BridgeError as exc:
                 logger.warning("pre-warm failed (run_python will retry): %s", exc)
             except Exception:  # a background start-up step must never end the server
                 logger.exception("pre-warm failed (run_python will retry)")
 
-    async def answer(
-        self,
-        code: str,
-        timeout: float,
-        reset: bool,
-        progress: CallProgress | None = None,
-        saved_tools: bool = True,
-    ) -> ExecutionOutcome:
+    async def answer(self, request: RunRequest) -> ExecutionOutcome:
         """run() for one tool call, answered with ShuttingDownError as soon as the bridge
         begins to shut down, so no call is left without a response. The work runs in
-        the manager's task group; cancelling the call (the client gave up) cancels it."""
+        the manager's task group; cancelling the call (the client gave up) cancels it.
+        The call's outcome is composed here, once, from what run() returned."""
         if self.closing.is_set():
             raise ShuttingDownError(SHUTTING_DOWN)
         self.active_calls += 1
-        if self._no_calls.is_set():
-            self._no_calls = anyio.Event()
         finished = anyio.Event()
-        holder: list[ExecutionOutcome | Exception] = []
+        holder: list[Reply | Exception] = []
         work_scope = anyio.CancelScope()
 
         async def work() -> None:
             with work_scope:
                 try:
-                    holder.append(await self.run(code, timeout, reset, progress, saved_tools))
+                    holder.append(await self.run(request))
                 except Exception as exc:  # re-raised in the caller's task below
                     holder.append(exc)
             finished.set()
@@ -6414,44 +6787,28 @@ class SessionManager:
             raise
         finally:
             self.active_calls -= 1
-            if not self.active_calls:
-                self._no_calls.set()
         if not holder:
             raise ShuttingDownError(SHUTTING_DOWN)
         if isinstance(holder[0], Exception):
             raise holder[0]
-        for outcome in (holder[0], holder[0].earlier):
-            if outcome is not None:
-                outcome.session = self.name
-        return holder[0]
+        reply = holder[0]
+        earlier = None if reply.earlier is None else replace(reply.earlier, session=self.name)
+        notices = [*reply.notices, *reply.outcome.notices]
+        return replace(reply.outcome, notices=notices, earlier=earlier, session=self.name)
 
-    async def begin_shutdown(self, grace: float) -> None:
-        """Answer every call in flight (the running code is abandoned, the container
-        removed afterwards by aclose()); waits at most ``grace`` seconds for that."""
-        self.closing.set()
-        if self.session is not None:
-            self.session.abandon("was stopped because the MCP server is shutting down")
-        with anyio.move_on_after(grace):
-            await self._no_calls.wait()
-
-    async def run(
-        self,
-        code: str,
-        timeout: float,
-        reset: bool,
-        progress: CallProgress | None = None,
-        saved_tools: bool = True,
-    ) -> ExecutionOutcome:
+    async def run(self, request: RunRequest) -> Reply:
         # The client's clock runs from the call's arrival, also while it waits its turn.
-        arrived = time.monotonic()
         acquired = False
-        with anyio.move_on_after(self.config.respond_after or math.inf):
+        with anyio.move_on_after(self._left(request.arrived) or math.inf):
             await self._lock.acquire()
             acquired = True
         if not acquired:
-            return ExecutionOutcome(status="running", detail=BUSY, duration=time.monotonic() - arrived)
+            busy = ExecutionOutcome(
+                status="running", detail=BUSY, duration=time.monotonic() - request.arrived
+            )
+            return Reply(busy)
         try:
-            return await self._run_locked(code, timeout, reset, progress, arrived, saved_tools)
+            return await self._run_locked(request)
         finally:
             self._lock.release()
 
@@ -6461,60 +6818,56 @@ class SessionManager:
             return 0
         return max(0.01, arrived + self.config.respond_after - time.monotonic())
 
-    async def _run_locked(
-        self,
-        code: str,
-        timeout: float,
-        reset: bool,
-        progress: CallProgress | None,
-        arrived: float,
-        saved_tools: bool = True,
-    ) -> ExecutionOutcome:
+    async def _run_locked(self, request: RunRequest) -> Reply:
         if self.closing.is_set():
             raise ShuttingDownError(SHUTTING_DOWN)
         notices, self.held_notices = self.held_notices, []
-        if self.running is not None and reset:  # a reset stops the earlier code too
-            if self.running.finished.is_set() and self.running.failure is None:
-                self.unreported = await self._finish(self.running, [])  # it ended before the reset
-            elif self.running.finished.is_set():
-                notices.append("The code of an earlier call could not finish: %s" % self.running.failure)
-            else:
-                notices.append(self.running.stopped_by_reset())
-                self.running.scope.cancel()
-                await self.running.finished.wait()
-            self.running = None
+        if self.running is not None and request.reset:  # a reset stops the earlier code too
+            notices += await self._stop_for_reset(self.running)
         elif self.running is not None:
-            if not await self.running.wait(self._left(arrived), progress):
-                return self.running.still_running(waited_for_earlier=True)
+            if not await self.running.wait(self._left(request.arrived), request.progress):
+                return Reply(self.running.still_running(waited_for_earlier=True))
             # Kept on the manager until a call returns it: a failure of this call's own
             # code (a sandbox that cannot start) must not lose it.
-            self.unreported = await self._finish(self.running, [])
+            self.unreported = await self._finish(self.running)
             if self.unreported is None:
                 notices.append(
                     "The code of an earlier call was stopped: the call waiting for it was cancelled."
                 )
-        if reset and self.session is not None:
+        if request.reset and self.session is not None:
             await self.session.stop()
             self.session = None
             notices.append("Reset: started a fresh session with an empty namespace.")
-        elif reset:
+        elif request.reset:
             self.lost_reason = None
-        session = await self._ensure_session(notices)
-        running = RunningCode(session, code, timeout, arrived, saved_tools)
+        session, started = await self._ensure_session()
+        notices += started
+        running = RunningCode(session, request)
         self.running = running
         self.task_group.start_soon(running.run)
-        if await running.wait(self._left(arrived), progress):
-            finished = await self._finish(running, notices)
-            assert finished is not None  # only a cancelled wait stops it, and that raised
-            outcome = finished
+        if await running.wait(self._left(request.arrived), request.progress):
+            outcome = await self._finish(running)
+            assert outcome is not None  # only a cancelled wait stops it, and that raised
         else:
             outcome = running.still_running(waited_for_earlier=False)
-            outcome.notices[:0] = notices
-        outcome.earlier, self.unreported = self.unreported, None
+        earlier, self.unreported = self.unreported, None
         self.last_used = time.monotonic()
-        return outcome
+        return Reply(outcome, notices, earlier)
 
-    async def _finish(self, running: RunningCode, notices: list[str]) -> ExecutionOutcome | None:
+    async def _stop_for_reset(self, running: RunningCode) -> list[str]:
+        """Stop the code an earlier call left running (its end kept when it had ended)."""
+        self.running = None
+        if running.finished.is_set() and running.failure is None:
+            self.unreported = await self._finish(running)  # it ended before the reset
+            return []
+        if running.finished.is_set():
+            return ["The code of an earlier call could not finish: %s" % running.failure]
+        notice = running.stopped_by_reset()
+        running.scope.cancel()
+        await running.finished.wait()
+        return [notice]
+
+    async def _finish(self, running: RunningCode) -> ExecutionOutcome | None:
         """The outcome of code that has ended (what a "still running" answer already
         showed left out), and the session replaced if it died; None when it was stopped
         (the call waiting for it was cancelled)."""
@@ -6523,9 +6876,7 @@ class SessionManager:
             raise running.failure
         if running.outcome is None:
             return None
-        outcome = running.rest_of(running.outcome)
-        outcome.notices[:0] = notices
-        outcome.notices.extend(self.host.pool.drain_notices())
+        outcome = running.rest(self.host.pool.drain_notices())
         session = running.session
         if not session.alive:
             await session.stop()
@@ -6573,15 +6924,11 @@ class SessionManager:
         )
 
     async def aclose(self) -> None:
-        """Remove this session's sandbox (the shared runtime is the registry's to release)."""
+        """Remove this session's sandbox (the shared runtime is Sessions' to release)."""
         with anyio.CancelScope(shield=True):
             if self.session is not None:
                 await self.session.stop()
                 self.session = None
-
-
-class TooManySessionsError(BridgeError):
-    """A call named a new session while MCP_BRIDGE_MAX_SESSIONS sessions hold sandboxes."""
 
 
 # run_python's session names: short, and safe in logs, labels and file names as they are.
@@ -6597,116 +6944,178 @@ def valid_session_name(name: str) -> str:
     return name
 
 
-MAX_REMEMBERED_ENDS = 64  # forgotten sessions whose "why your state is gone" is kept
+MAX_REMEMBERED_ENDS = 64  # per principal: forgotten sessions whose "why your state is gone" is kept
 
 
 class Sessions:
-    """run_python's sessions by name (``session``; "default" when a call names none):
-    one SessionManager each, created on first use and capped at MCP_BRIDGE_MAX_SESSIONS.
-    Each has its own sandbox, state, limits (the configured ones) and idle timer; calls
-    to different sessions run side by side, calls to one session one at a time (its
-    manager's lock). Over stdio the bridge has one client, so the cap is per client and
-    in total at once. A session stopped for idleness keeps its name (its next call
-    starts fresh and says why) until room is needed for a new name: then it is forgotten,
-    and only why its last sandbox ended is remembered (for a bounded number of names)."""
+    """Every sandbox of the bridge, by principal and run_python's ``session`` ("default"
+    when a call names none): one SessionManager each, created on first use. The one owner
+    of their lifetimes: the caps (MCP_BRIDGE_MAX_SESSIONS per principal; with ``shared``,
+    i.e. over HTTP, MCP_BRIDGE_MAX_TOTAL_SESSIONS in all and MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL
+    calls in flight), idle forgetting, the shutdown fan-out and the shared runtime's release.
+    Each session has its own sandbox, state, limits (the configured ones) and idle timer;
+    calls to different sessions run side by side, calls to one session one at a time (its
+    manager's lock). A session stopped for idleness keeps its name (its next call starts
+    fresh and says why) until room is needed for a new name: then it is forgotten, and only
+    why its last sandbox ended is remembered (for a bounded number of names)."""
 
     def __init__(
         self,
         config: BridgeConfig,
         task_group: anyio.abc.TaskGroup,
-        host: HostAPI,
         runtime: SharedRuntime,
+        shared: bool = False,
     ) -> None:
-        """``runtime``: shared with the other principals' registries; Principals releases it."""
         self.config = config
         self.task_group = task_group
-        self.host = host
         self.runtime = runtime
-        self.problems = ProblemLog()
-        self.managers: dict[str, SessionManager] = {}
-        self.watchers: dict[str, anyio.CancelScope] = {}
-        self.ended: dict[str, str] = {}  # forgotten name -> why its last sandbox ended
-        self.closing = False
+        self.shared = shared
+        self.managers: dict[tuple[str, str], SessionManager] = {}  # (principal, session name)
+        self.watchers: dict[tuple[str, str], anyio.CancelScope] = {}
+        self.ended: dict[str, dict[str, str]] = {}  # principal -> forgotten name -> why its sandbox ended
+        self.problems: dict[str, ProblemLog] = {}  # per principal
+        self.calls: dict[str, int] = {}  # principal -> run_python calls in flight
+        self.closing = anyio.Event()  # set when the bridge begins to shut down
+        self._no_calls = anyio.Event()  # set while no call is in flight
+        self._no_calls.set()
 
-    def manager(self, name: str) -> SessionManager:
-        """The manager of session ``name``, created when new and there is room."""
+    def of(self, principal: str) -> dict[str, SessionManager]:
+        """The sessions of ``principal`` by name."""
+        return {name: manager for (owner, name), manager in self.managers.items() if owner == principal}
+
+    def manager(self, principal: Principal, name: str) -> SessionManager:
+        """The manager of ``principal``'s session ``name``, created when new and there is room."""
         # Defense in depth: the input model checks names too; they reach logs and the kernel.
         try:
             valid_session_name(name)
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
-        if self.closing:
+        if self.closing.is_set():
             raise ShuttingDownError(SHUTTING_DOWN)
-        found = self.managers.get(name)
+        key = (principal.name, name)
+        found = self.managers.get(key)
         if found is not None:
             return found
-        if len(self.managers) >= self.config.max_sessions:
+        self._make_room(principal.name, name)
+        problems = self.problems.setdefault(principal.name, ProblemLog())
+        manager = SessionManager(
+            self.config, self.task_group, principal.host, self.runtime, name, problems, self.closing
+        )
+        manager.lost_reason = self.ended.get(principal.name, {}).pop(name, None)
+        self.managers[key] = manager
+        self.watchers[key] = scope = anyio.CancelScope()
+        self.task_group.start_soon(self._watch, manager, scope)
+        return manager
+
+    def _make_room(self, principal: str, name: str) -> None:
+        """Refuse a new session while the caps are reached (sessions stopped for idleness
+        are forgotten first): all principals' together (shared), then the principal's own."""
+        if self.shared and len(self.managers) >= self.config.max_total_sessions:
             self.forget_dormant()
-        if len(self.managers) >= self.config.max_sessions:
+        if self.shared and len(self.managers) >= self.config.max_total_sessions:
+            # Says nothing of other principals' sessions: their names are theirs.
+            raise TooManySessionsError(
+                "Session %r was not started: the bridge already holds %d sessions for all its clients "
+                "together, the most it allows (MCP_BRIDGE_MAX_TOTAL_SESSIONS). Use a session you have; "
+                "room frees up as sessions stay idle for MCP_BRIDGE_IDLE_TIMEOUT seconds."
+                % (name, len(self.managers))
+            )
+        if len(self.of(principal)) >= self.config.max_sessions:
+            self.forget_dormant(principal)
+        mine = self.of(principal)
+        if len(mine) >= self.config.max_sessions:
             raise TooManySessionsError(
                 "Session %r was not started: %d sessions (%s) already hold sandboxes, the most this "
                 "bridge allows (MCP_BRIDGE_MAX_SESSIONS). Use one of them, or free one: a session is "
                 "released when it has been idle for MCP_BRIDGE_IDLE_TIMEOUT seconds."
-                % (name, len(self.managers), ", ".join(sorted(self.managers)))
+                % (name, len(mine), ", ".join(sorted(mine)))
             )
-        manager = SessionManager(self.config, self.task_group, self.host, self.runtime, name, self.problems)
-        manager.lost_reason = self.ended.pop(name, None)
-        self.managers[name] = manager
-        self.watchers[name] = scope = anyio.CancelScope()
-        self.task_group.start_soon(self._watch, manager, scope)
-        return manager
 
-    def forget_dormant(self) -> None:
-        for name, manager in list(self.managers.items()):
-            if manager.dormant:
-                del self.managers[name]
-                self.watchers.pop(name).cancel()
+    def forget_dormant(self, principal: str | None = None) -> None:
+        """Forget the dormant sessions (of ``principal``; None: of everyone)."""
+        for (owner, name), manager in list(self.managers.items()):
+            if manager.dormant and principal in (None, owner):
+                del self.managers[owner, name]
+                self.watchers.pop((owner, name)).cancel()
                 if manager.lost_reason:
-                    self.ended[name] = manager.lost_reason
-                    while len(self.ended) > MAX_REMEMBERED_ENDS:
-                        del self.ended[next(iter(self.ended))]  # the oldest
+                    ended = self.ended.setdefault(owner, {})
+                    ended[name] = manager.lost_reason
+                    while len(ended) > MAX_REMEMBERED_ENDS:
+                        del ended[next(iter(ended))]  # the oldest
 
     @staticmethod
     async def _watch(manager: SessionManager, scope: anyio.CancelScope) -> None:
         with scope:
             await manager.watch_idle()
 
-    async def answer(
-        self,
-        name: str,
-        code: str,
-        timeout: float,
-        reset: bool,
-        progress: CallProgress | None = None,
-        saved_tools: bool = True,
-    ) -> ExecutionOutcome:
-        """One tool call, run by session ``name``'s manager (see SessionManager.answer)."""
-        return await self.manager(name).answer(code, timeout, reset, progress, saved_tools)
+    async def answer(self, request: RunRequest) -> ExecutionOutcome:
+        """One tool call, run by the session it names (see SessionManager.answer)."""
+        principal = request.principal.name
+        if self.shared:
+            self._check_calls(request)
+        manager = self.manager(request.principal, request.session)
+        if not self.calls:
+            self._no_calls = anyio.Event()
+        self.calls[principal] = self.calls.get(principal, 0) + 1
+        try:
+            return await manager.answer(request)
+        finally:
+            self.calls[principal] -= 1
+            if not self.calls[principal]:
+                del self.calls[principal]
+            if not self.calls:
+                self._no_calls.set()
 
-    async def prewarm(self) -> None:
-        """Start the default session's sandbox; named ones start on first use."""
-        await self.manager(DEFAULT_SESSION).prewarm()
+    def _check_calls(self, request: RunRequest) -> None:
+        """Refuse a call of a principal with MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL in flight.
+        Code left running after a "still running" answer counts as a call in flight:
+        otherwise one principal could keep every session busy with no call open. A call
+        to such a session takes its place (it waits for that code first)."""
+        mine = self.of(request.principal.name)
+        running = [name for name, manager in mine.items() if manager.running_unattended]
+        in_flight = self.calls.get(request.principal.name, 0) + len(running)
+        if request.session in running or in_flight < self.config.max_calls_per_principal:
+            return
+        raise TooManyCallsError(
+            "Your code was not run: %d run_python calls of yours are already in flight%s, the most "
+            "this bridge allows at once (MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL). Wait for one to "
+            "finish, then call again%s."
+            % (
+                in_flight,
+                " or still running code (sessions %s)" % ", ".join(sorted(running)) if running else "",
+                "; call one of those sessions to wait for its result, or with reset: true to stop it"
+                if running
+                else "",
+            )
+        )
+
+    def health(self) -> dict[str, Any]:
+        """What /health tells anyone who asks: counts only, never a principal's name."""
+        holding = [owner for (owner, _), manager in self.managers.items() if manager.session is not None]
+        return {"status": "ok", "principals": len(set(holding)), "sessions": len(holding)}
+
+    async def prewarm(self, principal: Principal) -> None:
+        """Start ``principal``'s default sandbox; named ones start on first use."""
+        await self.manager(principal, DEFAULT_SESSION).prewarm()
 
     async def begin_shutdown(self, grace: float) -> None:
-        """Answer the calls in flight of every session, within ``grace`` seconds in all."""
-        self.closing = True
+        """Answer every call in flight (the running code is abandoned, the containers
+        removed afterwards by aclose()); waits at most ``grace`` seconds for that."""
+        self.closing.set()
+        for manager in list(self.managers.values()):
+            if manager.session is not None:
+                manager.session.abandon("was stopped because the MCP server is shutting down")
         with anyio.move_on_after(grace):
-            async with anyio.create_task_group() as group:
-                for manager in list(self.managers.values()):
-                    group.start_soon(manager.begin_shutdown, grace)
+            await self._no_calls.wait()
 
     async def aclose(self) -> None:
-        """Remove every session's sandbox, side by side (the runtime is released by Principals)."""
-        self.closing = True
+        """Remove every session's sandbox, side by side, then release the runtime."""
+        self.closing.set()
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as group:
                 for manager in list(self.managers.values()):
                     group.start_soon(manager.aclose)
-
-    @property
-    def sandboxes(self) -> int:
-        """Sessions holding a sandbox now (an idle one stopped holds none)."""
-        return sum(1 for manager in self.managers.values() if manager.session is not None)
+            await self.runtime.release()
 
 
 # =============================================================================
@@ -6936,6 +7345,8 @@ def render_compact(outcome: ExecutionOutcome, config: BridgeConfig) -> str:
 
 
 def render_toon(outcome: ExecutionOutcome, fitted: FittedOutput) -> str:
+    import toon_format  # the TOON response format only
+
     return str(toon_format.encode(structured_result(outcome, fitted)))
 
 
@@ -7205,31 +7616,37 @@ def capabilities_manual(config: BridgeConfig) -> str:
     return CAPABILITIES_MANUAL.replace(MANUAL_WRITABLE_LINE, line)
 
 
-def run_python_input_model(config: BridgeConfig) -> type[BaseModel]:
-    """The tool's input model; its JSON schema is the tool's inputSchema. Built from the
-    config so the schema states the real default and maximum timeout."""
+TIMEOUT_DESCRIPTION = "Seconds before interrupting."
 
-    class RunPythonInput(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        code: str  # Python source (no description: the name says it, and tools/list stays small)
-        timeout: float = Field(
-            default=config.timeout, gt=0, le=config.max_timeout, description="Seconds before interrupting."
-        )
-        reset: bool = Field(default=False, description="Start from an empty namespace first.")
-        # false: a fresh namespace (reset, a new session) starts without the saved tools. Taken
-        # but left out of the schema (SkipJsonSchema): every tools/list answer would pay ~30
-        # tokens for a way out that the manual and the quarantine notices tell of when needed.
-        saved_tools: SkipJsonSchema[bool] = True
-        # The name's rule is checked here, not stated in the schema: a pattern there costs
-        # every tools/list answer a dozen tokens; the error names the rule instead.
-        session: str = Field(default=DEFAULT_SESSION, description="Sandbox name; each has its own state")
 
-        @field_validator("session")
-        @classmethod
-        def _session_name(cls, name: str) -> str:
-            return valid_session_name(name)
+class RunPythonInput(BaseModel):
+    """run_python's arguments. The timeout's default and maximum are the config's: the
+    tool's model is this one's subclass for the config (run_python_input_model), whose
+    JSON schema is the tool's inputSchema."""
 
-    return RunPythonInput
+    model_config = ConfigDict(extra="forbid")
+    code: str  # Python source (no description: the name says it, and tools/list stays small)
+    timeout: float = Field(default=BridgeConfig.timeout, gt=0, description=TIMEOUT_DESCRIPTION)
+    reset: bool = Field(default=False, description="Start from an empty namespace first.")
+    # false: a fresh namespace (reset, a new session) starts without the saved tools. Taken
+    # but left out of the schema (SkipJsonSchema): every tools/list answer would pay ~30
+    # tokens for a way out that the manual and the quarantine notices tell of when needed.
+    saved_tools: SkipJsonSchema[bool] = True
+    # The name's rule is checked here, not stated in the schema: a pattern there costs
+    # every tools/list answer a dozen tokens; the error names the rule instead.
+    session: str = Field(default=DEFAULT_SESSION, description="Sandbox name; each has its own state")
+
+    @field_validator("session")
+    @classmethod
+    def _session_name(cls, name: str) -> str:
+        return valid_session_name(name)
+
+
+def run_python_input_model(config: BridgeConfig) -> type[RunPythonInput]:
+    """RunPythonInput with the config's default and maximum timeout, which its schema
+    states (the field keeps its place, so the schema reads as RunPythonInput's)."""
+    timeout = Field(default=config.timeout, gt=0, le=config.max_timeout, description=TIMEOUT_DESCRIPTION)
+    return create_model("RunPythonInput", __base__=RunPythonInput, timeout=(float, timeout))
 
 
 def run_python_tool(config: BridgeConfig) -> types.Tool:
@@ -7273,12 +7690,15 @@ RESOURCES_PAGE_SIZE = 500
 MAX_RESOURCE_FILE_BYTES = 1024 * 1024
 MAX_DESCRIBED_METADATA_CHARS = 200
 
-CAPABILITIES_RESOURCE = types.Resource(
-    uri=CAPABILITIES_URI,
-    name="capabilities",
-    description="Manual of the run_python sandbox",
-    mime_type="text/markdown",
-)
+
+@lru_cache(maxsize=1)
+def capabilities_resource() -> types.Resource:
+    return types.Resource(
+        uri=CAPABILITIES_URI,
+        name="capabilities",
+        description="Manual of the run_python sandbox",
+        mime_type="text/markdown",
+    )
 
 
 def memory_uri(key: str) -> str:
@@ -7389,10 +7809,14 @@ def read_saved_tool(tools: SavedTools, name: str) -> str | None:
 
 
 def resource_error(code: int, uri: str, message: str) -> McpProtocolError:
+    from mcp.shared.exceptions import MCPError as McpProtocolError
+
     return McpProtocolError(code=code, message=message, data={"uri": uri})
 
 
 def page_start(cursor: str | None) -> int:
+    from mcp.shared.exceptions import MCPError as McpProtocolError
+
     if cursor is None:
         return 0
     if not (cursor.isascii() and cursor.isdigit() and len(cursor) <= 12):
@@ -7404,52 +7828,26 @@ def page_start(cursor: str | None) -> int:
 
 # --- principals: who calls, and the world each caller owns ------------------------------
 # Over stdio the bridge has one client. Over HTTP each bearer token names a principal, and
-# each principal gets its own registry of sessions (its own containers), its own memory
-# store and saved tools (STATE_DIR/principals/<name>/user_tools) and its own limits. A
-# call reaches only its principal's registry, so a session name, a memory key or a
-# resource URI of another principal names nothing. The pool of proxied MCP servers and
-# the container runtime are shared: they hold no caller's state.
+# each principal gets its own sessions (its own containers, in Sessions under its name),
+# its own memory store and saved tools (STATE_DIR/principals/<name>/user_tools) and its own
+# limits. A call reaches only its principal's sessions and store, so a session name, a
+# memory key or a resource URI of another principal names nothing. The pool of proxied MCP
+# servers and the container runtime are shared: they hold no caller's state.
 
 LOCAL_PRINCIPAL = "local"  # stdio's one client; over HTTP without tokens, every caller
 PRINCIPALS_DIRNAME = "principals"
 
 
-class TooManyCallsError(BridgeError):
-    """An HTTP principal has MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL run_python calls in flight."""
-
-
-class UnauthenticatedError(BridgeError):
-    """An HTTP request reached a handler without the principal the auth middleware sets."""
-
-
-@dataclass
-class Principal:
-    name: str
-    host: HostAPI  # its memory store and saved tools
-    sessions: Sessions
-    calls: int = 0  # run_python calls in flight
-
-
 class Principals:
-    """The bridge's principals by name, each created on its first call. ``http`` turns on
-    what only a shared bridge needs: per-principal stores (when tokens name principals),
-    the cap on calls in flight per principal and the cap on sessions of all together."""
+    """The bridge's principals by name, each created on its first request: who calls, and
+    its memory store and saved tools. ``http`` turns on per-principal stores (when tokens
+    name principals) and refuses a request the auth middleware left without one."""
 
-    def __init__(
-        self,
-        config: BridgeConfig,
-        task_group: anyio.abc.TaskGroup,
-        pool: ClientPool,
-        locate_runtime: Callable[[RuntimeName | None], Any] = detect_runtime,
-        http: bool = False,
-    ) -> None:
+    def __init__(self, config: BridgeConfig, pool: ClientPool, http: bool = False) -> None:
         self.config = config
-        self.task_group = task_group
         self.pool = pool
         self.http = http
-        self.runtime = SharedRuntime(config, locate_runtime)
         self.by_name: dict[str, Principal] = {}
-        self.closing = False
 
     def store_dir(self, name: str) -> Path:
         """Where a principal's memory and saved tools live. Without tokens every caller is
@@ -7462,13 +7860,10 @@ class Principals:
         found = self.by_name.get(name)
         if found is not None:
             return found
-        if self.closing:
-            raise ShuttingDownError(SHUTTING_DOWN)
         # Defense in depth: the token file's parser checks names too; one becomes a directory.
         if not PRINCIPAL_NAME_PATTERN.fullmatch(name):
             raise UnauthenticatedError("Refused: %s is not a valid principal name." % ascii(name[:70]))
-        host = HostAPI(self.pool, self.config, self.store_dir(name))
-        principal = Principal(name, host, Sessions(self.config, self.task_group, host, self.runtime))
+        principal = Principal(name, HostAPI(self.pool, self.config, self.store_dir(name)))
         self.by_name[name] = principal
         return principal
 
@@ -7476,6 +7871,8 @@ class Principals:
         """The principal a tool call or resource request comes from. Over HTTP, the one
         the auth middleware put on the request; a request without one is refused (fail
         closed), never served as somebody's."""
+        from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+
         if not self.http:
             return self.get(LOCAL_PRINCIPAL)
         user = getattr(request, "scope", {}).get("user") if request is not None else None
@@ -7483,284 +7880,233 @@ class Principals:
             raise UnauthenticatedError("Refused: this request carries no authenticated principal.")
         return self.get(user.access_token.client_id)
 
-    async def answer(
-        self,
-        principal: Principal,
-        session: str,
-        code: str,
-        timeout: float,
-        reset: bool,
-        progress: CallProgress | None = None,
-        saved_tools: bool = True,
-    ) -> ExecutionOutcome:
-        """One run_python call of ``principal``, in its own session ``session``."""
-        if self.http:
-            # Code left running after a "still running" answer counts as a call in flight:
-            # otherwise one principal could keep every session busy with no call open.
-            # A call to such a session takes its place (it waits for that code first).
-            running = [
-                name for name, manager in principal.sessions.managers.items() if manager.running_unattended
-            ]
-            if (
-                session not in running
-                and principal.calls + len(running) >= self.config.max_calls_per_principal
-            ):
-                raise TooManyCallsError(
-                    "Your code was not run: %d run_python calls of yours are already in flight%s, the most "
-                    "this bridge allows at once (MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL). Wait for one to "
-                    "finish, then call again%s."
-                    % (
-                        principal.calls + len(running),
-                        " or still running code (sessions %s)" % ", ".join(sorted(running))
-                        if running
-                        else "",
-                        "; call one of those sessions to wait for its result, or with reset: true to stop it"
-                        if running
-                        else "",
-                    )
-                )
-            if session not in principal.sessions.managers:
-                self._make_room(session)
-        principal.calls += 1
-        try:
-            return await principal.sessions.answer(session, code, timeout, reset, progress, saved_tools)
-        finally:
-            principal.calls -= 1
 
-    def _make_room(self, session: str) -> None:
-        """Refuse a new session while all principals together hold MCP_BRIDGE_MAX_TOTAL_SESSIONS
-        (sessions stopped for idleness are forgotten first, as each registry does for its own)."""
-        if self.session_count() >= self.config.max_total_sessions:
-            for principal in self.by_name.values():
-                principal.sessions.forget_dormant()
-        if self.session_count() >= self.config.max_total_sessions:
-            # Says nothing of other principals' sessions: their names are theirs.
-            raise TooManySessionsError(
-                "Session %r was not started: the bridge already holds %d sessions for all its clients "
-                "together, the most it allows (MCP_BRIDGE_MAX_TOTAL_SESSIONS). Use a session you have; "
-                "room frees up as sessions stay idle for MCP_BRIDGE_IDLE_TIMEOUT seconds."
-                % (session, self.session_count())
-            )
-
-    def session_count(self) -> int:
-        return sum(len(principal.sessions.managers) for principal in self.by_name.values())
-
-    def health(self) -> dict[str, Any]:
-        """What /health tells anyone who asks: counts only, never a principal's name."""
-        holding = [principal.sessions.sandboxes for principal in self.by_name.values()]
-        return {"status": "ok", "principals": sum(1 for count in holding if count), "sessions": sum(holding)}
-
-    async def prewarm(self) -> None:
-        """Start the local principal's default sandbox (a principal of a token is known
-        only when it calls)."""
-        if not self.http or self.config.auth_tokens is None:
-            await self.get(LOCAL_PRINCIPAL).sessions.prewarm()
-
-    async def begin_shutdown(self, grace: float) -> None:
-        """Answer every principal's calls in flight, within ``grace`` seconds in all."""
-        self.closing = True
-        with anyio.move_on_after(grace):
-            async with anyio.create_task_group() as group:
-                for principal in list(self.by_name.values()):
-                    group.start_soon(principal.sessions.begin_shutdown, grace)
-
-    async def aclose(self) -> None:
-        """Remove every principal's sandboxes, side by side, then release the runtime."""
-        self.closing = True
-        with anyio.CancelScope(shield=True):
-            async with anyio.create_task_group() as group:
-                for principal in list(self.by_name.values()):
-                    group.start_soon(principal.sessions.aclose)
-            await self.runtime.release()
+def client_of(request: Any) -> str | None:
+    """The MCP session an HTTP request belongs to (its Mcp-Session-Id); None over stdio."""
+    headers = getattr(request, "headers", None)
+    return None if headers is None else headers.get("mcp-session-id")
 
 
-@dataclass
-class BridgeState:
-    config: BridgeConfig
-    principals: Principals
+# --- the bridge: its world opened once, and the handlers that serve it ------------------
 
 
-def build_server(
+class Bridge:
+    """The bridge's world, opened by serve() and serve_http() (open_bridge) and handed to
+    the handlers by the SDK's lifespan: the config and its run_python tool, the pool of
+    proxied MCP servers, who calls (principals) and every sandbox (sessions)."""
+
+    def __init__(self, config: BridgeConfig, pool: ClientPool, sessions: Sessions) -> None:
+        self.config = config
+        self.pool = pool
+        self.sessions = sessions
+        self.principals = Principals(config, pool, http=config.transport == "http")
+        self.input_model = run_python_input_model(config)
+        self.tool = run_python_tool(config)
+
+
+@asynccontextmanager
+async def open_bridge(
     config: BridgeConfig,
     discovery: DiscoveryResult,
     locate_runtime: Callable[[RuntimeName | None], Any] = detect_runtime,
-    on_start: Callable[[Principals], None] | None = None,
-) -> Server[BridgeState]:
-    """The MCP server, for either transport (config.transport). ``on_start`` receives the
-    principals once the lifespan has created them (serve() needs them to answer calls in
-    flight on a stop signal)."""
-    input_model = run_python_input_model(config)
-    tool = run_python_tool(config)
+) -> AsyncIterator[Bridge]:
+    """The bridge, open until the block ends; then every sandbox is removed and every
+    proxied server stopped. The local principal's default sandbox starts meanwhile
+    (config.prewarm; a principal of a token is known only when it calls)."""
+    async with anyio.create_task_group() as group:
+        http = config.transport == "http"
+        sessions = Sessions(config, group, SharedRuntime(config, locate_runtime), shared=http)
+        bridge = Bridge(config, ClientPool(discovery, config, group), sessions)
+        if config.prewarm and (not http or config.auth_tokens is None):
+            group.start_soon(sessions.prewarm, bridge.principals.get(LOCAL_PRINCIPAL))
+        try:
+            yield bridge
+        finally:
+            # Side by side (each shields itself): the sandboxes and the proxied servers
+            # take up to 2 s each to stop, and the bridge exits within 2 s in all.
+            with anyio.CancelScope(shield=True):
+                async with anyio.create_task_group() as closing:
+                    closing.start_soon(sessions.aclose)
+                    closing.start_soon(bridge.pool.aclose)
+            group.cancel_scope.cancel()
+
+
+def build_server(bridge: Bridge) -> Server[Bridge]:
+    """The MCP server over an open ``bridge``, for either transport (config.transport):
+    its lifespan only hands the bridge to the module-level handlers."""
+    from mcp.server.lowlevel import Server
 
     @asynccontextmanager
-    async def lifespan(_: Server[BridgeState]) -> AsyncIterator[BridgeState]:
-        async with anyio.create_task_group() as group:
-            pool = ClientPool(discovery, config, group)
-            principals = Principals(config, group, pool, locate_runtime, http=config.transport == "http")
-            if on_start is not None:
-                on_start(principals)
-            if config.prewarm:
-                group.start_soon(principals.prewarm)
-            try:
-                yield BridgeState(config, principals)
-            finally:
-                # Side by side (each shields itself): the sandboxes and the proxied servers
-                # take up to 2 s each to stop, and the bridge exits within 2 s in all.
-                with anyio.CancelScope(shield=True):
-                    async with anyio.create_task_group() as closing:
-                        closing.start_soon(principals.aclose)
-                        closing.start_soon(pool.aclose)
-                group.cancel_scope.cancel()
-
-    async def list_tools(
-        ctx: ServerRequestContext[BridgeState], params: types.PaginatedRequestParams | None
-    ) -> types.ListToolsResult:
-        page_start(params.cursor if params is not None else None)  # one page: a valid cursor lists it again
-        return types.ListToolsResult(tools=[tool])
-
-    async def call_tool(
-        ctx: ServerRequestContext[BridgeState], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
-        if params.name != TOOL_NAME:  # a protocol error, as the MCP spec has it, not a tool result
-            raise McpProtocolError(
-                code=types.INVALID_PARAMS,
-                message="Unknown tool %s; the only tool is run_python." % ascii(params.name)[:80],
-            )
-        try:
-            request = input_model.model_validate(params.arguments or {})
-        except ValidationError as exc:
-            return render_error(InvalidRequestError(describe_validation_error(exc)))
-        meta: Mapping[str, Any] = ctx.meta or {}
-        token = meta.get("progress_token", meta.get("progressToken"))
-        progress = None
-        if isinstance(token, (str, int)) and not isinstance(token, bool):  # the client asked for progress
-
-            async def report(value: float, total: float | None, message: str | None) -> None:
-                related = None if ctx.request_id is None else str(ctx.request_id)
-                await ctx.session.send_progress_notification(token, value, total, message, related)
-
-            progress = CallProgress(report)
-        try:
-            principals = ctx.lifespan_context.principals
-            outcome = await principals.answer(
-                principals.of_request(ctx.request),
-                request.session,  # type: ignore[attr-defined]
-                request.code,  # type: ignore[attr-defined]
-                request.timeout,  # type: ignore[attr-defined]
-                request.reset,  # type: ignore[attr-defined]
-                progress,
-                request.saved_tools,  # type: ignore[attr-defined]
-            )
-            http = config.transport == "http"
-            return render_outcome(outcome, config, HTTP_MAX_RESULT_BYTES if http else None)
-        except BridgeError as exc:
-            return render_error(exc)
-        except (
-            Exception
-        ) as exc:  # a bug of ours: one failed call, rendered for the model, never a dead server
-            logger.exception("run_python failed unexpectedly")
-            return render_error(
-                BridgeError(
-                    "The bridge hit an internal error (%s: %s); details are in the server log. Try the "
-                    "call again, or with reset: true." % (type(exc).__name__, exc)
-                )
-            )
-
-    async def list_resources(
-        ctx: ServerRequestContext[BridgeState], params: types.PaginatedRequestParams | None
-    ) -> types.ListResourcesResult:
-        start = page_start(params.cursor if params is not None else None)
-        host = _resource_owner(ctx).host
-        # In the principal's store thread (one at a time): listing stats the files and reads
-        # their index, and one principal's listings must not crowd out the others.
-        saved = await host._in_store(user_resources, host.memory, host.saved_tools)
-        resources = [CAPABILITIES_RESOURCE, *saved]
-        end = start + RESOURCES_PAGE_SIZE
-        return types.ListResourcesResult(
-            resources=resources[start:end], next_cursor=str(end) if end < len(resources) else None
-        )
-
-    async def list_resource_templates(
-        ctx: ServerRequestContext[BridgeState], params: types.PaginatedRequestParams | None
-    ) -> types.ListResourceTemplatesResult:
-        page_start(params.cursor if params is not None else None)
-        return types.ListResourceTemplatesResult(resource_templates=[])  # every resource is listed
-
-    async def read_resource(
-        ctx: ServerRequestContext[BridgeState], params: types.ReadResourceRequestParams
-    ) -> types.ReadResourceResult:
-        uri = str(params.uri)
-        if uri == CAPABILITIES_URI:
-            mime_type, text = "text/markdown", capabilities_manual(config)
-        elif (key := memory_key_of(uri)) is not None:
-            store = _resource_owner(ctx).host.memory
-            mime_type, text = "application/json", await _read_memory_resource(store, uri, key)
-        elif uri.startswith(TOOL_URI_PREFIX):
-            tools = _resource_owner(ctx).host.saved_tools
-            mime_type, text = (
-                "text/x-python",
-                await _read_tool_resource(tools, uri, uri[len(TOOL_URI_PREFIX) :]),
-            )
-        else:
-            raise resource_error(
-                types.INVALID_PARAMS,
-                uri,
-                "Unknown resource %s; resources/list shows the manual (%s), memories (%s<key>) and saved "
-                "tools (%s<name>)." % (uri, CAPABILITIES_URI, MEMORY_URI_PREFIX, TOOL_URI_PREFIX),
-            )
-        return types.ReadResourceResult(
-            contents=[types.TextResourceContents(uri=uri, mime_type=mime_type, text=text)]
-        )
-
-    def _resource_owner(ctx: ServerRequestContext[BridgeState]) -> Principal:
-        """The caller's principal: memories and saved tools are listed and read from its store only."""
-        try:
-            return ctx.lifespan_context.principals.of_request(ctx.request)
-        except BridgeError as exc:
-            raise McpProtocolError(code=types.INVALID_REQUEST, message=str(exc)) from None
-
-    async def _read_memory_resource(store: MemoryStore, uri: str, key: str) -> str:
-        try:
-            validate_memory_key(key)
-        except MemoryStoreError as exc:
-            raise resource_error(types.INVALID_PARAMS, uri, str(exc)) from None
-        try:
-            text = await anyio.to_thread.run_sync(read_memory_text, store, key)
-        except MemoryStoreError as exc:
-            raise resource_error(types.INTERNAL_ERROR, uri, str(exc)) from None
-        except ValueError as exc:  # a row that is not JSON: written by something other than a bridge
-            raise resource_error(
-                types.INTERNAL_ERROR, uri, "The memory store %s holds a damaged value: %s" % (store.path, exc)
-            ) from None
-        if text is None:
-            raise resource_error(
-                types.INVALID_PARAMS, uri, "No memory named %s; resources/list shows them." % ascii(key)
-            )
-        return text
-
-    async def _read_tool_resource(saved_tools: SavedTools, uri: str, name: str) -> str:
-        try:
-            source = await anyio.to_thread.run_sync(read_saved_tool, saved_tools, name)
-        except (OSError, ValueError) as exc:
-            raise resource_error(
-                types.INTERNAL_ERROR, uri, "The saved tool %s cannot be read: %s" % (name, exc)
-            ) from None
-        if source is None:
-            raise resource_error(
-                types.INVALID_PARAMS, uri, "No saved tool named %s; resources/list shows them." % ascii(name)
-            )
-        return source
+    async def lifespan(_: Server[Bridge]) -> AsyncIterator[Bridge]:
+        yield bridge
 
     return Server(
         SERVER_NAME,
         version=__version__,
         lifespan=lifespan,
-        on_list_tools=list_tools,
-        on_call_tool=call_tool,
-        on_list_resources=list_resources,
-        on_list_resource_templates=list_resource_templates,
-        on_read_resource=read_resource,
+        on_list_tools=on_list_tools,
+        on_call_tool=on_call_tool,
+        on_list_resources=on_list_resources,
+        on_list_resource_templates=on_list_resource_templates,
+        on_read_resource=on_read_resource,
     )
+
+
+async def on_list_tools(
+    ctx: ServerRequestContext[Bridge], params: types.PaginatedRequestParams | None
+) -> types.ListToolsResult:
+    page_start(params.cursor if params is not None else None)  # one page: a valid cursor lists it again
+    return types.ListToolsResult(tools=[ctx.lifespan_context.tool])
+
+
+def call_progress(ctx: ServerRequestContext[Bridge]) -> CallProgress | None:
+    """Progress notifications for a call whose client sent a progress token, else None."""
+    meta: Mapping[str, Any] = ctx.meta or {}
+    token = meta.get("progress_token", meta.get("progressToken"))
+    if not isinstance(token, (str, int)) or isinstance(token, bool):  # the client asked for none
+        return None
+
+    async def report(value: float, total: float | None, message: str | None) -> None:
+        related = None if ctx.request_id is None else str(ctx.request_id)
+        await ctx.session.send_progress_notification(token, value, total, message, related)
+
+    return CallProgress(report)
+
+
+async def on_call_tool(
+    ctx: ServerRequestContext[Bridge], params: types.CallToolRequestParams
+) -> types.CallToolResult:
+    """run_python: its arguments checked, one RunRequest built and run, the outcome rendered."""
+    from mcp.shared.exceptions import MCPError as McpProtocolError
+
+    if params.name != TOOL_NAME:  # a protocol error, as the MCP spec has it, not a tool result
+        raise McpProtocolError(
+            code=types.INVALID_PARAMS,
+            message="Unknown tool %s; the only tool is run_python." % ascii(params.name)[:80],
+        )
+    bridge = ctx.lifespan_context
+    try:
+        arguments = bridge.input_model.model_validate(params.arguments or {})
+    except ValidationError as exc:
+        return render_error(InvalidRequestError(describe_validation_error(exc)))
+    progress = call_progress(ctx)
+    try:
+        request = RunRequest(
+            code=arguments.code,
+            timeout=arguments.timeout,
+            reset=arguments.reset,
+            session=arguments.session,
+            principal=bridge.principals.of_request(ctx.request),
+            saved_tools=arguments.saved_tools,
+            client=client_of(ctx.request),
+            progress=progress,
+        )
+        outcome = await bridge.sessions.answer(request)
+        http = bridge.config.transport == "http"
+        return render_outcome(outcome, bridge.config, HTTP_MAX_RESULT_BYTES if http else None)
+    except BridgeError as exc:
+        return render_error(exc)
+    except Exception as exc:  # a bug of ours: one failed call, rendered for the model, never a dead server
+        logger.exception("run_python failed unexpectedly")
+        return render_error(
+            BridgeError(
+                "The bridge hit an internal error (%s: %s); details are in the server log. Try the "
+                "call again, or with reset: true." % (type(exc).__name__, exc)
+            )
+        )
+
+
+async def on_list_resources(
+    ctx: ServerRequestContext[Bridge], params: types.PaginatedRequestParams | None
+) -> types.ListResourcesResult:
+    start = page_start(params.cursor if params is not None else None)
+    host = _resource_owner(ctx).host
+    # In the principal's store thread (one at a time): listing stats the files and reads
+    # their index, and one principal's listings must not crowd out the others.
+    saved = await host._in_store(user_resources, host.memory, host.saved_tools)
+    resources = [capabilities_resource(), *saved]
+    end = start + RESOURCES_PAGE_SIZE
+    return types.ListResourcesResult(
+        resources=resources[start:end], next_cursor=str(end) if end < len(resources) else None
+    )
+
+
+async def on_list_resource_templates(
+    ctx: ServerRequestContext[Bridge], params: types.PaginatedRequestParams | None
+) -> types.ListResourceTemplatesResult:
+    page_start(params.cursor if params is not None else None)
+    return types.ListResourceTemplatesResult(resource_templates=[])  # every resource is listed
+
+
+async def on_read_resource(
+    ctx: ServerRequestContext[Bridge], params: types.ReadResourceRequestParams
+) -> types.ReadResourceResult:
+    uri = str(params.uri)
+    if uri == CAPABILITIES_URI:
+        mime_type, text = "text/markdown", capabilities_manual(ctx.lifespan_context.config)
+    elif (key := memory_key_of(uri)) is not None:
+        store = _resource_owner(ctx).host.memory
+        mime_type, text = "application/json", await _read_memory_resource(store, uri, key)
+    elif uri.startswith(TOOL_URI_PREFIX):
+        tools = _resource_owner(ctx).host.saved_tools
+        mime_type, text = (
+            "text/x-python",
+            await _read_tool_resource(tools, uri, uri[len(TOOL_URI_PREFIX) :]),
+        )
+    else:
+        raise resource_error(
+            types.INVALID_PARAMS,
+            uri,
+            "Unknown resource %s; resources/list shows the manual (%s), memories (%s<key>) and saved "
+            "tools (%s<name>)." % (uri, CAPABILITIES_URI, MEMORY_URI_PREFIX, TOOL_URI_PREFIX),
+        )
+    return types.ReadResourceResult(
+        contents=[types.TextResourceContents(uri=uri, mime_type=mime_type, text=text)]
+    )
+
+
+def _resource_owner(ctx: ServerRequestContext[Bridge]) -> Principal:
+    """The caller's principal: memories and saved tools are listed and read from its store only."""
+    from mcp.shared.exceptions import MCPError as McpProtocolError
+
+    try:
+        return ctx.lifespan_context.principals.of_request(ctx.request)
+    except BridgeError as exc:
+        raise McpProtocolError(code=types.INVALID_REQUEST, message=str(exc)) from None
+
+
+async def _read_memory_resource(store: MemoryStore, uri: str, key: str) -> str:
+    try:
+        validate_memory_key(key)
+    except MemoryStoreError as exc:
+        raise resource_error(types.INVALID_PARAMS, uri, str(exc)) from None
+    try:
+        text = await anyio.to_thread.run_sync(read_memory_text, store, key)
+    except MemoryStoreError as exc:
+        raise resource_error(types.INTERNAL_ERROR, uri, str(exc)) from None
+    except ValueError as exc:  # a row that is not JSON: written by something other than a bridge
+        raise resource_error(
+            types.INTERNAL_ERROR, uri, "The memory store %s holds a damaged value: %s" % (store.path, exc)
+        ) from None
+    if text is None:
+        raise resource_error(
+            types.INVALID_PARAMS, uri, "No memory named %s; resources/list shows them." % ascii(key)
+        )
+    return text
+
+
+async def _read_tool_resource(saved_tools: SavedTools, uri: str, name: str) -> str:
+    try:
+        source = await anyio.to_thread.run_sync(read_saved_tool, saved_tools, name)
+    except (OSError, ValueError) as exc:
+        raise resource_error(
+            types.INTERNAL_ERROR, uri, "The saved tool %s cannot be read: %s" % (name, exc)
+        ) from None
+    if source is None:
+        raise resource_error(
+            types.INVALID_PARAMS, uri, "No saved tool named %s; resources/list shows them." % ascii(name)
+        )
+    return source
 
 
 # --- stdio transport: a reply to every message ------------------------------------------
@@ -7771,7 +8117,7 @@ def build_server(
 # transport answers such a line with the error JSON-RPC 2.0 prescribes and caps a line at
 # what HTTP accepts, discarding a longer one as it arrives (LineSplitter, above).
 
-STDIO_MAX_MESSAGE_BYTES = DEFAULT_MAX_REQUEST_BODY_SIZE  # 4 MiB, the SDK's cap on an HTTP request body
+STDIO_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # the SDK's cap on an HTTP request body (a test checks)
 MAX_MESSAGE_DEPTH = 200  # the nesting the SDK's JSON parser accepts, over HTTP as over stdio
 
 
@@ -7782,6 +8128,8 @@ def client_line_item(
     reply (JSON text) that JSON-RPC 2.0 requires for a line the server cannot take; or
     nothing: a blank line, or an invalid notification or response (JSON-RPC answers
     neither; they are logged)."""
+    from mcp.shared.message import SessionMessage
+
     if isinstance(line, OversizedLine):
         large, request_id = id_at_ends(line.head, line.tail)
         if large in (b"result", b"error"):
@@ -7978,6 +8326,8 @@ async def stdio_transport(
     """The SDK's stdio_server with a reply to every message and a size cap: a line over
     `cap` bytes is discarded as it arrives and answered with an error, so it is never held
     whole; a line the SDK would drop gets its JSON-RPC error (client_line_item)."""
+    from mcp.shared.message import SessionMessage
+
     with claimed_stdio() as (wire_in, wire_out):
         out = LineWriter(wire_out)
         read_send, read_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
@@ -8027,29 +8377,28 @@ async def stdio_transport(
 
 
 async def serve(config: BridgeConfig, discovery: DiscoveryResult) -> None:
-    """Serve MCP on stdio until stdin closes or SIGTERM/SIGINT arrives; the lifespan
-    removes the sandbox either way."""
-    managers: list[Principals] = []
-    server = build_server(config, discovery, on_start=managers.append)
+    """Serve MCP on stdio until stdin closes or SIGTERM/SIGINT arrives; leaving the
+    bridge removes the sandbox either way."""
     async with anyio.create_task_group() as group, stdio_transport() as (read_stream, write_stream):
         with anyio.CancelScope() as run_scope:
+            async with open_bridge(config, discovery) as bridge:
 
-            async def stop_on_signal() -> None:
-                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                    async for signum in signals:
-                        logger.info("received signal %d; shutting down", signum)
-                        if managers:
-                            await managers[0].begin_shutdown(grace=1.0)
+                async def stop_on_signal() -> None:
+                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                        async for signum in signals:
+                            logger.info("received signal %d; shutting down", signum)
+                            await bridge.sessions.begin_shutdown(grace=1.0)
                             await anyio.sleep(0.05)  # lets the SDK's writer flush those answers
-                        run_scope.cancel()
-                        return
+                            run_scope.cancel()
+                            return
 
-            group.start_soon(stop_on_signal)
-            await server.run(read_stream, write_stream, server.create_initialization_options())
+                group.start_soon(stop_on_signal)
+                server = build_server(bridge)
+                await server.run(read_stream, write_stream, server.create_initialization_options())
         if run_scope.cancelled_caught:
-            # The lifespan inside server.run has removed the sandbox, but the stdin reader
-            # is a worker thread blocked in read(), which the interpreter's exit would wait
-            # for until the client writes or closes stdin.
+            # Leaving the bridge has removed the sandbox, but the stdin reader is a worker
+            # thread blocked in read(), which the interpreter's exit would wait for until
+            # the client writes or closes stdin.
             logging.shutdown()
             os._exit(0)
         group.cancel_scope.cancel()
@@ -8075,6 +8424,8 @@ def misconfigured_message(problem: str) -> str:
 
 def build_misconfigured_server(problem: str) -> Server[Any]:
     """The MCP server a bad setting leaves: run_python and the manual, each saying what is wrong."""
+    from mcp.server.lowlevel import Server
+
     message = misconfigured_message(problem)
     tool = run_python_tool(BridgeConfig())  # the default schema: the client lists the tool as usual
 
@@ -8087,7 +8438,7 @@ def build_misconfigured_server(problem: str) -> Server[Any]:
         return render_error(ConfigurationUnusableError(message))
 
     async def list_resources(ctx: ServerRequestContext[Any], params: Any) -> types.ListResourcesResult:
-        return types.ListResourcesResult(resources=[CAPABILITIES_RESOURCE])
+        return types.ListResourcesResult(resources=[capabilities_resource()])
 
     async def read_resource(
         ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
@@ -8139,19 +8490,32 @@ LOOPBACK_ORIGINS = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"
 REFUSED_CONNECTION_SECONDS = 1.0
 
 
-class TooManyMcpSessionsError(BridgeError):
-    """An HTTP principal holds MCP_BRIDGE_MAX_MCP_SESSIONS_PER_PRINCIPAL MCP sessions and sent
-    another initialize."""
+# The SDK's session manager and uvicorn's h11 protocol are extended below, but imported only
+# when the HTTP transport starts (they load starlette and uvicorn): each class here is a mixin
+# whose base is joined on at that time (create(), configured()). mypy sees the real base.
+if TYPE_CHECKING:
+    _SessionManagerBase = StreamableHTTPSessionManager
+    _H11ProtocolBase = H11Protocol
+else:
+    _SessionManagerBase = _H11ProtocolBase = object
 
 
-class PrincipalSessionManager(StreamableHTTPSessionManager):
+class PrincipalSessionManager(_SessionManagerBase):
     """The SDK's session manager with a cap on each principal's MCP sessions. The SDK's
     own cap is global: one token could fill it with initialize requests and lock every
     other principal out. Admission is decided here, under the SDK's creation lock, so
     parallel initializes of one principal cannot overshoot; the SDK's global limit is set
-    to the per-principal cap times the number of principals, so it is never reached first."""
+    to the per-principal cap times the number of principals, so it is never reached first.
+    Made with ``create()``, which joins it to the SDK's class."""
 
-    def __init__(self, app: Server[BridgeState], config: BridgeConfig, **settings: Any) -> None:
+    @classmethod
+    def create(cls, app: Server[Bridge], config: BridgeConfig, **settings: Any) -> PrincipalSessionManager:
+        from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+        joined: type[PrincipalSessionManager] = type(cls.__name__, (cls, StreamableHTTPSessionManager), {})
+        return joined(app, config, **settings)
+
+    def __init__(self, app: Server[Bridge], config: BridgeConfig, **settings: Any) -> None:
         principals = len(config.auth_tokens.principals) if config.auth_tokens is not None else 1
         super().__init__(
             app,
@@ -8193,6 +8557,8 @@ class SessionCapApp:
         try:
             await self.manager.asgi_app(scope, receive, send)
         except TooManyMcpSessionsError as exc:  # raised before any response was started
+            from starlette.responses import Response
+
             body = types.JSONRPCError(
                 jsonrpc="2.0", id=None, error=types.ErrorData(code=types.INVALID_REQUEST, message=str(exc))
             )
@@ -8215,7 +8581,7 @@ def bound_host_names(config: BridgeConfig) -> tuple[list[str], list[str]]:
     return LOOPBACK_HOSTS + hosts, LOOPBACK_ORIGINS + ["http://" + name for name in hosts]
 
 
-class GuardedH11Protocol(uvicorn.protocols.http.h11_impl.H11Protocol):
+class GuardedH11Protocol(_H11ProtocolBase):
     """uvicorn's h11 protocol with the two guards uvicorn lacks (slowloris): a request
     (headers and body) must arrive within ``request_timeout`` seconds of its first byte (or
     of the connection), and at most ``max_connections`` connections are open. A connection
@@ -8223,19 +8589,21 @@ class GuardedH11Protocol(uvicorn.protocols.http.h11_impl.H11Protocol):
     real client sends its request within milliseconds, a slowloris never finishes one), so
     slow connections cannot lock real clients out; when every connection is serving a
     request, the new one is answered 503 at once and closed. uvicorn's own timeout only
-    covers the wait between requests. Configure a subclass with ``configured()``; uvicorn
-    makes one instance per connection."""
+    covers the wait between requests. ``configured()`` makes the class uvicorn is given (this
+    one joined to uvicorn's H11Protocol); uvicorn makes one instance per connection."""
 
     request_timeout: ClassVar[float] = 10.0
     max_connections: ClassVar[int] = 256
 
     @classmethod
     def configured(cls, config: BridgeConfig) -> type[GuardedH11Protocol]:
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
         settings = {
             "request_timeout": config.http_request_timeout,
             "max_connections": config.http_max_connections,
         }
-        return type("GuardedH11Protocol", (cls,), settings)
+        return type(cls.__name__, (cls, H11Protocol), settings)
 
     def connection_made(self, transport: Any) -> None:
         self._deadline: Any = None
@@ -8266,6 +8634,8 @@ class GuardedH11Protocol(uvicorn.protocols.http.h11_impl.H11Protocol):
         return True
 
     def data_received(self, data: bytes) -> None:
+        import h11  # loaded by uvicorn's protocol already
+
         if self._deadline is None and self.conn.their_state is h11.IDLE:
             self._arm(self.request_timeout)  # the next request on a kept-alive connection begins
         super().data_received(data)
@@ -8286,6 +8656,8 @@ class GuardedH11Protocol(uvicorn.protocols.http.h11_impl.H11Protocol):
         self._request_began = self.loop.time()
 
     def _too_slow(self) -> None:
+        import h11
+
         self._deadline = None
         if self.transport.is_closing() or self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):
             return
@@ -8293,6 +8665,8 @@ class GuardedH11Protocol(uvicorn.protocols.http.h11_impl.H11Protocol):
         self._close_unfinished()
 
     def _close_unfinished(self) -> None:
+        import h11
+
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
@@ -8306,6 +8680,8 @@ class GuardedH11Protocol(uvicorn.protocols.http.h11_impl.H11Protocol):
 
 async def refuse_busy_connection(scope: Any, receive: Any, send: Any) -> None:
     """The ASGI answer on a connection over MCP_BRIDGE_HTTP_MAX_CONNECTIONS."""
+    from starlette.responses import Response
+
     response = Response(
         "The bridge has MCP_BRIDGE_HTTP_MAX_CONNECTIONS connections open, the most it allows; try "
         "again in a moment, or reuse an open connection.\n",
@@ -8315,13 +8691,16 @@ async def refuse_busy_connection(scope: Any, receive: Any, send: Any) -> None:
     await response(scope, receive, send)
 
 
-class TokenFileVerifier(TokenVerifier):
-    """The SDK's TokenVerifier over the token file: a token's principal is the client."""
+class TokenFileVerifier:
+    """The SDK's TokenVerifier (a Protocol) over the token file: a token's principal is the
+    client."""
 
     def __init__(self, tokens: AuthTokens) -> None:
         self.tokens = tokens
 
     async def verify_token(self, token: str) -> AccessToken | None:
+        from mcp.server.auth.provider import AccessToken
+
         principal = self.tokens.principal_of(token)
         if principal is None:
             return None
@@ -8329,20 +8708,34 @@ class TokenFileVerifier(TokenVerifier):
         return AccessToken(token="", client_id=principal, scopes=[])
 
 
-class LocalPrincipalBackend(AuthenticationBackend):
+def local_principal_backend() -> AuthenticationBackend:
     """No token file (loopback only): every request is the local principal."""
+    from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+    from mcp.server.auth.provider import AccessToken
+    from starlette.authentication import AuthCredentials, AuthenticationBackend, BaseUser
+    from starlette.requests import HTTPConnection
 
-    async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, BaseUser] | None:
-        return AuthCredentials([]), AuthenticatedUser(
-            AccessToken(token="", client_id=LOCAL_PRINCIPAL, scopes=[])
-        )
+    class LocalPrincipalBackend(AuthenticationBackend):
+        async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, BaseUser] | None:
+            return AuthCredentials([]), AuthenticatedUser(
+                AccessToken(token="", client_id=LOCAL_PRINCIPAL, scopes=[])
+            )
+
+    return LocalPrincipalBackend()
 
 
-def http_app(
-    server: Server[BridgeState], config: BridgeConfig, principals: Callable[[], Principals | None]
-) -> tuple[Starlette, PrincipalSessionManager]:
+def http_app(server: Server[Bridge], bridge: Bridge) -> tuple[Starlette, PrincipalSessionManager]:
     """The ASGI app (/mcp behind bearer auth, /health open) and the session manager whose
     run() holds the server's lifespan."""
+    from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
+    from mcp.server.transport_security import TransportSecuritySettings
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.middleware.authentication import AuthenticationMiddleware
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    config = bridge.config
     security = None
     if config.auth_tokens is None:
         # Without tokens, a web page could reach the loopback port through DNS rebinding:
@@ -8351,18 +8744,15 @@ def http_app(
         security = TransportSecuritySettings(
             enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
         )
-    manager = PrincipalSessionManager(server, config, security_settings=security)
+    manager = PrincipalSessionManager.create(server, config, security_settings=security)
     backend: AuthenticationBackend = (
-        LocalPrincipalBackend()
+        local_principal_backend()
         if config.auth_tokens is None
         else BearerAuthBackend(TokenFileVerifier(config.auth_tokens))
     )
 
     async def health(request: Request) -> Response:
-        found = principals()
-        if found is None:
-            return JSONResponse({"status": "starting"})
-        return JSONResponse({**found.health(), "mcp_sessions": manager.open_sessions})
+        return JSONResponse({**bridge.sessions.health(), "mcp_sessions": manager.open_sessions})
 
     routes = [
         # 401 with `WWW-Authenticate: Bearer` for a request without a valid token.
@@ -8381,13 +8771,17 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return socket.create_server((address, port), family=family)
 
 
-class _UvicornServer(uvicorn.Server):
-    """uvicorn without its own signal handlers: serve_http's answer the calls in flight
-    first, and uvicorn's would raise the signal again once it has stopped."""
+def uvicorn_server_class() -> type[uvicorn.Server]:
+    """uvicorn's Server without its own signal handlers: serve_http's answer the calls in
+    flight first, and uvicorn's would raise the signal again once it has stopped."""
+    import uvicorn
 
-    @contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
+    class _UvicornServer(uvicorn.Server):
+        @contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return _UvicornServer
 
 
 def token_file_warning(tokens: AuthTokens) -> str | None:
@@ -8402,10 +8796,24 @@ def token_file_warning(tokens: AuthTokens) -> str | None:
 
 async def serve_http(config: BridgeConfig, discovery: DiscoveryResult, listener: socket.socket) -> None:
     """Serve MCP over streamable HTTP on ``listener`` until SIGTERM/SIGINT: calls in
-    flight are answered, then every principal's sandboxes are removed (the lifespan)."""
-    created: list[Principals] = []
-    server = build_server(config, discovery, on_start=created.append)
-    app, manager = http_app(server, config, lambda: created[0] if created else None)
+    flight are answered, then every principal's sandboxes are removed (leaving the bridge)."""
+    async with anyio.create_task_group() as group:
+        async with open_bridge(config, discovery) as bridge:
+            app, manager = http_app(build_server(bridge), bridge)
+            http_server = http_server_for(app, config)
+            # Open until the end: a second signal must not cut the sandboxes' removal short.
+            group.start_soon(stop_http_on_signal, http_server, bridge)
+            async with manager.run():  # the SDK's sessions; the bridge outlives them
+                logger.info("serving MCP on http://%s:%d%s", config.host, config.port, MCP_PATH)
+                await http_server.serve(sockets=[listener])
+        group.cancel_scope.cancel()
+
+
+def http_server_for(app: Starlette, config: BridgeConfig) -> uvicorn.Server:
+    """uvicorn serving ``app`` (its warnings about the token file logged first)."""
+    import uvicorn
+
+    _UvicornServer = uvicorn_server_class()
     uvicorn_config = uvicorn.Config(
         app,
         log_config=None,
@@ -8425,30 +8833,38 @@ async def serve_http(config: BridgeConfig, discovery: DiscoveryResult, listener:
         )
     elif (warning := token_file_warning(config.auth_tokens)) is not None:
         logger.warning(warning)
+    return http_server
 
-    async def stop_on_signal() -> None:
-        # Open until the end: a second signal must not cut the sandboxes' removal short.
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for signum in signals:
-                if http_server.should_exit:
-                    logger.info("received signal %d; already shutting down", signum)
-                    continue
-                logger.info("received signal %d; shutting down", signum)
-                if created:
-                    await created[0].begin_shutdown(grace=1.0)
-                http_server.should_exit = True
 
-    async with anyio.create_task_group() as group:
-        group.start_soon(stop_on_signal)
-        async with manager.run():  # the server's lifespan: leaving it removes every sandbox
-            logger.info("serving MCP on http://%s:%d%s", config.host, config.port, MCP_PATH)
-            await http_server.serve(sockets=[listener])
-        group.cancel_scope.cancel()
+async def stop_http_on_signal(http_server: uvicorn.Server, bridge: Bridge) -> None:
+    """On SIGTERM/SIGINT: answer the calls in flight, then let uvicorn stop."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            if http_server.should_exit:
+                logger.info("received signal %d; already shutting down", signum)
+                continue
+            logger.info("received signal %d; shutting down", signum)
+            await bridge.sessions.begin_shutdown(grace=1.0)
+            http_server.should_exit = True
 
 
 # =============================================================================
 # command line
 # =============================================================================
+# What a person at a terminal reads: each subcommand raises CommandError, which main()
+# prints once, as one line after the command's name, and turns into the exit status.
+
+
+def engine_problem(exc: RuntimeUnavailableError) -> str:
+    """A missing engine in a terminal's words: the model's message says to call run_python
+    again; a person runs the command again, and can choose the engine with --runtime."""
+    if not isinstance(exc, NoEngineError):
+        return str(exc)
+    return (
+        "No container engine is available: %s. %s, make sure `podman info` or `docker info` works for "
+        "you, then run this command again; --runtime podman|docker chooses one (MCP_BRIDGE_RUNTIME in "
+        "the MCP server's environment)." % ("; ".join(exc.problems), INSTALL_ENGINE)
+    )
 
 
 # --- the memory and tools subcommands ---------------------------------------------------
@@ -8462,14 +8878,6 @@ async def serve_http(config: BridgeConfig, discovery: DiscoveryResult, listener:
 MEMORY_COMMAND = "memory"
 TOOLS_COMMAND = "tools"
 MAX_LISTED_METADATA_CHARS = 60
-
-
-class MemoryCommandError(BridgeError):
-    """A memory command that cannot do what was asked: its message and exit status."""
-
-    def __init__(self, message: str, status: int = 1) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def _state_dir_parser() -> argparse.ArgumentParser:
@@ -8544,10 +8952,10 @@ def _command_key(key: str) -> str:
     try:
         return validate_memory_key(key)
     except MemoryStoreError as exc:
-        raise MemoryCommandError(str(exc), status=2) from None
+        raise CommandError(str(exc), status=2) from None
 
 
-def _no_memory(store: MemoryStore, key: str) -> MemoryCommandError:
+def _no_memory(store: MemoryStore, key: str) -> CommandError:
     message = "There is no memory named %s in %s; `%s %s list` shows the keys." % (
         ascii(key),
         store.path,
@@ -8565,7 +8973,7 @@ def _no_memory(store: MemoryStore, key: str) -> MemoryCommandError:
             TOOLS_COMMAND,
             key,
         )
-    return MemoryCommandError(message)
+    return CommandError(message)
 
 
 def _stored_entries(store: MemoryStore) -> list[dict[str, Any]]:
@@ -8643,11 +9051,11 @@ def _tool_name(tools: SavedTools, name: str) -> Path:
     try:
         return tools.path(name)
     except MemoryStoreError as exc:
-        raise MemoryCommandError(str(exc), status=2) from None
+        raise CommandError(str(exc), status=2) from None
 
 
-def _no_tool(tools: SavedTools, name: str) -> MemoryCommandError:
-    return MemoryCommandError(
+def _no_tool(tools: SavedTools, name: str) -> CommandError:
+    return CommandError(
         "There is no saved tool named %s in %s; `%s %s list` shows them."
         % (name, tools.directory, SERVER_NAME, TOOLS_COMMAND)
     )
@@ -8694,7 +9102,7 @@ def memory_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         else:
             _export_memories(store)
 
-    return _store_command(MEMORY_COMMAND, args, environ, run)
+    return _store_command(args, environ, run)
 
 
 def tools_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
@@ -8709,22 +9117,15 @@ def tools_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         else:
             _delete_tool(tools, args.name)
 
-    return _store_command(TOOLS_COMMAND, args, environ, run)
+    return _store_command(args, environ, run)
 
 
 def _store_command(
-    command: str,
-    args: argparse.Namespace,
-    environ: Mapping[str, str],
-    run: Callable[[MemoryStore, SavedTools], None],
+    args: argparse.Namespace, environ: Mapping[str, str], run: Callable[[MemoryStore, SavedTools], None]
 ) -> int:
     """What the memory and tools subcommands share: the settings (from the same load_config
-    as the server's), the store, and one line on stderr for each failure, with its status."""
-    try:
-        config = load_config(["--state-dir=%s" % args.state_dir] if "state_dir" in args else [], environ)
-    except ConfigError as exc:
-        print("%s %s: %s" % (SERVER_NAME, command, exc), file=sys.stderr)
-        return 2
+    as the server's), the store, and a CommandError for each failure."""
+    config = load_config(["--state-dir=%s" % args.state_dir] if "state_dir" in args else [], environ)
     logging.basicConfig(level=config.log_level, stream=sys.stderr, format="%(levelname)s: %(message)s")
     store = MemoryStore(
         config.state_dir / MEMORY_DIRNAME,
@@ -8742,16 +9143,10 @@ def _store_command(
         with suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except (MemoryCommandError, MemoryStoreError) as exc:
-        print("%s %s: %s" % (SERVER_NAME, command, exc), file=sys.stderr)
-        return exc.status if isinstance(exc, MemoryCommandError) else 1
+    except MemoryStoreError as exc:
+        raise CommandError(str(exc)) from None
     except (OSError, ValueError) as exc:  # an unreadable folder, a damaged row
-        print(
-            "%s %s: cannot read %s (%s: %s)"
-            % (SERVER_NAME, command, store.path.parent, type(exc).__name__, exc),
-            file=sys.stderr,
-        )
-        return 1
+        raise CommandError("cannot read %s (%s: %s)" % (store.path.parent, type(exc).__name__, exc)) from None
     return 0
 
 
@@ -8784,18 +9179,6 @@ ADOPT_MANIFEST = "manifest.json"
 _UNDONE = ".undone"
 _BOM = b"\xef\xbb\xbf"
 _TOML_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
-
-
-class AdoptError(BridgeError):
-    """adopt refuses, having changed nothing (or says what it could not finish)."""
-
-    def __init__(self, message: str, status: int = 1) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class ConfigChangedError(AdoptError):
-    """A file changed between adopt's read and its write: its client may be running."""
 
 
 Stamp = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns of a file as read
@@ -9325,6 +9708,63 @@ def _nothing_to_move(client: str, sources: Sequence[ConfigSource], files: Sequen
     return "nothing to move from %s: %s. Nothing was changed." % (label, "; ".join(said))
 
 
+def _state_dir_files(
+    home: Path, platform: str, environ: Mapping[str, str], state_dir: Path
+) -> tuple[dict[Path, _ClientFile], dict[str, tuple[Path, Any]]]:
+    """The config files of the state dir, by path, and what they already define: each
+    server's name -> (its file, its entry)."""
+    files: dict[Path, _ClientFile] = {}
+    defined: dict[str, tuple[Path, Any]] = {}
+    for source in config_sources(home, home, platform, environ, state_dir, None, clients=False):
+        found = _read_config_file(source)
+        if found is not None:
+            files[source.path] = found
+            defined.update((name, (source.path, entry)) for name, entry in found.table.items())
+    return files, defined
+
+
+def _refuse_lost_bridges(
+    label: str, files: Sequence[_ClientFile], state_dir: Path, default_state_dir: Path
+) -> None:
+    """AdoptError if an entry of the client's files starts this bridge so that it would not
+    read the servers moved to ``state_dir``."""
+    for found in files:
+        for name in found.bridges:
+            problem = _bridge_entry_problem(found.table[name], state_dir, default_state_dir)
+            if problem:
+                raise AdoptError(
+                    "%s: the entry %s of %s starts this bridge, but %s; the servers would be lost to "
+                    "it. Nothing was changed." % (label, name, found.source.path, problem)
+                )
+
+
+def _bridge_entry(
+    found: _ClientFile, table: Mapping[str, Any], command: Sequence[str], env: Mapping[str, str]
+) -> tuple[str, dict[str, Any]]:
+    """The name and entry that start this bridge in ``found``'s (new) ``table``."""
+    name, number = BRIDGE_ENTRY_NAME, 1
+    while name in table:  # a server the client cannot lend keeps its name
+        number += 1
+        name = "%s-%d" % (BRIDGE_ENTRY_NAME, number)
+    entry: dict[str, Any] = {"command": command[0], "args": list(command[1:])}
+    if found.keys[-1] == "servers":  # VS Code's tables: its docs always give the type
+        entry = {"type": "stdio", **entry}
+    if env:
+        entry["env"] = dict(env)
+    return name, entry
+
+
+def _servers_file_change(
+    own_path: Path, existing: _ClientFile | None, adding: Mapping[str, tuple[Path, Any]]
+) -> FileChange:
+    """The bridge's servers file with the ``adding`` entries (new, or added to ``existing``)."""
+    table = {**(existing.table if existing else {}), **{name: entry for name, (_, entry) in adding.items()}}
+    if existing is None:
+        after = (json.dumps({"mcpServers": table}, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+        return FileChange(own_path, None, after)
+    return FileChange(own_path, existing.data, _rewritten(existing, table), existing.stamp)
+
+
 def plan_adoption(
     clients: Sequence[str],
     home: Path,
@@ -9342,13 +9782,7 @@ def plan_adoption(
     if state_dir != default_state_dir:  # a client starts the entry in a directory of its own
         env["MCP_BRIDGE_STATE_DIR"] = str(state_dir.absolute())
     own_path = state_dir / SERVERS_FILE
-    own_files: dict[Path, _ClientFile] = {}
-    defined: dict[str, tuple[Path, Any]] = {}  # what the state dir's files already define
-    for source in config_sources(home, home, platform, environ, state_dir, None, clients=False):
-        found = _read_config_file(source)
-        if found is not None:
-            own_files[source.path] = found
-            defined.update((name, (source.path, entry)) for name, entry in found.table.items())
+    own_files, defined = _state_dir_files(home, platform, environ, state_dir)
     adding: dict[str, tuple[Path, Any]] = {}
     conflicts: list[str] = []
     changes: list[FileChange] = []
@@ -9360,14 +9794,7 @@ def plan_adoption(
         movable = [found for found in files if found.moved]
         if not movable:
             raise AdoptError(_nothing_to_move(client, sources, files))
-        for found in files:
-            for name in found.bridges:
-                problem = _bridge_entry_problem(found.table[name], state_dir, default_state_dir)
-                if problem:
-                    raise AdoptError(
-                        "%s: the entry %s of %s starts this bridge, but %s; the servers would be lost to "
-                        "it. Nothing was changed." % (label, name, found.source.path, problem)
-                    )
+        _refuse_lost_bridges(label, files, state_dir, default_state_dir)
         add_bridge = not any(found.bridges for found in files)
         for found in movable:
             for name, entry in found.moved.items():
@@ -9387,15 +9814,7 @@ def plan_adoption(
             lines += ["%s: keeps %s (this bridge%s)" % (label, name, kept_as_is) for name in found.bridges]
             if add_bridge:
                 add_bridge = False
-                name, number = BRIDGE_ENTRY_NAME, 1
-                while name in table:  # a server the client cannot lend keeps its name
-                    number += 1
-                    name = "%s-%d" % (BRIDGE_ENTRY_NAME, number)
-                entry = {"command": command[0], "args": list(command[1:])}
-                if found.keys[-1] == "servers":  # VS Code's tables: its docs always give the type
-                    entry = {"type": "stdio", **entry}
-                if env:
-                    entry["env"] = dict(env)
+                name, entry = _bridge_entry(found, table, command, env)
                 table[name] = entry
                 settings = "".join(" %s=%s" % pair for pair in env.items())
                 lines.append("%s: adds %s (this bridge:%s %s)" % (label, name, settings, " ".join(command)))
@@ -9406,16 +9825,7 @@ def plan_adoption(
             % "; ".join(conflicts)
         )
     if adding:
-        existing = own_files.get(own_path)
-        table = {
-            **(existing.table if existing else {}),
-            **{name: entry for name, (_, entry) in adding.items()},
-        }
-        if existing is None:
-            after = (json.dumps({"mcpServers": table}, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
-            changes.append(FileChange(own_path, None, after))
-        else:
-            changes.append(FileChange(own_path, existing.data, _rewritten(existing, table), existing.stamp))
+        changes.append(_servers_file_change(own_path, own_files.get(own_path), adding))
     return changes, lines
 
 
@@ -9623,19 +10033,13 @@ def build_adopt_parser() -> argparse.ArgumentParser:
 
 
 def adopt_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
-    """The ``adopt`` subcommand: 0 when done (or listed), 1 when it refuses, 2 for a bad command line."""
+    """The ``adopt`` subcommand: 0 when done (or listed); AdoptError (1 when it refuses, 2 for
+    a bad --env) or ConfigError (2) when it does nothing."""
     args = build_adopt_parser().parse_args(list(argv))  # a bad command line: usage, status 2
     prefix = "%s %s: " % (SERVER_NAME, ADOPT_COMMAND)
-    try:
-        added = env_pairs(args.env)
-        settings = {**environ, **added}  # --env MCP_BRIDGE_STATE_DIR=... moves the state dir too
-        config = load_config(["--state-dir=%s" % args.state_dir] if "state_dir" in args else [], settings)
-    except AdoptError as exc:
-        print(prefix + str(exc), file=sys.stderr)
-        return exc.status
-    except ConfigError as exc:
-        print(prefix + str(exc), file=sys.stderr)
-        return 2
+    added = env_pairs(args.env)
+    settings = {**environ, **added}  # --env MCP_BRIDGE_STATE_DIR=... moves the state dir too
+    config = load_config(["--state-dir=%s" % args.state_dir] if "state_dir" in args else [], settings)
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(encoding="utf-8")
     home, platform = Path.home(), sys.platform
@@ -9678,12 +10082,8 @@ def adopt_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
             )
         for line in lines:
             print(prefix + line, file=sys.stderr)
-    except AdoptError as exc:
-        print(prefix + str(exc), file=sys.stderr)
-        return exc.status
     except OSError as exc:  # a folder that cannot be created, a disk that is full
-        print(prefix + "%s: %s" % (exc.filename or type(exc).__name__, exc.strerror or exc), file=sys.stderr)
-        return 1
+        raise CommandError("%s: %s" % (exc.filename or type(exc).__name__, exc.strerror or exc)) from None
     return 0
 
 
@@ -9868,7 +10268,7 @@ async def check_sandbox(config: BridgeConfig) -> list[DoctorCheck]:
     try:
         runtime = await _locate_engine(config)
     except RuntimeUnavailableError as exc:
-        return [DoctorCheck("sandbox", "engine", "fail", str(exc))]
+        return [DoctorCheck("sandbox", "engine", "fail", engine_problem(exc))]
     checks: list[DoctorCheck] = []
     try:
         try:
@@ -10106,7 +10506,8 @@ def doctor_json(checks: Sequence[DoctorCheck]) -> str:
 
 
 def doctor_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
-    """The ``doctor`` subcommand: 0 healthy, 1 when something would fail, 2 for a bad setting."""
+    """The ``doctor`` subcommand: 0 healthy, 1 when something would fail; ConfigError (status 2)
+    for a bad setting."""
     parser = argparse.ArgumentParser(
         prog="%s %s" % (SERVER_NAME, DOCTOR_COMMAND),
         description="Check, by doing each once, what the bridge would meet if it started here: "
@@ -10117,11 +10518,7 @@ def doctor_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print the findings as one JSON object")
     args, settings = parser.parse_known_args(list(argv))
-    try:
-        config = load_config(settings, environ)  # the server's own flags and variables
-    except ConfigError as exc:
-        print("%s %s: %s" % (SERVER_NAME, DOCTOR_COMMAND, exc), file=sys.stderr)
-        return 2
+    config = load_config(settings, environ)  # the server's own flags and variables
     # The servers' own logs reach stderr anyway; the bridge's INFO lines would only repeat the report.
     level = config.log_level if config.log_level == "DEBUG" else "WARNING"
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s: %(message)s")
@@ -10157,14 +10554,6 @@ _IMPORT_NAMES = {
     "pillow": "PIL", "scikit-learn": "sklearn", "beautifulsoup4": "bs4", "pyyaml": "yaml",
     "opencv-python": "cv2", "python-dateutil": "dateutil",
 }  # fmt: skip
-
-
-class BuildImageError(BridgeError):
-    """build-image cannot do what was asked: its message and exit status."""
-
-    def __init__(self, message: str, status: int = 1) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def _project_name(package: str) -> str:
@@ -10249,7 +10638,7 @@ def _stream(argv: Sequence[str], **kwargs: Any) -> None:
     logger.info("running: %s", " ".join(argv))
     result = subprocess.run(list(argv), stdout=sys.stderr, check=False, **kwargs)
     if result.returncode != 0:
-        raise BuildImageError(
+        raise CommandError(
             "`%s` failed with exit status %d (output above)" % (" ".join(argv[:3]), result.returncode)
         )
 
@@ -10311,10 +10700,10 @@ def remove_build_root(root: Path, mounts: Path = Path("/proc/self/mounts")) -> s
 
 def _build_with_debian(executable: str, packages: Sequence[str], tag: str, dry_run: bool) -> None:
     if any(re.search("[<>=~]", package) for package in packages):
-        raise BuildImageError("the debian method installs Debian's builds: versions cannot be pinned", 2)
+        raise CommandError("the debian method installs Debian's builds: versions cannot be pinned", 2)
     mirror = apt_mirror()
     if mirror is None:
-        raise BuildImageError("no Debian mirror found in /etc/apt; use --method pip with a registry")
+        raise CommandError("no Debian mirror found in /etc/apt; use --method pip with a registry")
     include = ",".join(["python3", *(debian_package(package) for package in packages)])
     root = Path(tempfile.mkdtemp(prefix="mcp-build-image-"))
     debootstrap = ["debootstrap", "--variant=minbase", "--include=" + include, DEBIAN_SUITE, str(root)]
@@ -10327,7 +10716,7 @@ def _build_with_debian(executable: str, packages: Sequence[str], tag: str, dry_r
             print("tar -C %s -c . | %s" % (root, " ".join(load)))
             return
         if shutil.which("debootstrap") is None or os.geteuid() != 0:
-            raise BuildImageError(
+            raise CommandError(
                 "the debian method needs root and debootstrap (apt-get install debootstrap); "
                 "where a registry is reachable use --method pip instead"
             )
@@ -10337,7 +10726,7 @@ def _build_with_debian(executable: str, packages: Sequence[str], tag: str, dry_r
         with subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE) as archive:
             _stream(load, stdin=archive.stdout)
             if archive.wait() != 0:
-                raise BuildImageError("archiving the root filesystem failed")
+                raise CommandError("archiving the root filesystem failed")
     finally:
         left = remove_build_root(root)
         if left is not None:
@@ -10379,36 +10768,34 @@ def _check_image(executable: str, tag: str, packages: Sequence[str]) -> None:
 
 def build_image_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     args = build_image_parser().parse_args(list(argv))  # a bad command line: usage, status 2
-    prefix = "%s %s: " % (SERVER_NAME, BUILD_IMAGE_COMMAND)
+    config = load_config([], environ)
+    packages = [part.strip() for part in args.packages.split(",") if part.strip()]
+    bad = [package for package in packages if not _PACKAGE.fullmatch(package)]
+    if bad:
+        raise CommandError("not a package name: %s (write name or name==version)" % ", ".join(bad), 2)
+    logging.basicConfig(level=config.log_level, stream=sys.stderr, format="%(levelname)s: %(message)s")
     try:
-        config = load_config([], environ)
-        packages = [part.strip() for part in args.packages.split(",") if part.strip()]
-        bad = [package for package in packages if not _PACKAGE.fullmatch(package)]
-        if bad:
-            raise BuildImageError("not a package name: %s (write name or name==version)" % ", ".join(bad), 2)
-        logging.basicConfig(level=config.log_level, stream=sys.stderr, format="%(levelname)s: %(message)s")
         runtime = anyio.run(detect_runtime, args.runtime or config.runtime)
-        base = args.base or config.image
-        method = args.method
-        if method == "auto":
-            method = "pip" if _can_use_base(runtime, base, args.dry_run) else "debian"
-            if method == "debian" and args.base is not None:  # asked for: no silent substitute
-                raise BuildImageError(
-                    "--from %s: %s neither has that image nor can pull it; pull or build it first, "
-                    "give another --from, or drop --from to let auto fall back to a Debian image "
-                    "(--method debian)" % (args.base, runtime.name)
-                )
-            print("Method: %s." % method, file=sys.stderr)
-        if method == "pip":
-            _build_with_pip(runtime.executable, base, packages, args.tag, args.dry_run)
-        else:
-            _build_with_debian(runtime.executable, packages, args.tag, args.dry_run)
-        if args.dry_run:
-            return 0
-        _check_image(runtime.executable, args.tag, packages)
-    except (ConfigError, BuildImageError, RuntimeUnavailableError) as exc:
-        print(prefix + str(exc), file=sys.stderr)
-        return exc.status if isinstance(exc, BuildImageError) else 1
+    except RuntimeUnavailableError as exc:
+        raise CommandError(engine_problem(exc)) from None
+    base = args.base or config.image
+    method = args.method
+    if method == "auto":
+        method = "pip" if _can_use_base(runtime, base, args.dry_run) else "debian"
+        if method == "debian" and args.base is not None:  # asked for: no silent substitute
+            raise CommandError(
+                "--from %s: %s neither has that image nor can pull it; pull or build it first, "
+                "give another --from, or drop --from to let auto fall back to a Debian image "
+                "(--method debian)" % (args.base, runtime.name)
+            )
+        print("Method: %s." % method, file=sys.stderr)
+    if method == "pip":
+        _build_with_pip(runtime.executable, base, packages, args.tag, args.dry_run)
+    else:
+        _build_with_debian(runtime.executable, packages, args.tag, args.dry_run)
+    if args.dry_run:
+        return 0
+    _check_image(runtime.executable, args.tag, packages)
     print("Built %s. Use it: set MCP_BRIDGE_IMAGE=%s in the MCP server's environment." % (args.tag, args.tag))
     return 0
 
@@ -10494,32 +10881,42 @@ def started_by_stdio_client(argv: Sequence[str], environ: Mapping[str, str], std
     return not terminal and requested_transport(argv, environ) == "stdio"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+SUBCOMMANDS: dict[str, Callable[[Sequence[str], Mapping[str, str]], int]] = {
+    MEMORY_COMMAND: memory_main,
+    TOOLS_COMMAND: tools_main,
+    ADOPT_COMMAND: adopt_main,
+    BUILD_IMAGE_COMMAND: build_image_main,
+    DOCTOR_COMMAND: doctor_main,
+}
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """The console script: a subcommand, else the MCP server. The one place a CommandError
+    is shown: one line on stderr, after the command's name, and its exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == [MEMORY_COMMAND]:
-        return memory_main(args[1:], os.environ)
-    if args[:1] == [TOOLS_COMMAND]:
-        return tools_main(args[1:], os.environ)
-    if args[:1] == [ADOPT_COMMAND]:
-        return adopt_main(args[1:], os.environ)
-    if args[:1] == [BUILD_IMAGE_COMMAND]:
-        return build_image_main(args[1:], os.environ)
-    if args[:1] == [DOCTOR_COMMAND]:
-        return doctor_main(args[1:], os.environ)
+    environ = os.environ if environ is None else environ
+    command = args[0] if args[:1] and args[0] in SUBCOMMANDS else None
     try:
-        config = load_config(args, os.environ)
-    except ConfigError as exc:
-        print("%s: %s" % (SERVER_NAME, exc), file=sys.stderr)
-        if not started_by_stdio_client(args, os.environ, sys.stdin):
-            return 2
-        # A client shows neither stderr nor the exit status: the model hears of it instead.
-        with suppress(KeyboardInterrupt):
-            anyio.run(serve_misconfigured, str(exc))
-        return 2
+        if command is not None:
+            return SUBCOMMANDS[command](args[1:], environ)
+        return serve_main(args, environ)
+    except CommandError as exc:
+        print("%s: %s" % (" ".join([SERVER_NAME, *([command] if command else [])]), exc), file=sys.stderr)
+        serving = command is None  # the MCP server itself, not a subcommand
+        if serving and isinstance(exc, ConfigError) and started_by_stdio_client(args, environ, sys.stdin):
+            # A client shows neither stderr nor the exit status: the model hears of it instead.
+            with suppress(KeyboardInterrupt):
+                anyio.run(serve_misconfigured, str(exc))
+        return exc.status
+
+
+def serve_main(args: Sequence[str], environ: Mapping[str, str]) -> int:
+    """The MCP server, on the transport its settings name; ConfigError for a bad setting."""
+    config = load_config(args, environ)
     logging.basicConfig(
         level=config.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    discovery = configured_servers(config, os.environ)
+    discovery = configured_servers(config, environ)
     for problem in discovery.problems:
         logger.warning("MCP server configuration: %s", problem)
     if config.workspace is not None:
@@ -10529,11 +10926,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             listener = listen_socket(config.host, config.port)
         except OSError as exc:
-            print(
-                "%s: cannot listen on %s port %d: %s" % (SERVER_NAME, config.host, config.port, exc),
-                file=sys.stderr,
-            )
-            return 1
+            raise CommandError("cannot listen on %s port %d: %s" % (config.host, config.port, exc)) from None
         with listener:
             anyio.run(serve_http, config, discovery, listener)
         return 0

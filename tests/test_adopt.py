@@ -451,7 +451,7 @@ def test_a_client_writing_its_config_while_adopt_writes_is_not_overwritten(
         real_write(path, data, **kwargs)
 
     monkeypatch.setattr(bridge, "_write_atomically", client_writes_first)
-    status = bridge.adopt_main(["--client", "claude-desktop"], {"HOME": str(home)})
+    status = bridge.main(["adopt", "--client", "claude-desktop"], {"HOME": str(home)})
     message = capsys.readouterr().err.strip()
     assert status == 1, message
     assert config.read_bytes() == clients_write  # before the fix: adopt's version replaced it

@@ -116,6 +116,19 @@ def test_bad_requests_are_refused_with_a_clear_message(args: list[str], message:
     assert "Traceback" not in refused.stderr
 
 
+def test_without_an_engine_the_terminal_is_told_what_to_run(tmp_path: Path) -> None:
+    # Before, build-image printed the model's words ("... then call run_python again").
+    refused = build_image("--dry-run", "--runtime", "docker", PATH=str(tmp_path))
+    assert refused.returncode == 1 and refused.stdout == "", refused
+    assert refused.stderr.strip() == (
+        "mcp-server-code-execution-mode build-image: No container engine is available: docker is not "
+        "installed (not on PATH). Install Podman (https://podman.io/docs/installation; on Debian/Ubuntu: "
+        "`sudo apt-get install podman`) or Docker (https://docs.docker.com/get-docker/), make sure "
+        "`podman info` or `docker info` works for you, then run this command again; --runtime "
+        "podman|docker chooses one (MCP_BRIDGE_RUNTIME in the MCP server's environment)."
+    )
+
+
 @pytest.mark.container  # the engine is asked for the base image
 def test_an_explicit_base_that_cannot_be_used_fails_instead_of_switching_method() -> None:
     # A pinned package: were auto to fall back to debian anyway, that would refuse it

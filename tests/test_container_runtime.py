@@ -15,15 +15,18 @@ import mcp_sandbox_kernel
 import mcp_server_code_execution_mode as bridge
 from mcp_sandbox_kernel import BOOTSTRAP
 from mcp_server_code_execution_mode import (
+    INSTALL_ENGINE,
     ContainerRuntime,
     DockerRuntime,
     LaunchSpec,
+    NoEngineError,
     OwnerIdentity,
     PodmanRuntime,
     RuntimeUnavailableError,
     build_run_argv,
     container_name,
     detect_runtime,
+    engine_problem,
     owner_gone,
     owner_of,
     sweep_orphans,
@@ -579,6 +582,25 @@ async def test_detect_runtime_without_any_runtime_says_how_to_install_one() -> N
 
 
 @pytest.mark.anyio
+async def test_no_engine_is_one_fact_each_audience_reads_in_its_own_words() -> None:
+    with pytest.raises(NoEngineError) as caught:
+        await detect_runtime(None, which=lambda name: None)
+
+    problems = ("podman is not installed (not on PATH)", "docker is not installed (not on PATH)")
+    assert caught.value.problems == problems
+    for_model, for_terminal = str(caught.value), engine_problem(caught.value)
+    assert for_model.startswith(
+        "No container runtime is available, so Python cannot run yet: %s; %s." % problems
+    )
+    assert "call run_python again" in for_model and "MCP_BRIDGE_RUNTIME=podman|docker" in for_model
+    assert for_terminal.startswith("No container engine is available: %s; %s." % problems)
+    assert (
+        "run_python" not in for_terminal and "run this command again; --runtime podman|docker" in for_terminal
+    )
+    assert INSTALL_ENGINE in for_model and INSTALL_ENGINE in for_terminal
+
+
+@pytest.mark.anyio
 async def test_detect_runtime_with_preferred_runtime_tries_only_that_one() -> None:
     asked: list[str] = []
 
@@ -701,7 +723,7 @@ async def test_a_remote_podman_gets_no_seccomp_file_of_this_machine_and_says_so(
         NoServers(),  # type: ignore[arg-type]
     )
 
-    argv = runtime.run_argv(session.launch_spec())
+    argv = runtime.run_argv(session.container.launch_spec())
 
     assert not any(item.startswith("seccomp=") for item in argv)  # the service would look for it there
     docker = bridge.DockerRuntime("/usr/bin/docker")
@@ -712,7 +734,7 @@ async def test_a_remote_podman_gets_no_seccomp_file_of_this_machine_and_says_so(
         tmp_path / "ipc",
         NoServers(),  # type: ignore[arg-type]
     )
-    assert any(item.startswith("seccomp=") for item in docker.run_argv(on_docker.launch_spec()))
+    assert any(item.startswith("seccomp=") for item in docker.run_argv(on_docker.container.launch_spec()))
     if sys.platform == "linux":
         assert any("default seccomp profile" in warning for warning in runtime.warnings)
 
@@ -729,13 +751,13 @@ def test_the_kernel_comes_on_stdin_for_a_remote_engine_or_when_asked(
     config = bridge.BridgeConfig(state_dir=tmp_path, kernel_delivery=delivery)
     session = bridge.SandboxSession(runtime, config, tmp_path / "ipc", NoServers())  # type: ignore[arg-type]
 
-    argv = runtime.run_argv(session.launch_spec())
+    argv = runtime.run_argv(session.container.launch_spec())
 
-    assert session.kernel_via_stdin is via_stdin
+    assert session.container.kernel_via_stdin is via_stdin
     assert (argv[-2:] == ["-c", BOOTSTRAP]) is via_stdin
     assert any(item.endswith(":%s:ro" % bridge.IPC_MOUNT) for item in argv) is not via_stdin
-    session.prepare_ipc_dir()
-    files = sorted(path.name for path in session.ipc_dir.parent.iterdir())
+    session.container.prepare_ipc_dir()
+    files = sorted(path.name for path in session.container.ipc_dir.parent.iterdir())
     assert files == (["seccomp.json"] if via_stdin else ["ipc", "seccomp.json"])  # nothing to mount
 
 
@@ -753,25 +775,29 @@ def test_ipc_directory_is_private_and_read_only_content_is_readable(tmp_path: Pa
     config = bridge.BridgeConfig(state_dir=tmp_path)
     runtime = bridge.PodmanRuntime("/usr/bin/podman")
     session = bridge.SandboxSession(runtime, config, tmp_path / "ipc", NoServers())  # type: ignore[arg-type]
-    session.prepare_ipc_dir()
+    session.container.prepare_ipc_dir()
 
     def mode(path: Path) -> int:
         return stat.S_IMODE(path.stat().st_mode)
 
-    assert mode(session.ipc_dir.parent) == 0o700  # other host users cannot reach the kernel or config
+    assert (
+        mode(session.container.ipc_dir.parent) == 0o700
+    )  # other host users cannot reach the kernel or config
     assert mode(tmp_path / "ipc") == 0o700
     # Named with this host's key, so a sweep can tell this host's directories from others'.
-    assert session.ipc_dir.parent == tmp_path / "ipc" / ("%s.%s" % (bridge.bridge_owner().host, session.name))
-    assert mode(session.ipc_dir) == 0o755  # the sandbox user (another uid) can read the mount
-    kernel = session.ipc_dir / bridge.KERNEL_FILENAME
+    assert session.container.ipc_dir.parent == tmp_path / "ipc" / (
+        "%s.%s" % (bridge.bridge_owner().host, session.name)
+    )
+    assert mode(session.container.ipc_dir) == 0o755  # the sandbox user (another uid) can read the mount
+    kernel = session.container.ipc_dir / bridge.KERNEL_FILENAME
     assert kernel.read_bytes() == bridge.KERNEL_SOURCE.read_bytes() and mode(kernel) == 0o644
-    settings = json.loads((session.ipc_dir / bridge.SESSION_CONFIG_FILENAME).read_text())
+    settings = json.loads((session.container.ipc_dir / bridge.SESSION_CONFIG_FILENAME).read_text())
     assert settings["protocol"] == mcp_sandbox_kernel.PROTOCOL_VERSION
     assert settings["servers"] == [{"alias": "time", "name": "time"}]
     # The seccomp profile sits beside ipc/ (read by the engine), never inside the mount.
-    assert sorted(path.name for path in session.ipc_dir.parent.iterdir()) == ["ipc", "seccomp.json"]
-    assert json.loads(session.seccomp_path.read_text()) == bridge.seccomp_profile()
-    assert session.launch_spec().seccomp_profile == session.seccomp_path
+    assert sorted(path.name for path in session.container.ipc_dir.parent.iterdir()) == ["ipc", "seccomp.json"]
+    assert json.loads(session.container.seccomp_path.read_text()) == bridge.seccomp_profile()
+    assert session.container.launch_spec().seccomp_profile == session.container.seccomp_path
 
 
 FAKE_PODMAN = """#!/bin/sh

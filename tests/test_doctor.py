@@ -136,6 +136,25 @@ def test_doctor_exits_2_for_a_bad_setting(tmp_path: Path, state_dir: Path) -> No
     )
 
 
+def test_doctor_without_an_engine_says_what_to_run_in_a_terminal(tmp_path: Path, state_dir: Path) -> None:
+    # The model reads the same fact as "... then call run_python again"; a terminal is told
+    # what to run there.
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    env = proxy_env(Engine("podman", "x"), state_dir, claude_desktop_home(tmp_path, {}), PATH=str(empty))
+    done = doctor(env, "--json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    found: dict[str, Any] = json.loads(done.stdout)
+    (engine,) = [check for check in found["checks"] if check["subject"] == "engine"]
+    assert engine["status"] == "fail" and engine["message"] == (
+        "No container engine is available: podman is not installed (not on PATH). Install Podman "
+        "(https://podman.io/docs/installation; on Debian/Ubuntu: `sudo apt-get install podman`) or Docker "
+        "(https://docs.docker.com/get-docker/), make sure `podman info` or `docker info` works for you, then "
+        "run this command again; --runtime podman|docker chooses one (MCP_BRIDGE_RUNTIME in the MCP "
+        "server's environment)."
+    ), engine
+
+
 # --- the pure parts ------------------------------------------------------------------------
 
 

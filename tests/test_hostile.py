@@ -771,7 +771,7 @@ class FakeHost:
     def config_problems(self) -> list[str]:
         return []
 
-    async def handle(self, method: str, params: dict[str, Any], execute: Any = None) -> Any:
+    async def handle(self, method: str, params: dict[str, Any]) -> Any:
         if method == "boom":
             raise RuntimeError("a bug in the bridge")
         if method == "hold":
@@ -812,7 +812,7 @@ async def answers(stdin: RecordingStdin, count: int) -> dict[Any, dict[str, Any]
 async def test_the_bridge_rejects_hostile_frames_without_the_supervisor(tmp_path: Path) -> None:
     session, stdin = direct_session(tmp_path)
     async with anyio.create_task_group() as group:
-        session.task_group = group
+        session.desk.task_group = group
         hostile: list[dict[str, Any]] = [
             # ids that are not short strings or integers: dropped, never echoed back
             {"type": "request", "id": [0] * 1_000_000, "method": "capability_summary", "params": {}},
@@ -849,14 +849,14 @@ async def test_the_bridge_rejects_hostile_frames_without_the_supervisor(tmp_path
         assert message.startswith("the answer could not be sent into the sandbox"), message
     assert sent[7] == {"type": "response", "id": 7, "result": {"served": "capability_summary"}}
     assert session.malformed_frames == 12
-    assert session.in_flight == 0 and session.request_bytes == 0 and session.requests == {}
+    assert session.desk.in_flight == 0 and session.desk.request_bytes == 0 and session.desk.requests == {}
     assert session.pending is not None and session.pending.result is None  # no frame ended the call
 
 
 async def test_an_answer_that_cannot_be_encoded_still_gets_one_error_answer(tmp_path: Path) -> None:
     session, stdin = direct_session(tmp_path)
     async with anyio.create_task_group() as group:
-        session.task_group = group
+        session.desk.task_group = group
         await session._dispatch({"type": "request", "id": "deep", "method": "deep", "params": {}}, 100)
         await session._dispatch({"type": "request", "id": "after", "method": "other", "params": {}}, 100)
         sent = await answers(stdin, 2)  # at once: the code waiting for it must not wait its timeout
@@ -864,7 +864,7 @@ async def test_an_answer_that_cannot_be_encoded_still_gets_one_error_answer(tmp_
     message = sent["deep"]["error"]["message"]
     assert message.startswith("the answer could not be sent into the sandbox: RecursionError"), message
     assert sent["after"]["result"] == {"served": "other"}
-    assert session.in_flight == 0 and session.requests == {}
+    assert session.desk.in_flight == 0 and session.desk.requests == {}
 
 
 @pytest.mark.parametrize(
@@ -897,7 +897,7 @@ async def test_a_result_with_bad_field_types_fails_the_call_at_once(
 async def test_large_requests_are_refused_beyond_the_cap_alone_or_together(tmp_path: Path) -> None:
     session, stdin = direct_session(tmp_path)
     async with anyio.create_task_group() as group:
-        session.task_group = group
+        session.desk.task_group = group
         await session._dispatch(
             {"type": "request", "id": "over", "method": "call_tool", "params": {}}, CAP + 1
         )
@@ -907,7 +907,7 @@ async def test_large_requests_are_refused_beyond_the_cap_alone_or_together(tmp_p
         )
         await session._dispatch({"type": "request", "id": "small", "method": "echo", "params": {}}, 100)
         sent = await answers(stdin, 3)
-        assert session.request_bytes == CAP // 2  # "held" is still in flight
+        assert session.desk.request_bytes == CAP // 2  # "held" is still in flight
         session.cancel_requests()
         sent = await answers(stdin, 4)
         group.cancel_scope.cancel()
@@ -919,15 +919,15 @@ async def test_large_requests_are_refused_beyond_the_cap_alone_or_together(tmp_p
     assert "MCP_BRIDGE_MAX_TOOL_RESULT_BYTES" in sent["more"]["error"]["message"]
     assert sent["small"]["result"] == {"served": "echo"}
     assert sent["held"]["error"]["message"].startswith("cancelled")
-    assert session.request_bytes == 0 and session.in_flight == 0
+    assert session.desk.request_bytes == 0 and session.desk.in_flight == 0
 
 
 async def test_an_answer_to_a_sandbox_that_is_gone_never_raises(tmp_path: Path) -> None:
     session, stdin = direct_session(tmp_path)
     stdin.broken = True
-    await session._respond("r1", result={"ok": True})
-    await session._respond("r2", result="x" * (2 << 20))  # too big, then the fallback fails too
-    await session._respond([0] * 10, error="an id that is not an id")
+    await session.desk.respond("r1", result={"ok": True})
+    await session.desk.respond("r2", result="x" * (2 << 20))  # too big, then the fallback fails too
+    await session.desk.respond([0] * 10, error="an id that is not an id")
     assert stdin.data == b""
 
 

@@ -152,12 +152,22 @@ def test_a_non_loopback_host_needs_a_token_file(tmp_path: Path) -> None:
 
 
 def principals_for(group: anyio.abc.TaskGroup, state_dir: Path, **settings: Any) -> bridge.Principals:
+    return bridge_for(group, state_dir, **settings).principals
+
+
+def bridge_for(group: anyio.abc.TaskGroup, state_dir: Path, **settings: Any) -> bridge.Bridge:
+    """An HTTP bridge of principals alice and bob, its sandboxes never started."""
     tokens = bridge.AuthTokens(
         state_dir / "tokens", bridge.parse_auth_tokens("%s alice\n%s bob\n" % (ALICE, BOB))
     )
     config = bridge.BridgeConfig(state_dir=state_dir, transport="http", auth_tokens=tokens, **settings)
     pool: Any = SimpleNamespace(drain_notices=list)
-    return bridge.Principals(config, group, pool, http=True)
+    sessions = bridge.Sessions(config, group, bridge.SharedRuntime(config), shared=True)
+    return bridge.Bridge(config, pool, sessions)
+
+
+def run_request(principal: bridge.Principal, session: str) -> bridge.RunRequest:
+    return bridge.RunRequest(code="1", timeout=5, reset=False, session=session, principal=principal)
 
 
 def request_of(principal: str) -> Any:
@@ -167,14 +177,16 @@ def request_of(principal: str) -> Any:
 
 async def test_each_principal_has_its_own_sessions_and_store(tmp_path: Path) -> None:
     async with anyio.create_task_group() as group:
-        principals = principals_for(group, tmp_path)
+        world = bridge_for(group, tmp_path)
+        principals, sessions = world.principals, world.sessions
         alice, bob = principals.of_request(request_of("alice")), principals.of_request(request_of("bob"))
         assert principals.of_request(request_of("alice")) is alice and alice is not bob
-        assert alice.sessions is not bob.sessions
-        assert alice.sessions.manager("s1") is not bob.sessions.manager("s1")
+        assert sessions.manager(alice, "s1") is not sessions.manager(bob, "s1")
+        assert sessions.manager(alice, "s1").host is alice.host  # its store, not bob's
+        assert sessions.manager(bob, "s1").host is bob.host
         assert alice.host.memory.path == tmp_path / "principals" / "alice" / "user_tools" / "memory.sqlite3"
         assert bob.host.saved_tools.directory == tmp_path / "principals" / "bob" / "user_tools"
-        assert alice.sessions.runtime is bob.sessions.runtime  # one engine, found once
+        assert sessions.manager(alice, "s1").shared_runtime is sessions.manager(bob, "s1").shared_runtime
         group.cancel_scope.cancel()
 
 
@@ -193,7 +205,7 @@ async def test_a_request_without_an_authenticated_principal_is_refused(tmp_path:
 async def test_stdio_keeps_one_principal_and_todays_store(tmp_path: Path) -> None:
     async with anyio.create_task_group() as group:
         pool: Any = SimpleNamespace(drain_notices=list)
-        principals = bridge.Principals(bridge.BridgeConfig(state_dir=tmp_path), group, pool)
+        principals = bridge.Principals(bridge.BridgeConfig(state_dir=tmp_path), pool)
         local = principals.of_request(None)
         assert local.name == bridge.LOCAL_PRINCIPAL and principals.of_request(request_of("bob")) is local
         assert local.host.memory.path == tmp_path / "user_tools" / "memory.sqlite3"
@@ -204,19 +216,20 @@ async def test_the_caps_on_calls_and_on_all_sessions_refuse_at_once_naming_no_on
     tmp_path: Path,
 ) -> None:
     async with anyio.create_task_group() as group:
-        principals = principals_for(group, tmp_path, max_total_sessions=2, max_calls_per_principal=1)
-        alice, bob = principals.get("alice"), principals.get("bob")
-        alice.sessions.manager("secret-name").session = object()  # type: ignore[assignment]  # as if it ran
-        bob.sessions.manager("b1").session = object()  # type: ignore[assignment]
+        world = bridge_for(group, tmp_path, max_total_sessions=2, max_calls_per_principal=1)
+        sessions = world.sessions
+        alice, bob = world.principals.get("alice"), world.principals.get("bob")
+        sessions.manager(alice, "secret-name").session = object()  # type: ignore[assignment]  # as if it ran
+        sessions.manager(bob, "b1").session = object()  # type: ignore[assignment]
         with pytest.raises(bridge.TooManySessionsError) as caught:
-            await principals.answer(bob, "b2", "1", 5, False)
+            await sessions.answer(run_request(bob, "b2"))
         message = str(caught.value)
         assert "MCP_BRIDGE_MAX_TOTAL_SESSIONS" in message and "2 sessions" in message
         assert "secret-name" not in message and "alice" not in message
-        assert principals.health() == {"status": "ok", "principals": 2, "sessions": 2}
-        alice.calls = 1
+        assert sessions.health() == {"status": "ok", "principals": 2, "sessions": 2}
+        sessions.calls["alice"] = 1
         with pytest.raises(bridge.TooManyCallsError, match="MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL"):
-            await principals.answer(alice, "secret-name", "1", 5, False)
+            await sessions.answer(run_request(alice, "secret-name"))
         group.cancel_scope.cancel()
 
 

@@ -165,26 +165,33 @@ class FakeSession:
         return bridge.ExecutionOutcome(status="ok", value=repr(code))
 
 
+async def run(manager: bridge.SessionManager, code: str, reset: bool = False) -> bridge.ExecutionOutcome:
+    """One call to ``manager``, as the tool boundary makes it, with a 10 s timeout."""
+    principal = bridge.Principal(bridge.LOCAL_PRINCIPAL, manager.host)
+    return await manager.answer(bridge.RunRequest(code, 10, reset, bridge.DEFAULT_SESSION, principal))
+
+
 async def test_the_end_of_earlier_code_is_kept_when_the_call_collecting_it_fails() -> None:
     # Unit test of the manager with a fake sandbox: the call that collects the earlier
     # code's end fails to start its own sandbox; the next call still gets that end.
     failed = bridge.SandboxStartError("no sandbox this time")
     starts: list[Any] = [FakeSession({"slow": 1.3}), failed, FakeSession({"slow": 1.3})]
 
-    async def ensure_session(notices: list[str]) -> Any:
+    async def ensure_session() -> tuple[Any, list[str]]:
         start = starts.pop(0)
         if isinstance(start, Exception):
             raise start
-        return start
+        return start, []
 
     host: Any = SimpleNamespace(pool=SimpleNamespace(drain_notices=list))
     async with anyio.create_task_group() as group:
-        manager = bridge.SessionManager(bridge.BridgeConfig(respond_after=1.0), group, host)
+        config = bridge.BridgeConfig(respond_after=1.0)
+        manager = bridge.SessionManager(config, group, host, bridge.SharedRuntime(config))
         manager._ensure_session = ensure_session  # type: ignore[method-assign]
-        assert (await manager.run("slow", 10, reset=False)).status == "running"
+        assert (await run(manager, "slow")).status == "running"
         with pytest.raises(bridge.SandboxStartError):
-            await manager.run("collects the end, then fails", 10, reset=False)
-        third = await manager.run("third", 10, reset=False)
+            await run(manager, "collects the end, then fails")
+        third = await run(manager, "third")
         assert third.value == "'third'"
         assert third.earlier is not None and third.earlier.value == "'slow'"
         group.cancel_scope.cancel()
@@ -194,22 +201,23 @@ async def test_a_reset_says_what_became_of_code_an_earlier_call_left_running() -
     # Unit test of the manager with a fake sandbox: code still running when a reset comes
     # is stopped, and the reset's result says so; code that ended before the reset (its
     # end not yet returned) is returned with the reset's result, not dropped.
-    async def ensure_session(notices: list[str]) -> Any:
-        return FakeSession({"forever": 600, "short": 1.5})
+    async def ensure_session() -> tuple[Any, list[str]]:
+        return FakeSession({"forever": 600, "short": 1.5}), []
 
     host: Any = SimpleNamespace(pool=SimpleNamespace(drain_notices=list))
     async with anyio.create_task_group() as group:
-        manager = bridge.SessionManager(bridge.BridgeConfig(respond_after=1.0), group, host)
+        config = bridge.BridgeConfig(respond_after=1.0)
+        manager = bridge.SessionManager(config, group, host, bridge.SharedRuntime(config))
         manager._ensure_session = ensure_session  # type: ignore[method-assign]
-        first = await manager.run("forever", 10, reset=False)
+        first = await run(manager, "forever")
         assert first.status == "running" and first.duration >= 0.9, first
-        reset = await manager.run("after", 10, reset=True)
+        reset = await run(manager, "after", reset=True)
         assert reset.value == "'after'" and reset.earlier is None, reset
         stopped = "Reset stopped the code of an earlier call, still running after 1s; its result is gone."
         assert reset.notices[0].startswith(stopped), reset.notices
-        assert (await manager.run("short", 10, reset=False)).status == "running"
+        assert (await run(manager, "short")).status == "running"
         await anyio.sleep(1.0)  # "short" ends meanwhile; no call has returned its end
-        again = await manager.run("again", 10, reset=True)
+        again = await run(manager, "again", reset=True)
         assert again.earlier is not None and again.earlier.value == "'short'", again
         assert not any("Reset stopped" in notice for notice in again.notices), again.notices
         group.cancel_scope.cancel()

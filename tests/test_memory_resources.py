@@ -6,6 +6,8 @@ the SDK's in-memory client."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +31,20 @@ def store_for(state_dir: Path) -> bridge.MemoryStore:
     return bridge.MemoryStore(state_dir / bridge.MEMORY_DIRNAME, 1024 * 1024, 100 * 1024 * 1024)
 
 
-def in_memory_server(state_dir: Path) -> Any:
+@asynccontextmanager
+async def in_memory_client(state_dir: Path) -> AsyncIterator[Client]:
+    """A client of a bridge opened in this process, without a container runtime."""
+
     async def no_runtime(preferred: Any) -> bridge.ContainerRuntime:
         raise bridge.RuntimeUnavailableError("no runtime in this test")
 
     config = bridge.BridgeConfig(state_dir=state_dir, prewarm=False)
-    return bridge.build_server(
-        config, bridge.DiscoveryResult(servers=(), problems=(), sources=()), no_runtime
-    )
+    discovery = bridge.DiscoveryResult(servers=(), problems=(), sources=())
+    async with (
+        bridge.open_bridge(config, discovery, no_runtime) as world,
+        Client(bridge.build_server(world)) as client,
+    ):
+        yield client
 
 
 def text_of(result: types.ReadResourceResult) -> tuple[str | None, str]:
@@ -103,7 +111,7 @@ async def test_an_unreadable_store_leaves_the_manual_and_the_saved_tools_listed(
     bridge.SavedTools(folder).save("triple", "def triple(x):\n    return 3 * x\n")
     junk = b"not a database" * 100
     (folder / bridge.MEMORY_FILENAME).write_bytes(junk)
-    async with Client(in_memory_server(state_dir)) as client:
+    async with in_memory_client(state_dir) as client:
         uris = [str(r.uri) for r in (await client.list_resources()).resources]
         assert uris == [bridge.CAPABILITIES_URI, "tool://triple"]
         assert "return 3 * x" in text_of(await client.read_resource("tool://triple"))[1]
@@ -117,7 +125,7 @@ async def test_keys_that_differ_in_case_or_encoding_get_distinct_uris(state_dir:
     store = store_for(state_dir)
     for index, key in enumerate(keys):
         store.save(key, index)
-    async with Client(in_memory_server(state_dir)) as client:
+    async with in_memory_client(state_dir) as client:
         listed = [r for r in (await client.list_resources()).resources if str(r.uri).startswith("memory://")]
         assert len({str(r.uri) for r in listed}) == len(keys)
         for resource in listed:
@@ -130,7 +138,7 @@ async def test_resources_are_paged_with_a_cursor(state_dir: Path, monkeypatch: p
     store = store_for(state_dir)
     for index in range(5):
         store.save("k%d" % index, index)
-    async with Client(in_memory_server(state_dir)) as client:
+    async with in_memory_client(state_dir) as client:
         uris: list[str] = []
         cursor: str | None = None
         for _ in range(10):
@@ -150,7 +158,7 @@ async def test_tool_resources_cannot_name_a_file_outside_the_folder(state_dir: P
     bridge.SavedTools(folder).save("ok", "def ok():\n    return 1\n")
     (state_dir / "secret.py").write_text("SECRET = 1\n")
     (folder / "not a tool.py").write_text("x = 1\n")
-    async with Client(in_memory_server(state_dir)) as client:
+    async with in_memory_client(state_dir) as client:
         for uri in (
             "tool://../secret",
             "tool://..%2Fsecret",
@@ -167,7 +175,7 @@ async def test_tool_resources_cannot_name_a_file_outside_the_folder(state_dir: P
 
 
 async def test_unknown_and_invalid_uris_are_invalid_params_with_a_hint(state_dir: Path) -> None:
-    async with Client(in_memory_server(state_dir)) as client:
+    async with in_memory_client(state_dir) as client:
         unknown = await read_error(client, "file:///etc/passwd")
         assert unknown.code == types.INVALID_PARAMS and "resources/list shows" in unknown.message
         for uri in ("memory://", "memory://a%0Ab", "memory://%ff"):
@@ -203,7 +211,7 @@ async def test_many_large_saved_tools_list_right_repeatedly_and_in_parallel_with
     monkeypatch.setattr("ast.parse", no_parse)  # what listing must not do on its hot path
     expected = [bridge.CAPABILITIES_URI, *sorted(bridge.tool_uri("big_%d" % n) for n in range(24))]
     answers: list[list[types.Resource]] = []
-    async with Client(in_memory_server(state_dir)) as client:
+    async with in_memory_client(state_dir) as client:
 
         async def listing() -> None:
             for _ in range(3):
@@ -222,7 +230,7 @@ async def test_one_saved_tool_that_cannot_be_parsed_leaves_the_rest_listed(state
     folder = state_dir / bridge.MEMORY_DIRNAME
     bridge.SavedTools(folder).save("good", 'def good():\n    """Works."""\n    return 1\n')
     (folder / "chain.py").write_text("def chain():\n    return " + "+".join(["1"] * 2990) + "\n")
-    async with Client(in_memory_server(state_dir)) as client:
+    async with in_memory_client(state_dir) as client:
         resources = {resource.name: resource for resource in (await client.list_resources()).resources}
     assert set(resources) == {"capabilities", "chain", "good"}
     assert "(cannot be parsed: RecursionError" in str(resources["chain"].description)
@@ -235,7 +243,7 @@ async def test_resource_names_and_descriptions_carry_no_control_characters(state
         "sneaky", 'def sneaky():\n    """Fine.\x1b]0;owned\x07\x1b[2J\x9b31m"""\n    return 1\n'
     )
     store_for(state_dir).save("k", 1, metadata={"about": "\x1b]0;owned\x07\x9b\x7f"})
-    async with Client(in_memory_server(state_dir)) as client:
+    async with in_memory_client(state_dir) as client:
         resources = (await client.list_resources()).resources
     shown = json.dumps([resource.model_dump(mode="json") for resource in resources], ensure_ascii=False)
     assert "Fine." in shown and "owned" in shown

@@ -53,6 +53,7 @@ def remote(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         ["podman", "system", "service", "--time=0", "unix://%s" % socket],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        cwd=socket.parent,  # the service's conmon writes its "oom" marker in its working directory
     )
     env = {"CONTAINER_HOST": "unix://%s" % socket}
     try:

@@ -30,8 +30,8 @@ async def test_an_unexpected_bug_is_one_failed_call_not_a_dead_server(tmp_path: 
         raise RuntimeError("simulated bug")
 
     config = bridge.BridgeConfig(state_dir=tmp_path, prewarm=True)
-    server = bridge.build_server(config, no_servers(), locate_runtime=broken_runtime_lookup)
-    async with Client(server) as client:
+    opened = bridge.open_bridge(config, no_servers(), locate_runtime=broken_runtime_lookup)
+    async with opened as world, Client(bridge.build_server(world)) as client:
         result = await client.call_tool("run_python", {"code": "1"})
         assert result.is_error
         text = "".join(block.text for block in result.content if isinstance(block, types.TextContent))
@@ -43,10 +43,9 @@ async def test_unknown_tool_and_bad_arguments_are_explained(tmp_path: Path) -> N
     async def no_runtime(preferred: Any) -> bridge.ContainerRuntime:
         raise bridge.RuntimeUnavailableError("no runtime here")
 
-    server = bridge.build_server(
-        bridge.BridgeConfig(state_dir=tmp_path, prewarm=False), no_servers(), no_runtime
-    )
-    async with Client(server) as client:
+    config = bridge.BridgeConfig(state_dir=tmp_path, prewarm=False)
+    opened = bridge.open_bridge(config, no_servers(), no_runtime)
+    async with opened as world, Client(bridge.build_server(world)) as client:
         with pytest.raises(McpProtocolError) as unknown:  # a protocol error, not a tool result
             await client.call_tool("run_java", {"code": "1"})
         assert unknown.value.error.code == types.INVALID_PARAMS
@@ -58,8 +57,8 @@ async def test_unknown_tool_and_bad_arguments_are_explained(tmp_path: Path) -> N
 async def test_listings_answer_as_the_protocol_has_them(tmp_path: Path) -> None:
     """resources/templates/list answers (an empty list) rather than -32601, and tools/list
     refuses a cursor it never gave out as resources/list does."""
-    server = bridge.build_server(bridge.BridgeConfig(state_dir=tmp_path, prewarm=False), no_servers())
-    async with Client(server) as client:
+    opened = bridge.open_bridge(bridge.BridgeConfig(state_dir=tmp_path, prewarm=False), no_servers())
+    async with opened as world, Client(bridge.build_server(world)) as client:
         assert (await client.list_resource_templates()).resource_templates == []
         for listing in (client.list_tools, client.list_resources):
             with pytest.raises(McpProtocolError) as refused:

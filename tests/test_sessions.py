@@ -68,23 +68,26 @@ def test_the_input_model_refuses_a_bad_session_name_with_the_rule() -> None:
         model.model_validate({"code": "1", "session": "No Good"})
     message = bridge.describe_validation_error(caught.value)
     assert "session: Value error, a session name is 1-32 characters of a-z, 0-9, _ and -" in message
-    assert model.model_validate({"code": "1"}).session == "default"  # type: ignore[attr-defined]
+    assert model.model_validate({"code": "1"}).session == "default"
+
+
+FAKE_HOST: Any = SimpleNamespace(pool=SimpleNamespace(drain_notices=list))
+LOCAL = bridge.Principal(bridge.LOCAL_PRINCIPAL, FAKE_HOST)
 
 
 def registry(group: anyio.abc.TaskGroup, max_sessions: int) -> bridge.Sessions:
-    host: Any = SimpleNamespace(pool=SimpleNamespace(drain_notices=list))
     config = bridge.BridgeConfig(max_sessions=max_sessions)
-    return bridge.Sessions(config, group, host, bridge.SharedRuntime(config))
+    return bridge.Sessions(config, group, bridge.SharedRuntime(config))
 
 
 async def test_one_name_is_one_manager_and_names_are_checked_again() -> None:
     async with anyio.create_task_group() as group:
         sessions = registry(group, 8)
-        first = sessions.manager("a")
-        assert sessions.manager("a") is first and first.name == "a"
-        assert sessions.manager("b") is not first
+        first = sessions.manager(LOCAL, "a")
+        assert sessions.manager(LOCAL, "a") is first and first.name == "a"
+        assert sessions.manager(LOCAL, "b") is not first
         with pytest.raises(bridge.InvalidRequestError, match="1-32 characters"):
-            sessions.manager("A")  # defense in depth: the model checks first
+            sessions.manager(LOCAL, "A")  # defense in depth: the model checks first
         group.cancel_scope.cancel()
 
 
@@ -92,50 +95,50 @@ async def test_the_cap_refuses_a_new_name_while_every_session_holds_a_sandbox() 
     async with anyio.create_task_group() as group:
         sessions = registry(group, 2)
         for name in ("default", "a"):
-            sessions.manager(name).session = object()  # type: ignore[assignment]  # as if it ran
+            sessions.manager(LOCAL, name).session = object()  # type: ignore[assignment]  # as if it ran
         with pytest.raises(bridge.TooManySessionsError) as caught:
-            sessions.manager("b")
+            sessions.manager(LOCAL, "b")
         message = str(caught.value)
         assert "Session 'b' was not started: 2 sessions (a, default) already hold sandboxes" in message
         assert "MCP_BRIDGE_MAX_SESSIONS" in message and "MCP_BRIDGE_IDLE_TIMEOUT" in message
-        assert set(sessions.managers) == {"default", "a"}
+        assert set(sessions.of(LOCAL.name)) == {"default", "a"}
         group.cancel_scope.cancel()
 
 
 async def test_a_session_stopped_for_idleness_makes_room_and_its_name_remembers_why() -> None:
     async with anyio.create_task_group() as group:
         sessions = registry(group, 2)
-        sessions.manager("default").session = object()  # type: ignore[assignment]
-        idle = sessions.manager("a")  # no sandbox: as after an idle shutdown
+        sessions.manager(LOCAL, "default").session = object()  # type: ignore[assignment]
+        idle = sessions.manager(LOCAL, "a")  # no sandbox: as after an idle shutdown
         idle.lost_reason = "the previous sandbox was shut down after 60s without a call."
-        newcomer = sessions.manager("b")
-        assert set(sessions.managers) == {"default", "b"}
+        newcomer = sessions.manager(LOCAL, "b")
+        assert set(sessions.of(LOCAL.name)) == {"default", "b"}
         newcomer.session = object()  # type: ignore[assignment]
         with pytest.raises(bridge.TooManySessionsError):
-            sessions.manager("a")  # no room now; when there is, it says why its state is gone
+            sessions.manager(LOCAL, "a")  # no room now; when there is, it says why its state is gone
         newcomer.session = None
-        assert sessions.manager("a").lost_reason == idle.lost_reason
+        assert sessions.manager(LOCAL, "a").lost_reason == idle.lost_reason
         group.cancel_scope.cancel()
 
 
 async def test_a_session_in_a_call_or_with_code_running_is_never_forgotten() -> None:
     async with anyio.create_task_group() as group:
         sessions = registry(group, 2)
-        sessions.manager("default").active_calls = 1
-        sessions.manager("a").running = object()  # type: ignore[assignment]
+        sessions.manager(LOCAL, "default").active_calls = 1
+        sessions.manager(LOCAL, "a").running = object()  # type: ignore[assignment]
         with pytest.raises(bridge.TooManySessionsError):
-            sessions.manager("b")
+            sessions.manager(LOCAL, "b")
         group.cancel_scope.cancel()
 
 
 async def test_no_session_starts_once_shutdown_has_begun() -> None:
     async with anyio.create_task_group() as group:
         sessions = registry(group, 8)
-        sessions.manager("a")
+        sessions.manager(LOCAL, "a")
         await sessions.begin_shutdown(grace=1.0)
-        assert sessions.managers["a"].closing.is_set()
+        assert sessions.of(LOCAL.name)["a"].closing.is_set()
         with pytest.raises(bridge.ShuttingDownError):
-            sessions.manager("b")
+            sessions.manager(LOCAL, "b")
         group.cancel_scope.cancel()
 
 
@@ -257,6 +260,6 @@ def test_sessions_are_named_in_the_kernels_session_config(tmp_path: Path) -> Non
     runtime = bridge.PodmanRuntime("/nonexistent/podman")
     host: Any = SimpleNamespace(server_list=list, config_problems=list)
     session = bridge.SandboxSession(runtime, bridge.BridgeConfig(), tmp_path / "ipc", host, session="a")
-    session.prepare_ipc_dir()
-    config = json.loads((session.ipc_dir / bridge.SESSION_CONFIG_FILENAME).read_text())
+    session.container.prepare_ipc_dir()
+    config = json.loads((session.container.ipc_dir / bridge.SESSION_CONFIG_FILENAME).read_text())
     assert config["session"] == "a"

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+import mcp_sandbox_kernel as kernel
 import mcp_server_code_execution_mode as bridge
 from mcp_sandbox_kernel import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, ProtocolError, encode_frame
 
@@ -238,3 +240,88 @@ def test_a_signed_frame_still_respects_the_size_cap() -> None:
     assert len(encode_frame(frame, size, KEY)) == size
     with pytest.raises(ProtocolError, match="exceeds"):
         encode_frame(frame, size - 1, KEY)
+
+
+# --- host requests: one protocol, declared in the kernel ---------------------------------
+
+
+def json_kinds(schema: dict[str, Any]) -> str:
+    """A parameter's JSON type(s) in a model's JSON schema, written as REQUEST_METHODS does."""
+    if "anyOf" in schema:
+        return " or ".join(json_kinds(option) for option in schema["anyOf"])
+    return str(schema.get("type", "JSON"))
+
+
+def test_the_bridge_serves_exactly_the_request_methods_the_kernel_declares() -> None:
+    models = {name: method.params for name, method in bridge.HOST_METHODS.items()}
+    assert all(name == method.name for name, method in bridge.HOST_METHODS.items())
+    assert kernel.PROGRESS not in models  # the sandbox session running the call answers it
+    models[kernel.PROGRESS] = bridge.ProgressParams
+    assert list(models) == list(kernel.REQUEST_METHODS)
+    for name, params in kernel.REQUEST_METHODS.items():
+        properties = models[name].model_json_schema().get("properties", {})
+        assert {field: json_kinds(schema) for field, schema in properties.items()} == params, name
+
+
+# What the host answers the kernel's callers in the test below, where they use the answer.
+ANSWERS: dict[str, Any] = {
+    kernel.DISCOVERED_SERVERS: {"servers": []},
+    kernel.SEARCH_TOOL_DOCS: [],
+    kernel.CALL_TOOL: {"content": []},
+    kernel.MEMORY_LOAD: {"value": 1, "found": True, "generation": 3},
+    kernel.MEMORY_PUT_IF: {"ok": True},
+    kernel.MEMORY_LIST: {"memories": [], "more": False},
+    kernel.TOOL_SAVE: {"name": "saved", "tools": []},
+    kernel.TOOL_SOURCES: {"tools": [], "skipped": []},
+}
+
+
+class RecordingRequests:
+    """The kernel's HostRequests as its callers see it: records what they ask."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    def call(self, method: str, params: dict[str, Any]) -> Any:
+        self.sent.append((method, params))
+        return ANSWERS.get(method)
+
+
+def saved() -> None:
+    pass
+
+
+def test_the_kernel_asks_only_declared_methods_with_their_declared_parameters() -> None:
+    requests = RecordingRequests()
+    runtime = kernel.SandboxRuntime(requests, [], kernel.ImageCollector(1, 1))  # type: ignore[arg-type]
+    runtime.discovered_servers(detailed=True)
+    runtime.list_tools("a")
+    runtime.query_tool_docs("a", "b")
+    runtime.search_tool_docs("words")
+    runtime.call_tool("a", "b", {"x": 1})
+    runtime.capability_summary()
+    runtime.progress(1, 2, "half")
+    runtime.save_memory("k", 1)
+    runtime.load_memory("k")
+    runtime.update_memory("k", lambda value: value + 1)
+    runtime.delete_memory("k")
+    runtime.get_memory_info("k")
+    runtime.list_memories()
+    runtime.save_tool(saved)
+    runtime.list_saved_tools()
+    runtime.delete_tool("saved")
+    kernel.ExecutorProcess.load_saved_tools(SimpleNamespace(requests=requests))  # type: ignore[arg-type]
+    assert {method for method, _ in requests.sent} == set(kernel.REQUEST_METHODS)
+    for method, params in requests.sent:
+        assert list(params) == list(kernel.REQUEST_METHODS[method]), method
+
+
+def test_each_frame_type_has_a_typed_dict_with_the_fields_of_its_schema() -> None:
+    for kind, schema in kernel.FRAME_SCHEMAS.items():
+        typed = getattr(kernel, kind.capitalize() + "Frame")
+        # The kernel's annotations are text (never evaluated: it runs on Python 3.9).
+        annotations = typed.__annotations__.items()
+        fields = {name: getattr(text, "__forward_arg__", text) for name, text in annotations}
+        assert fields.pop("type") == "Literal[%r]" % kind
+        for name, rule in schema.items():
+            assert fields[name].startswith("NotRequired[") == (not rule.required), (kind, name)
