@@ -75,7 +75,7 @@ from difflib import SequenceMatcher
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType, ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, NoReturn, TypeVar, TypeVarTuple
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NoReturn, TypeAlias, TypeVar, TypeVarTuple
 
 import anyio
 import anyio.abc
@@ -170,6 +170,17 @@ KernelDelivery = Literal["auto", "mount", "stdin"]
 OutputMode = Literal["compact", "toon"]
 ServeTransport = Literal["stdio", "http"]
 ProjectServers = Literal["trusted", "all", "none"]
+
+# JSON data as json.loads returns it: what config files, engines, MCP servers and the
+# sandbox send until a check or a model narrows it, and what json.dumps sends back out.
+JSON: TypeAlias = "dict[str, JSON] | list[JSON] | str | int | float | bool | None"
+
+
+def json_field(value: object, *path: str) -> object:
+    """``value[path[0]][path[1]]...`` while each step is a JSON object holding the key; else None."""
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
 
 
 @dataclass(frozen=True)
@@ -334,7 +345,12 @@ class BridgeConfig:
     http_max_connections: int = 256
 
 
-def _number(text: str, kind: Callable[[str], float], expected: str, valid: Callable[[float], bool]) -> Any:
+Number = TypeVar("Number", int, float)
+
+
+def _number(
+    text: str, kind: Callable[[str], Number], expected: str, valid: Callable[[Number], bool]
+) -> Number:
     """``text`` as ``kind`` when ``valid``; else a ValueError saying what is expected
     (float()'s own "could not convert string to float" says only what is wrong)."""
     try:
@@ -460,7 +476,7 @@ class Option:
 
     field: str
     env: str
-    parse: Callable[[str], Any]
+    parse: Callable[[str], object]  # the field's value (BridgeConfig's type for it)
     help: str
     default_text: str = ""  # how --help and README show the default, where its value says too little
 
@@ -1326,30 +1342,30 @@ class EngineFacts:
     gvisor: str | None = None
 
 
-def podman_facts(info: Mapping[str, Any], runsc: str | None) -> EngineFacts:
+def podman_facts(info: Mapping[str, object], runsc: str | None) -> EngineFacts:
     """From `podman info --format json`; `runsc`: its path on PATH (Podman runs any OCI
     runtime it is given)."""
-    host = info.get("host") or {}
-    rootless = bool((host.get("security") or {}).get("rootless"))
-    cgroups = str(host.get("cgroupVersion") or "")
-    controllers = host.get("cgroupControllers")
+    rootless = bool(json_field(info, "host", "security", "rootless"))
+    cgroups = str(json_field(info, "host", "cgroupVersion") or "")
+    controllers = json_field(info, "host", "cgroupControllers")
     listed = [str(name) for name in controllers] if isinstance(controllers, list) else None
-    version = str((info.get("version") or {}).get("Version") or "unknown")
+    version = str(json_field(info, "version", "Version") or "unknown")
     return EngineFacts(version, rootless, cgroups, unenforced_limits(rootless, cgroups, listed), runsc)
 
 
-def docker_facts(info: Mapping[str, Any]) -> EngineFacts:
+def docker_facts(info: Mapping[str, object]) -> EngineFacts:
     """From `docker info --format '{{json .}}'`: gVisor only where the daemon knows runsc."""
-    rootless = "name=rootless" in (info.get("SecurityOptions") or [])
+    options = info.get("SecurityOptions")
+    rootless = isinstance(options, list) and "name=rootless" in options
     cgroups = "v%s" % info["CgroupVersion"] if info.get("CgroupVersion") else ""
     flags = {"memory": "MemoryLimit", "pids": "PidsLimit", "cpu": "CpuCfsQuota"}
     controllers = [controller for controller, flag in flags.items() if info.get(flag, True)]
-    runtimes = info.get("Runtimes") or {}
+    runtimes = info.get("Runtimes")
     gvisor = next(
         (
-            name
-            for name, runtime in runtimes.items()
-            if name == "runsc" or Path(str((runtime or {}).get("path", ""))).name == "runsc"
+            str(name)
+            for name, runtime in (runtimes.items() if isinstance(runtimes, dict) else ())
+            if name == "runsc" or Path(str(json_field(runtime, "path") or "")).name == "runsc"
         ),
         None,
     )
@@ -1445,7 +1461,7 @@ class ContainerRuntime:
         """The engine's version and what it enforces (for `doctor`); None: not known here."""
         return None
 
-    async def _info(self, template: str) -> dict[str, Any]:
+    async def _info(self, template: str) -> dict[str, object]:
         """The engine's `info` as JSON; RuntimeUnavailableError when it does not answer."""
         result = await _answer(self, [self.executable, "info", "--format", template])
         try:
@@ -1826,7 +1842,7 @@ def pod_manifest(spec: LaunchSpec, runtime_class: str | None = None) -> dict[str
     # The owner's labels (the sweep selects by them); the session as an annotation: a label
     # value must start and end with a letter or digit, and "_x" is a valid session name.
     labels = dict(label.split("=", 1) for label in spec.owner.labels())
-    pod_spec: dict[str, Any] = {
+    pod_spec: dict[str, object] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,  # no API credentials inside
         "enableServiceLinks": False,  # no environment variables naming the cluster's services
@@ -1983,13 +1999,13 @@ EPERM, ENOSYS = 1, 38
 def seccomp_profile() -> dict[str, Any]:
     """The profile as the engines read it (`--security-opt seccomp=FILE`). Pure."""
 
-    def arg(index: int, value: int, op: str = "SCMP_CMP_EQ", mask: int = 0) -> dict[str, Any]:
+    def arg(index: int, value: int, op: str = "SCMP_CMP_EQ", mask: int = 0) -> dict[str, int | str]:
         if op == "SCMP_CMP_MASKED_EQ":
             return {"index": index, "value": mask, "valueTwo": value, "op": op}
         return {"index": index, "value": value, "valueTwo": 0, "op": op}
 
     allow, deny = "SCMP_ACT_ALLOW", "SCMP_ACT_ERRNO"
-    rules: list[dict[str, Any]] = [
+    rules: list[dict[str, object]] = [
         {"names": list(SECCOMP_ALLOWED), "action": allow},
         {"names": list(SECCOMP_DENIED), "action": deny, "errnoRet": EPERM},
         {"names": ["clone3"], "action": deny, "errnoRet": ENOSYS},  # glibc then uses clone
@@ -2334,11 +2350,12 @@ def strip_jsonc(text: str) -> str:
     return _JSONC_TRAILING_COMMA.sub(_keep_strings, _JSONC_COMMENT.sub(_keep_strings, text))
 
 
-def _read_document(path: Path, format: Literal["json", "toml"]) -> Any:
+def _read_document(path: Path, format: Literal["json", "toml"]) -> JSON:
     """The parsed file. Raises FileNotFoundError when it is absent, OSError or ValueError
     (which covers JSON, TOML and UTF-8 decoding errors) when it cannot be used."""
     # -sig: editors on Windows may add a BOM
-    return parse_document(read_config_bytes(path)[0].decode("utf-8-sig"), format)
+    document: JSON = parse_document(read_config_bytes(path)[0].decode("utf-8-sig"), format)
+    return document
 
 
 def parse_document(text: str, format: Literal["json", "toml"]) -> Any:
@@ -2352,13 +2369,13 @@ def parse_document(text: str, format: Literal["json", "toml"]) -> Any:
         return json.loads(strip_jsonc(text))
 
 
-def _server_table(document: Any, source: ConfigSource) -> dict[str, Any] | None:
+def _server_table(document: JSON, source: ConfigSource) -> dict[str, JSON] | None:
     """The servers table of a parsed file, None when it has none; ValueError when the
     document or a table on the way has the wrong type."""
     if not isinstance(document, dict):
         raise ValueError("the top level is not an object")
     for keys in source.keys:
-        node: Any = document
+        node: JSON = document
         for depth, key in enumerate(keys):
             if not isinstance(node, dict):
                 raise ValueError("%s is not an object" % ".".join(keys[:depth]))
@@ -2420,28 +2437,28 @@ def expand_variables(
     return _REFERENCE.sub(substitute, value), list(dict.fromkeys(unset)), list(dict.fromkeys(unresolved))
 
 
-def _entry_text(entry: Mapping[str, Any], key: str) -> str | None:
+def _entry_text(entry: Mapping[str, object], key: str) -> str | None:
     value = entry.get(key)
     if value is not None and not isinstance(value, str):
         raise ValueError("%s must be a string" % key)
     return value
 
 
-def _text_list(entry: Mapping[str, Any], key: str) -> list[str]:
+def _text_list(entry: Mapping[str, object], key: str) -> list[str]:
     value = entry.get(key, [])
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise ValueError("%s must be a list of strings" % key)
     return value
 
 
-def _text_map(entry: Mapping[str, Any], key: str) -> dict[str, str]:
+def _text_map(entry: Mapping[str, object], key: str) -> dict[str, str]:
     value = entry.get(key, {})
     if not isinstance(value, dict) or not all(isinstance(item, str) for item in value.values()):
         raise ValueError("%s must be an object whose values are strings" % key)
     return value
 
 
-def _transport(entry: Mapping[str, Any], source: ConfigSource) -> Transport:
+def _transport(entry: Mapping[str, object], source: ConfigSource) -> Transport:
     kind = _entry_text(entry, "type")
     if kind == "stdio" or (kind is None and entry.get("command") is not None):
         return "stdio"
@@ -2458,7 +2475,7 @@ def _transport(entry: Mapping[str, Any], source: ConfigSource) -> Transport:
 
 def _parse_entry(
     name: str,
-    entry: Any,
+    entry: JSON,
     source: ConfigSource,
     environ: Mapping[str, str],
     self_markers: tuple[str, ...],
@@ -2565,15 +2582,13 @@ def claude_code_settings_files(home: Path, cwd: Path) -> list[Path]:
     ]
 
 
-def claude_code_approvals(claude_json: Any, settings: Sequence[Any], cwd: Path) -> ClaudeCodeApprovals:
+def claude_code_approvals(claude_json: JSON, settings: Sequence[JSON], cwd: Path) -> ClaudeCodeApprovals:
     """From the parsed ~/.claude.json and settings files (None or anything malformed: no
     approval there)."""
     projects = claude_json.get("projects") if isinstance(claude_json, dict) else None
     projects = projects if isinstance(projects, dict) else {}
     trusted = any(
-        isinstance(projects.get(str(folder)), dict)
-        and projects[str(folder)].get("hasTrustDialogAccepted") is True
-        for folder in (cwd, *cwd.parents)
+        json_field(projects, str(folder), "hasTrustDialogAccepted") is True for folder in (cwd, *cwd.parents)
     )
     layers = [layer for layer in (projects.get(str(cwd)), *settings) if isinstance(layer, dict)]
 
@@ -2669,14 +2684,14 @@ def launches_self(argv: Sequence[str], self_markers: tuple[str, ...]) -> bool:
     return False
 
 
-def _names_this_bridge(entry: Any, self_markers: tuple[str, ...]) -> bool:
+def _names_this_bridge(entry: JSON, self_markers: tuple[str, ...]) -> bool:
     """An entry that launches this bridge (a project's .mcp.json often lists it): never
     started, whoever trusts it, so _parse_entry says that instead of "not trusted"."""
-    if not isinstance(entry, dict) or not isinstance(entry.get("command"), str):
+    command, args = json_field(entry, "command"), json_field(entry, "args")
+    if not isinstance(command, str):
         return False
-    args = entry.get("args")
     words = [arg for arg in args if isinstance(arg, str)] if isinstance(args, list) else []
-    return launches_self([entry["command"], *words], self_markers)
+    return launches_self([command, *words], self_markers)
 
 
 class _ConfigDocuments:
@@ -2684,19 +2699,20 @@ class _ConfigDocuments:
     or the error reading it raised."""
 
     def __init__(self) -> None:
-        self.by_path: dict[Path, Any] = {}
+        self.by_path: dict[Path, JSON | OSError | ValueError] = {}
 
-    def read(self, path: Path, format: Literal["json", "toml"]) -> Any:
+    def read(self, path: Path, format: Literal["json", "toml"]) -> JSON:
         if path not in self.by_path:
             try:
                 self.by_path[path] = _read_document(path, format)
             except (OSError, ValueError) as exc:
                 self.by_path[path] = exc
-        if isinstance(self.by_path[path], Exception):
-            raise self.by_path[path]
-        return self.by_path[path]
+        document = self.by_path[path]
+        if isinstance(document, Exception):
+            raise document
+        return document
 
-    def optional(self, path: Path) -> Any:
+    def optional(self, path: Path) -> JSON:
         """The JSON document at ``path``, or None: an approval that cannot be read approves nothing."""
         with suppress(OSError, ValueError):
             return self.read(path, "json")
@@ -2734,7 +2750,7 @@ class _Discovered:
         )
 
 
-def _source_table(source: ConfigSource, documents: _ConfigDocuments, found: _Discovered) -> dict[str, Any]:
+def _source_table(source: ConfigSource, documents: _ConfigDocuments, found: _Discovered) -> dict[str, JSON]:
     """The server table of one config file (empty if it has none); why it cannot be used,
     if so, goes to ``found``."""
     try:
