@@ -75,7 +75,7 @@ from difflib import SequenceMatcher
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType, ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, NoReturn, TypeAlias, TypeVar, TypeVarTuple
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NoReturn, TypeAlias, TypeVar, TypeVarTuple, cast
 
 import anyio
 import anyio.abc
@@ -114,8 +114,22 @@ from mcp_sandbox_kernel import (
     MAX_REQUESTS_IN_FLIGHT,
     PROTOCOL_VERSION,
     TOO_MANY_REQUESTS,
+    Attachment,
+    CancelFrame,
+    ErrorFrame,
+    ErrorInfo,
+    ExecuteFrame,
+    Frame,
     FrameDecoder,
+    FrameId,
+    HelloFrame,
+    Image,
+    InterruptFrame,
     ProtocolError,
+    RequestFrame,
+    ResponseFrame,
+    ResultFrame,
+    StreamFrame,
     boot_payload,
     encode_frame,
     is_frame_id,
@@ -1088,6 +1102,16 @@ WORKDIR = "/workspace"
 # many bytes in one read are decoded in a worker thread: decoding megabytes takes long
 # (0.6 s for 11 MB of nested lists), and the event loop must keep answering the client.
 DECODE_IN_THREAD_BYTES = 256 * 1024
+
+# A frame from the kernel as its type says (the kernel's TypedDicts, beside FRAME_SCHEMAS).
+KernelFrame: TypeAlias = HelloFrame | StreamFrame | ResultFrame | ErrorFrame | RequestFrame | CancelFrame
+
+
+def kernel_frame(frame: Frame) -> KernelFrame:
+    """``frame`` when it is a valid frame from the kernel: a type in KERNEL_FRAME_TYPES and
+    every field as FRAME_SCHEMAS says; else ProtocolError saying which field is wrong."""
+    validate_frame(frame, KERNEL_FRAME_TYPES)
+    return cast("KernelFrame", frame)  # validate_frame checked each field its TypedDict types
 
 
 def json_depth(value: object, limit: int) -> int:
@@ -5564,7 +5588,7 @@ class ExecutionOutcome:
     stderr: str = ""
     value: str | None = None  # the repr of the final value
     value_json: Any = None  # the final value as JSON data, when it is plain JSON
-    error: dict[str, str] | None = None
+    error: ErrorInfo | None = None
     # What was cut from the middle of stdout, stderr or the value (rendering fits the rest
     # into the output budget): the count, the text after the cut, the file holding it all.
     cuts: dict[str, OutputCut] = field(default_factory=dict)
@@ -5628,7 +5652,7 @@ class CallProgress:
 
 
 def checked_images(
-    images: Sequence[Mapping[str, str]], config: BridgeConfig, notices: list[str]
+    images: Sequence[Image], config: BridgeConfig, notices: list[str]
 ) -> list[tuple[str, str]]:
     """The kernel caps images already; the host checks again (the frame came from the
     sandbox): a known image type, valid base64, within both caps. (mime type, base64) each."""
@@ -5659,7 +5683,7 @@ def _strict_utf8(*texts: str) -> bool:
 
 
 def checked_attachments(
-    files: Sequence[Mapping[str, str]], config: BridgeConfig, notices: list[str]
+    files: Sequence[Attachment], config: BridgeConfig, notices: list[str]
 ) -> list[types.EmbeddedResource]:
     """Files from runtime.attach() as embedded resources, checked again on the host: a
     file:// URI, valid base64, within the size cap, at most MAX_ATTACHMENTS."""
@@ -5687,9 +5711,10 @@ def checked_attachments(
     return kept
 
 
-def sandbox_error_result(kind: str, message: str) -> dict[str, Any]:
+def sandbox_error_result(execute_id: FrameId, kind: str, message: str) -> ResultFrame:
     """A result frame for an execute the kernel could not run to its own result."""
-    return {"type": "result", "status": "error", "error": {"type": kind, "message": message, "traceback": ""}}
+    error: ErrorInfo = {"type": kind, "message": message, "traceback": ""}
+    return {"type": "result", "id": execute_id, "status": "error", "error": error}
 
 
 class PendingExecute:
@@ -5701,7 +5726,7 @@ class PendingExecute:
         self.streams: dict[str, list[str]] = {"stdout": [], "stderr": []}
         self.kept = {"stdout": 0, "stderr": 0}
         self.cut = {"stdout": 0, "stderr": 0}
-        self.result: dict[str, Any] | None = None
+        self.result: ResultFrame | None = None
         self.done = anyio.Event()
         self.progress: CallProgress | None = None
 
@@ -5716,20 +5741,20 @@ class PendingExecute:
         self.kept[name] += min(room, len(text))
         self.cut[name] += max(0, len(text) - room)
 
-    def complete(self, result: dict[str, Any]) -> None:
+    def complete(self, result: ResultFrame) -> None:
         """The first result ends the execute; anything later is ignored."""
         if self.result is None:
             self.result = result
             self.done.set()
 
-    def receive(self, frame: dict[str, Any]) -> None:
+    def receive(self, frame: StreamFrame | ResultFrame | ErrorFrame) -> None:
         """A valid stream, result or error frame of this execute's."""
         if frame["type"] == "stream":
             self.add_stream(frame["name"], frame["text"])
         elif frame["type"] == "result":
             self.complete(frame)
         else:
-            self.complete(sandbox_error_result("SandboxError", frame["message"]))
+            self.complete(sandbox_error_result(self.id, "SandboxError", frame["message"]))
 
     async def tick(self, started: float) -> None:
         """Progress for whichever call is waiting for this execute now (it may change)."""
@@ -5917,7 +5942,7 @@ class SandboxContainer:
 
 def execute_frame(execute_id: str, code: str, saved_tools: bool, max_frame_bytes: int) -> bytes:
     """The execute frame for ``code``; InvalidRequestError when it is too large to send."""
-    frame: dict[str, Any] = {"type": "execute", "id": execute_id, "code": code}
+    frame: ExecuteFrame = {"type": "execute", "id": execute_id, "code": code}
     if not saved_tools:
         frame["saved_tools"] = False
     try:
@@ -5938,8 +5963,8 @@ class RequestDesk:
     def __init__(
         self,
         name: str,
-        serve: Callable[[dict[str, Any]], Awaitable[Any]],
-        send: Callable[[dict[str, Any]], Awaitable[None]],
+        serve: Callable[[RequestFrame], Awaitable[object]],  # the result: JSON data
+        send: Callable[[ResponseFrame], Awaitable[None]],
         max_bytes: int,
         problems: ProblemLog,
     ) -> None:
@@ -5949,7 +5974,7 @@ class RequestDesk:
         self.max_bytes = max_bytes  # per request, and of all requests in flight together
         self.problems = problems
         self.task_group: anyio.abc.TaskGroup | None = None  # none yet: every request is refused
-        self.requests: dict[str | int, anyio.CancelScope] = {}  # in flight, by id
+        self.requests: dict[FrameId, anyio.CancelScope] = {}  # in flight, by id
         self.request_bytes = 0  # frame bytes of the requests in flight
         self.refusing = 0  # refusal answers being sent
 
@@ -5957,7 +5982,7 @@ class RequestDesk:
     def in_flight(self) -> int:
         return len(self.requests)
 
-    def accept(self, frame: dict[str, Any], size: int) -> None:
+    def accept(self, frame: RequestFrame, size: int) -> None:
         """Serve a valid request frame of ``size`` bytes, or refuse it (a duplicate id is dropped)."""
         request_id, cap = frame["id"], self.max_bytes
         if request_id in self.requests:
@@ -5989,7 +6014,7 @@ class RequestDesk:
             scope = self.requests[request_id] = anyio.CancelScope()
             self.task_group.start_soon(self._serve, frame, scope, size)
 
-    def refuse(self, request_id: Any, message: str) -> None:
+    def refuse(self, request_id: FrameId, message: str) -> None:
         """Answer a request with an error from a task of its own: the reader must never
         wait on a write to the sandbox (the sandbox may be waiting for the reader), and a
         flood of refusals beyond MAX_REQUESTS_IN_FLIGHT is dropped, not queued."""
@@ -6006,16 +6031,16 @@ class RequestDesk:
 
         self.task_group.start_soon(answer)
 
-    def cancel(self, request_id: str | int | None = None) -> None:
+    def cancel(self, request_id: FrameId | None = None) -> None:
         """Cancel one request in flight, or all of them (the call that made them ended)."""
         for key, scope in list(self.requests.items()):
             if request_id is None or key == request_id:
                 scope.cancel()
 
-    async def _serve(self, frame: dict[str, Any], scope: anyio.CancelScope, size: int) -> None:
+    async def _serve(self, frame: RequestFrame, scope: anyio.CancelScope, size: int) -> None:
         """Serve one request and answer it exactly once; nothing raises out of here."""
         request_id = frame["id"]
-        result: Any = None
+        result: object = None
         error: str | None = None
         try:
             with scope:
@@ -6039,10 +6064,10 @@ class RequestDesk:
             self.request_bytes -= size
         await self.respond(request_id, result=result, error=error)
 
-    async def respond(self, request_id: Any, result: Any = None, error: str | None = None) -> None:
+    async def respond(self, request_id: FrameId, result: object = None, error: str | None = None) -> None:
         """Send the one response to ``request_id``; a response too large for a frame
         becomes an error response. Never raises: the sandbox may be gone already."""
-        response: dict[str, Any] = {"type": "response", "id": request_id}
+        response: ResponseFrame = {"type": "response", "id": request_id}
         if error is None:
             response["result"] = result
         else:
@@ -6136,6 +6161,8 @@ def missing_package_hint(error: Mapping[str, Any] | None, image: str) -> str | N
 
 
 MAX_CRASH_REASON_CHARS = 1000
+# What outcome_of_execute reads when the kernel sent no result: none of the optional fields.
+NO_RESULT: ResultFrame = {"type": "result", "id": "", "status": "crashed"}
 
 
 def outcome_of_execute(
@@ -6150,8 +6177,8 @@ def outcome_of_execute(
     the sandbox died), as the call's outcome: whether the code timed out (``timed_out``:
     it had no result within ``timeout`` seconds), ended, crashed or failed, and what of
     the session's state is left. ``death_reason`` completes "The sandbox ..."."""
-    result = pending.result or {}
-    status = result.get("status")
+    status = pending.result["status"] if pending.result is not None else None
+    result = pending.result or NO_RESULT
     cuts = {name: OutputCut(**cut) for name, cut in (result.get("cut") or {}).items()}
     for name, count in pending.cut.items():  # the host's own cap cut the head
         if count:
@@ -6195,7 +6222,8 @@ def outcome_of_execute(
             death_reason or "stopped"
         )
     elif status in ("crashed", "killed"):
-        reason = str((outcome.error or {}).get("message") or "the Python process running the code ended")
+        said = outcome.error.get("message") if outcome.error is not None else None
+        reason = str(said or "the Python process running the code ended")
         reason = reason[:MAX_CRASH_REASON_CHARS]  # the supervisor's word, from the sandbox
         outcome.status, outcome.state_kept, outcome.error = "crashed", False, None
         outcome.detail = (
@@ -6231,7 +6259,7 @@ class SandboxSession:
         self.container = SandboxContainer(runtime, config, ipc_root, host, owner or bridge_owner(), session)
         self.name = self.container.name
         self.process: anyio.abc.Process | None = None
-        self.hello: dict[str, Any] | None = None
+        self.hello: HelloFrame | None = None
         self.hello_received = anyio.Event()
         self.exited = anyio.Event()
         self.exit = SandboxExit(config.memory)
@@ -6286,7 +6314,7 @@ class SandboxSession:
         logger.info("sandbox %s ready (python %s)", self.name, self.hello.get("python"))
 
     # --- frame I/O ------------------------------------------------------------------
-    async def send(self, frame: dict[str, Any]) -> None:
+    async def send(self, frame: InterruptFrame | ResponseFrame) -> None:
         await self.send_bytes(encode_frame(frame, self.config.max_frame_bytes))
 
     async def send_bytes(self, data: bytes) -> None:
@@ -6339,41 +6367,41 @@ class SandboxSession:
         self._reader_scopes.append(scope)
         return scope
 
-    async def _dispatch(self, frame: dict[str, Any], size: int = 0) -> None:
+    async def _dispatch(self, unchecked: Frame, size: int = 0) -> None:
         """One frame from the sandbox (``size`` bytes on the wire), validated before any
         field is used. Runs in the reader task: what it awaits slows the sandbox's sender,
         never the bridge."""
         try:
-            validate_frame(frame, KERNEL_FRAME_TYPES)
+            frame = kernel_frame(unchecked)
         except ProtocolError as exc:
-            self._on_malformed(frame, exc)
+            self._on_malformed(unchecked, exc)
             return
-        kind, pending = frame["type"], self.pending
-        if kind in ("stream", "result", "error") and pending is not None and frame.get("id") == pending.id:
-            pending.receive(frame)
-        elif kind == "hello":
+        pending = self.pending
+        if frame["type"] == "hello":
             if self.hello is None:
                 self.hello = frame
                 self.hello_received.set()
-        elif kind == "error":  # with no execute to end (e.g. why the kernel is stopping)
-            self.exit.saw_kernel_error(frame["message"])
-            self.problems.report("kernel error", "sandbox %s kernel: %s", self.name, frame["message"][:500])
-        elif kind == "request" and pending is None:
+        elif frame["type"] == "request" and pending is None:
             # The supervisor already refuses requests between calls; defense in depth.
             self.desk.refuse(frame["id"], "refused: no run_python call is running")
-        elif kind == "request":
+        elif frame["type"] == "request":
             self.desk.accept(frame, size)
-        elif kind == "cancel":
+        elif frame["type"] == "cancel":
             self.cancel_requests(frame["id"])
+        elif pending is not None and frame.get("id") == pending.id:  # stream, result or error
+            pending.receive(frame)
+        elif frame["type"] == "error":  # with no execute to end (e.g. why the kernel is stopping)
+            self.exit.saw_kernel_error(frame["message"])
+            self.problems.report("kernel error", "sandbox %s kernel: %s", self.name, frame["message"][:500])
 
-    async def _serve(self, frame: dict[str, Any]) -> Any:
+    async def _serve(self, frame: RequestFrame) -> object:
         """One request of the sandbox's, served by the host (see RequestDesk)."""
         if frame["method"] == mcp_sandbox_kernel.PROGRESS:  # about this session's own call
             await report_progress(self.pending, frame["params"])  # answered with null
             return None
         return await self.host.handle(frame["method"], frame["params"])
 
-    def _on_malformed(self, frame: dict[str, Any], exc: ProtocolError) -> None:
+    def _on_malformed(self, frame: Frame, exc: ProtocolError) -> None:
         self.malformed_frames += 1
         self.first_malformed = self.first_malformed or str(exc)
         self.problems.report("malformed frame", "sandbox %s sent a malformed frame: %s", self.name, exc)
@@ -6381,12 +6409,14 @@ class SandboxSession:
         if kind == "result" and pending is not None and frame_id == pending.id:
             # Fail the call now rather than let it wait for a result that may never come.
             pending.complete(
-                sandbox_error_result("ProtocolError", "the sandbox sent a malformed result: %s" % exc)
+                sandbox_error_result(
+                    pending.id, "ProtocolError", "the sandbox sent a malformed result: %s" % exc
+                )
             )
         elif kind == "request" and is_frame_id(frame_id):
             self.desk.refuse(frame_id, "the request was malformed: %s" % exc)
 
-    def cancel_requests(self, request_id: str | int | None = None) -> None:
+    def cancel_requests(self, request_id: FrameId | None = None) -> None:
         """Cancel one outstanding sandbox request, or all of them (end of an execute)."""
         self.desk.cancel(request_id)
 
@@ -6439,11 +6469,12 @@ class SandboxSession:
         outcome = outcome_of_execute(
             pending, timeout=timeout, timed_out=timed_out, death_reason=self.death_reason, config=self.config
         )
-        defined = (pending.result or {}).get("defined_tools")
+        result = pending.result or NO_RESULT
+        defined = result.get("defined_tools")
         notice = self.host.defined_tools_notice(defined) if defined is not None else None
         if notice is not None:
             outcome.notices.insert(0, notice)
-        failed = (pending.result or {}).get("failed_tools")
+        failed = result.get("failed_tools")
         if failed:
             outcome.notices.extend(await self.host.quarantine_tools(failed))
         outcome.duration = time.monotonic() - started
@@ -10217,7 +10248,7 @@ async def _check_sandbox_start(runtime: ContainerRuntime, config: BridgeConfig) 
             await session.stop()
             group.cancel_scope.cancel()
         seconds = time.monotonic() - started
-        python = str((session.hello or {}).get("python", "unknown"))
+        python = session.hello["python"] if session.hello is not None else "unknown"
     return DoctorCheck(
         "sandbox",
         "start",

@@ -927,7 +927,7 @@ async def test_an_answer_to_a_sandbox_that_is_gone_never_raises(tmp_path: Path) 
     stdin.broken = True
     await session.desk.respond("r1", result={"ok": True})
     await session.desk.respond("r2", result="x" * (2 << 20))  # too big, then the fallback fails too
-    await session.desk.respond([0] * 10, error="an id that is not an id")
+    await session.desk.respond([0] * 10, error="an id that is not an id")  # type: ignore[arg-type]
     assert stdin.data == b""
 
 
