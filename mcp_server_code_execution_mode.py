@@ -75,7 +75,19 @@ from difflib import SequenceMatcher
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType, ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, NoReturn, TypeAlias, TypeVar, TypeVarTuple, cast
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Literal,
+    NoReturn,
+    NotRequired,
+    TypeAlias,
+    TypedDict,
+    TypeVar,
+    TypeVarTuple,
+    cast,
+)
 
 import anyio
 import anyio.abc
@@ -4503,7 +4515,7 @@ def validate_memory_key(key: str) -> str:
     return key
 
 
-def check_memory_depth(value: Any, what: str) -> None:
+def check_memory_depth(value: object, what: str) -> None:
     """MemoryStoreError if ``value`` nests lists and objects deeper than MAX_MEMORY_DEPTH."""
     if json_depth(value, MAX_MEMORY_DEPTH) > MAX_MEMORY_DEPTH:
         raise MemoryStoreError(
@@ -4512,7 +4524,7 @@ def check_memory_depth(value: Any, what: str) -> None:
         )
 
 
-def memory_json(value: Any, what: str) -> str:
+def memory_json(value: object, what: str) -> str:
     """``value`` as the JSON text the store keeps; MemoryStoreError if it cannot be."""
     check_memory_depth(value, what)
     try:
@@ -4528,6 +4540,37 @@ def memory_json(value: Any, what: str) -> str:
 
 
 MEMORY_BUSY_SECONDS = 30.0  # how long a store operation waits for other bridges' writes
+
+
+class MemoryInfo(TypedDict):
+    """A memory as listed: its key, metadata and bookkeeping (and its value, in a snapshot)."""
+
+    key: str
+    value: NotRequired[JSON]  # snapshot() only
+    metadata: JSON  # as saved ({} for none; {"unreadable": why} when it cannot be read back)
+    size: int  # bytes of its value's and metadata's JSON: what counts against the caps
+    version: int
+    created: str  # ISO 8601, UTC
+    updated: str
+    value_size: NotRequired[int]  # entries(value_sizes=True) only: its value's JSON alone
+
+
+class MemoryLoaded(TypedDict):
+    found: bool
+    value: JSON  # None when not found
+    version: int  # 0 when not found
+    generation: int  # what put_if compares; 0 when not found
+
+
+class MemoryPutIf(TypedDict):
+    ok: bool
+    version: NotRequired[int]  # when written
+    generation: NotRequired[int]  # when not: the key's generation now
+
+
+class MemoryPage(TypedDict):
+    memories: list[MemoryInfo]
+    more: bool  # whether keys follow
 
 
 class MemoryStore:
@@ -4627,7 +4670,7 @@ class MemoryStore:
             "a new one." % (self.path, type(exc).__name__, exc)
         )
 
-    def _encode(self, value: Any, metadata: dict[str, Any] | None) -> tuple[str, str | None]:
+    def _encode(self, value: object, metadata: Mapping[str, object] | None) -> tuple[str, str | None]:
         text = memory_json(value, "value")
         meta = None if metadata is None else memory_json(metadata, "metadata")
         self._entry_size(text, meta)  # refused before the store is opened, when it can be
@@ -4689,7 +4732,7 @@ class MemoryStore:
         )
         return int(version)
 
-    def save(self, key: str, value: Any, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+    def save(self, key: str, value: object, metadata: Mapping[str, object] | None = None) -> MemoryInfo:
         text, meta = self._encode(value, metadata)
         with self._transaction(write=True) as db:
             self._write(db, validate_memory_key(key), text, meta)
@@ -4697,7 +4740,7 @@ class MemoryStore:
         assert info is not None
         return info
 
-    def load(self, key: str) -> dict[str, Any]:
+    def load(self, key: str) -> MemoryLoaded:
         """{"found": bool, "value": ..., "version": int, "generation": int} (0 and 0 when not
         found); "generation" is what put_if compares."""
         with self._transaction(write=False) as db:
@@ -4709,7 +4752,7 @@ class MemoryStore:
         value = _stored_json(row[0], key, "value")
         return {"found": True, "value": value, "version": row[1], "generation": row[2]}
 
-    def put_if(self, key: str, value: Any, generation: int) -> dict[str, Any]:
+    def put_if(self, key: str, value: object, generation: int) -> MemoryPutIf:
         """Write ``value`` only if the key is still at ``generation`` (0: still absent), as
         load read it: the commit half of update_memory, whose function runs in the sandbox
         in between. Generations never repeat, so a delete and a new save in between (whose
@@ -4728,16 +4771,16 @@ class MemoryStore:
         with self._transaction(write=True) as db:
             return db.execute("DELETE FROM memories WHERE key = ?", (validate_memory_key(key),)).rowcount > 0
 
-    def info(self, key: str) -> dict[str, Any] | None:
+    def info(self, key: str) -> MemoryInfo | None:
         rows = self._infos("WHERE key = ?", (validate_memory_key(key),))
         return rows[0] if rows else None
 
-    def entries(self, value_sizes: bool = False) -> list[dict[str, Any]]:
+    def entries(self, value_sizes: bool = False) -> list[MemoryInfo]:
         """Every memory's info; ``value_sizes``: with "value_size", the bytes of its value's
         JSON alone ("size" counts the metadata too, as the caps do)."""
         return self._infos("ORDER BY key", (), value_sizes=value_sizes)
 
-    def page(self, after: str | None = None, limit: int = MEMORY_PAGE_ENTRIES) -> dict[str, Any]:
+    def page(self, after: str | None = None, limit: int = MEMORY_PAGE_ENTRIES) -> MemoryPage:
         """{"memories": the infos of the keys after ``after`` in key order, at most ``limit``
         of them and about MEMORY_PAGE_BYTES of keys and metadata (at least one), "more":
         whether keys follow}: what list_memories() asks for, one bounded answer at a time."""
@@ -4754,45 +4797,51 @@ class MemoryStore:
             more = db.execute("SELECT 1 FROM memories WHERE key > ? LIMIT 1", (last,)).fetchone() is not None
         return {"memories": infos, "more": more}
 
-    def snapshot(self) -> dict[str, dict[str, Any]]:
+    def snapshot(self) -> dict[str, dict[str, object]]:
         """Every memory, its value first, then its info, read in one transaction: a
         consistent copy even while another bridge writes."""
-        return {entry.pop("key"): entry for entry in self._infos("ORDER BY key", (), with_values=True)}
+        memories: dict[str, dict[str, object]] = {}
+        for entry in self._infos("ORDER BY key", (), with_values=True):
+            info = {name: field for name, field in entry.items() if name not in ("key", "value")}
+            memories[entry["key"]] = {"value": entry.get("value"), **info}
+        return memories
 
     def _infos(
-        self, where: str, args: tuple[Any, ...], with_values: bool = False, value_sizes: bool = False
-    ) -> list[dict[str, Any]]:
+        self, where: str, args: tuple[str | int, ...], with_values: bool = False, value_sizes: bool = False
+    ) -> list[MemoryInfo]:
         columns = "key, metadata, size, version, created, updated" + (", value" if with_values else "")
         with self._transaction(write=False) as db:
             rows = db.execute("SELECT %s FROM memories %s" % (columns, where), args).fetchall()
         infos = []
         for key, metadata, size, version, created, updated, *value in rows:
-            info: dict[str, Any] = {"key": key}
-            if with_values:
-                info["value"] = _stored_json(value[0], key, "value")
+            shown: JSON
             try:
                 shown = _stored_json(metadata, key, "metadata") if metadata else {}
             except MemoryStoreError as exc:  # one bad entry must not hide the others
                 shown = {"unreadable": str(exc)}
-            info.update(
-                metadata=shown,
-                size=size,
-                version=version,
-                created=_iso_time(created),
-                updated=_iso_time(updated),
-            )
+            info: MemoryInfo = {
+                "key": key,
+                "metadata": shown,
+                "size": size,
+                "version": version,
+                "created": _iso_time(created),
+                "updated": _iso_time(updated),
+            }
+            if with_values:
+                info["value"] = _stored_json(value[0], key, "value")
             if value_sizes:
                 info["value_size"] = size - (len(metadata.encode("utf-8")) if metadata else 0)
             infos.append(info)
         return infos
 
 
-def _stored_json(text: str, key: str, what: str) -> Any:
+def _stored_json(text: str, key: str, what: str) -> JSON:
     """A stored value or metadata decoded, or MemoryStoreError saying which memory cannot be
     read back and what to do: a store written by hand, or before depth was checked at
     save, may hold JSON nested deeper than Python's decoder goes (RecursionError)."""
     try:
-        return json.loads(text)
+        value: JSON = json.loads(text)
+        return value
     except (RecursionError, ValueError) as exc:
         raise MemoryStoreError(
             "The %s of the memory %r cannot be read back (%s: it nests deeper than %d levels or "
@@ -4826,6 +4875,29 @@ def saved_tool_doc(source: str, filename: str = "<saved tool>") -> str:
 _UNPARSABLE = (SyntaxError, ValueError, RecursionError, MemoryError)
 
 
+class SavedTool(TypedDict):
+    """What save_tool answers: the tool's file, and every saved tool's name (so the kernel
+    does not warn about calls to them)."""
+
+    name: str
+    path: str
+    tools: list[str]
+
+
+class SavedSource(TypedDict):
+    """A saved tool as a fresh session defines it."""
+
+    name: str
+    path: str
+    source: str
+    digest: str  # sha256 of the file: what a quarantine names
+
+
+class SavedSources(TypedDict):
+    tools: list[SavedSource]  # in name order
+    skipped: list[str]  # a notice for each tool left out
+
+
 class SavedTools:
     """Saved tools: one readable Python file per tool, ``STATE_DIR/user_tools/<name>.py``,
     that the user may open and edit; written atomically (a temporary file, then
@@ -4857,7 +4929,7 @@ class SavedTools:
             )
         return self.directory / (name + ".py")
 
-    def save(self, name: str, source: str) -> dict[str, Any]:
+    def save(self, name: str, source: str) -> SavedTool:
         path = self.path(name)
         data = source.encode("utf-8", "surrogatepass")
         if len(data) > self.MAX_SOURCE_BYTES:
@@ -4925,7 +4997,7 @@ class SavedTools:
         return True
 
     # --- the index: what listing needs, and the quarantine ------------------------------
-    def _read_index(self, name: str) -> dict[str, Any]:
+    def _read_index(self, name: str) -> dict[str, JSON]:
         try:
             with (self.index_dir / (name + ".json")).open("rb") as file:
                 record = json.loads(file.read(64 * 1024))
@@ -4933,7 +5005,7 @@ class SavedTools:
             return {}
         return record if isinstance(record, dict) else {}
 
-    def _write_index(self, name: str, record: dict[str, Any]) -> None:
+    def _write_index(self, name: str, record: dict[str, JSON]) -> None:
         """Best effort: an index that cannot be written costs a parse at the next listing."""
         try:
             self.index_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -4946,12 +5018,12 @@ class SavedTools:
             status = path.stat()
         except OSError:
             return
-        record = {"size": status.st_size, "mtime_ns": status.st_mtime_ns, "doc": doc}
+        record: dict[str, JSON] = {"size": status.st_size, "mtime_ns": status.st_mtime_ns, "doc": doc}
         if digest is not None:
             record["digest"] = digest
         self._write_index(path.stem, record)
 
-    def _listed(self, path: Path) -> tuple[str, dict[str, Any]]:
+    def _listed(self, path: Path) -> tuple[str, dict[str, JSON]]:
         """The docstring's first line and the index record: from the index while the file
         is as indexed (same size and mtime), else parsed once (a hand-edited file) and
         indexed again. The record's "quarantined" holds only while the file is unchanged."""
@@ -4989,16 +5061,16 @@ class SavedTools:
         self._write_index(name, record)
         return path
 
-    def _quarantine_of(self, name: str, digest: str) -> dict[str, Any] | None:
+    def _quarantine_of(self, name: str, digest: str) -> dict[str, JSON] | None:
         held = self._read_index(name).get("quarantined")
         return held if isinstance(held, dict) and held.get("digest") == digest else None
 
     # --- reading ------------------------------------------------------------------------
-    def sources(self) -> dict[str, list[Any]]:
+    def sources(self) -> SavedSources:
         """What a fresh session defines: {"tools": [{name, path, source, digest}] in name
         order, "skipped": [a notice for each tool left out]}. A quarantined source and a
         file that cannot be read are left out, each with its notice."""
-        tools: list[dict[str, str]] = []
+        tools: list[SavedSource] = []
         skipped: list[str] = []
         for path in self._files():
             name = path.stem
@@ -5415,14 +5487,14 @@ class HostAPI:
         return await anyio.to_thread.run_sync(method, *args, limiter=self._memory_limiter)
 
     async def memory_save(
-        self, key: str, value: Any = None, metadata: dict[str, Any] | None = None
+        self, key: str, value: object = None, metadata: Mapping[str, object] | None = None
     ) -> object:
         return await self._in_store(self.memory.save, key, value, metadata)
 
     async def memory_load(self, key: str) -> object:
         return await self._in_store(self.memory.load, key)
 
-    async def memory_put_if(self, key: str, value: Any, generation: int) -> object:
+    async def memory_put_if(self, key: str, value: object, generation: int) -> object:
         return await self._in_store(self.memory.put_if, key, value, generation)
 
     async def memory_delete(self, key: str) -> object:
@@ -9023,7 +9095,7 @@ def _no_memory(store: MemoryStore, key: str) -> CommandError:
     return CommandError(message)
 
 
-def _stored_entries(store: MemoryStore) -> list[dict[str, Any]]:
+def _stored_entries(store: MemoryStore) -> list[MemoryInfo]:
     return store.entries() if store.path.exists() else []  # reading must not create the store
 
 
@@ -9077,8 +9149,8 @@ def _list_memories(store: MemoryStore, tools: SavedTools, as_json: bool) -> None
 
 
 def _get_memory(store: MemoryStore, key: str) -> None:
-    loaded = store.load(key) if store.path.exists() else {"found": False}
-    if not loaded["found"]:
+    loaded = store.load(key) if store.path.exists() else None
+    if loaded is None or not loaded["found"]:
         raise _no_memory(store, key)
     print(terminal_json(json.dumps(loaded["value"], ensure_ascii=False, indent=2)))
 
