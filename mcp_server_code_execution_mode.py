@@ -3802,6 +3802,7 @@ def tool_allowed(server: str, tool: str, config: BridgeConfig) -> bool:
 _PRIMITIVES = {"string": "str", "integer": "int", "number": "float", "boolean": "bool", "null": "None"}
 _MAX_SCHEMA_DEPTH = 8
 _MAX_SUMMARY_CHARS = 100
+_UNKNOWN_TYPE = "Any"  # what a signature shows where the schema does not pin the type down
 
 
 def python_identifier(tool_name: str) -> str:
@@ -3820,21 +3821,21 @@ def _text(value: object) -> str:
 def _union(alternatives: Sequence[Sequence[str]]) -> list[str]:
     """Flatten and dedupe union members; any unknown member makes the whole union Any."""
     members = list(dict.fromkeys(member for group in alternatives for member in group))
-    return ["Any"] if not members or "Any" in members else members
+    return [_UNKNOWN_TYPE] if not members or _UNKNOWN_TYPE in members else members
 
 
-def _resolve_ref(ref: str, root: Mapping[str, Any]) -> str:
+def _resolve_ref(ref: str, root: Mapping[str, object]) -> str:
     parts = ref.removeprefix("#/").split("/")
     if not ref.startswith("#/") or len(parts) != 2 or parts[0] not in ("$defs", "definitions"):
-        return "Any"
+        return _UNKNOWN_TYPE
     defs = root.get(parts[0])
-    return parts[1] if isinstance(defs, Mapping) and parts[1] in defs else "Any"
+    return parts[1] if isinstance(defs, Mapping) and parts[1] in defs else _UNKNOWN_TYPE
 
 
-def _python_types(schema: object, root: Mapping[str, Any], depth: int = 0) -> list[str]:
+def _python_types(schema: object, root: Mapping[str, object], depth: int = 0) -> list[str]:
     """The Python types a JSON schema admits, as union members (``["Any"]`` when unknown)."""
     if not isinstance(schema, Mapping) or depth > _MAX_SCHEMA_DEPTH:
-        return ["Any"]
+        return [_UNKNOWN_TYPE]
     enum = schema.get("enum")
     if isinstance(enum, list) and enum:
         return ["Literal[%s]" % ", ".join(repr(value) for value in enum)]
@@ -3850,22 +3851,22 @@ def _python_types(schema: object, root: Mapping[str, Any], depth: int = 0) -> li
     kinds = schema.get("type")
     kinds = [kinds] if isinstance(kinds, str) else kinds
     if not isinstance(kinds, list):
-        return ["Any"]
+        return [_UNKNOWN_TYPE]
     return _union([[_one_type(kind, schema, root, depth)] for kind in kinds])
 
 
-def _one_type(kind: object, schema: Mapping[str, Any], root: Mapping[str, Any], depth: int) -> str:
+def _one_type(kind: object, schema: Mapping[str, object], root: Mapping[str, object], depth: int) -> str:
     if kind == "array":
         items = _python_types(schema.get("items"), root, depth + 1)
-        return "list" if items == ["Any"] else "list[%s]" % " | ".join(items)
+        return "list" if items == [_UNKNOWN_TYPE] else "list[%s]" % " | ".join(items)
     if kind == "object":
         extra = schema.get("additionalProperties")
-        values = _python_types(extra, root, depth + 1) if not schema.get("properties") else ["Any"]
-        return "dict" if values == ["Any"] else "dict[str, %s]" % " | ".join(values)
-    return _PRIMITIVES.get(kind, "Any") if isinstance(kind, str) else "Any"
+        values = _python_types(extra, root, depth + 1) if not schema.get("properties") else [_UNKNOWN_TYPE]
+        return "dict" if values == [_UNKNOWN_TYPE] else "dict[str, %s]" % " | ".join(values)
+    return _PRIMITIVES.get(kind, _UNKNOWN_TYPE) if isinstance(kind, str) else _UNKNOWN_TYPE
 
 
-def parameter_names(schema: Mapping[str, Any]) -> dict[str, str]:
+def parameter_names(schema: Mapping[str, object]) -> dict[str, str]:
     """Each parameter's schema name -> the Python name it is shown and called under, in
     signature order (required ones first, in schema order). A name that is already a
     Python name keeps it; the others become python_identifier(name), plus "_" until no
@@ -3890,12 +3891,12 @@ def parameter_names(schema: Mapping[str, Any]) -> dict[str, str]:
     return python_names
 
 
-def schema_arguments(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> dict[str, Any]:
+def schema_arguments(schema: Mapping[str, object], arguments: Mapping[str, object]) -> dict[str, object]:
     """``arguments`` with each Python name of parameter_names() renamed back to its schema
     name (``user_id`` -> ``user-id``). A schema name, or a key the schema does not know, is
     sent as it is. ProxyError when two keys name the same parameter."""
     schema_names = {ident: name for name, ident in parameter_names(schema).items()}
-    renamed: dict[str, Any] = {}
+    renamed: dict[str, object] = {}
     given_as: dict[str, str] = {}
     for key, value in arguments.items():
         name = schema_names.get(key, key)
@@ -3908,7 +3909,7 @@ def schema_arguments(schema: Mapping[str, Any], arguments: Mapping[str, Any]) ->
     return renamed
 
 
-def _parameters(schema: Mapping[str, Any]) -> list[str]:
+def _parameters(schema: Mapping[str, object]) -> list[str]:
     """``name: type [= default]`` for each parameter (parameter_names() gives the order and
     the names)."""
     properties = schema.get("properties")
@@ -3923,7 +3924,7 @@ def _parameters(schema: Mapping[str, Any]) -> list[str]:
             rendered.append("%s: %s" % (ident, " | ".join(types)))
             continue
         default = prop.get("default") if isinstance(prop, Mapping) else None  # absent: None
-        if default is None and "None" not in types and types != ["Any"]:
+        if default is None and "None" not in types and types != [_UNKNOWN_TYPE]:
             types = [*types, "None"]
         rendered.append("%s: %s = %r" % (ident, " | ".join(types), default))
     # A schema naming no parameters at all accepts anything; `"properties": {}` means none,
@@ -3951,11 +3952,11 @@ def _is_object_schema(schema: object) -> bool:
     return kind == "object" or (isinstance(kind, list) and "object" in kind)
 
 
-def render_signature(tool: Mapping[str, Any]) -> str:
+def render_signature(tool: Mapping[str, object]) -> str:
     """``name(params) -> dict|Any  # summary``: how the model calls the tool from Python."""
     schema = tool.get("inputSchema")
     params = _parameters(schema if isinstance(schema, Mapping) else {})
-    returns = "dict" if _is_object_schema(tool.get("outputSchema")) else "Any"
+    returns = "dict" if _is_object_schema(tool.get("outputSchema")) else _UNKNOWN_TYPE
     signature = "%s(%s) -> %s" % (python_identifier(_text(tool.get("name"))), ", ".join(params), returns)
     summary = _summary_line(tool.get("description"))
     return "%s  # %s" % (signature, summary) if summary else signature
@@ -3965,20 +3966,36 @@ def render_signature(tool: Mapping[str, Any]) -> str:
 _LINE_BREAKS = re.compile("[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]+")
 
 
-def render_tool_line(server_alias: str, tool: Mapping[str, Any]) -> str:
+def render_tool_line(server_alias: str, tool: Mapping[str, object]) -> str:
     """``mcp_<alias>.name(params) -> T  # summary``: one line, the call as the model writes it."""
     return _LINE_BREAKS.sub(" ", "mcp_%s.%s" % (server_alias, render_signature(tool)))
 
 
+class ToolDoc(TypedDict):
+    """One tool's doc, as query_tool_docs and search_tool_docs answer."""
+
+    server: str  # the server's alias
+    tool: str  # the tool's name on its server
+    name: str  # the Python name it is called under
+    signature: str
+    description: NotRequired[str]  # "full" only, with the schemas as the server sent them
+    input_schema: NotRequired[object]
+    output_schema: NotRequired[object]
+
+
 def render_tool_doc(
-    server_alias: str, tool: Mapping[str, Any], detail: Literal["summary", "full"]
-) -> dict[str, Any]:
+    server_alias: str, tool: Mapping[str, object], detail: Literal["summary", "full"]
+) -> ToolDoc:
     """One tool's doc: the signature alone ("summary"), or with description and schemas ("full")."""
     if detail not in ("summary", "full"):
         raise ValueError("detail must be 'summary' or 'full', not %r" % (detail,))
     name = _text(tool.get("name"))
-    doc: dict[str, Any] = {"server": server_alias, "tool": name, "name": python_identifier(name)}
-    doc["signature"] = render_signature(tool)
+    doc: ToolDoc = {
+        "server": server_alias,
+        "tool": name,
+        "name": python_identifier(name),
+        "signature": render_signature(tool),
+    }
     if detail == "full":
         doc["description"] = _text(tool.get("description"))
         doc["input_schema"] = tool.get("inputSchema", {})
@@ -4288,7 +4305,7 @@ def server_tokens(names: Iterable[object], about: object = "") -> dict[str, floa
 
 
 def _tool_tokens(
-    server_alias: str, tool: Mapping[str, Any], server: Mapping[str, float] | None = None
+    server_alias: str, tool: Mapping[str, object], server: Mapping[str, float] | None = None
 ) -> dict[str, float]:
     """Each stem in the tool's text and its server's (server_tokens), with the weight of
     the heaviest field it appears in."""
@@ -4312,13 +4329,13 @@ class IndexedTool:
     name (for the name's coverage) and what it does (its intent)."""
 
     alias: str
-    tool: Mapping[str, Any]
+    tool: Mapping[str, object]
     tokens: Mapping[str, float]
     name: tuple[str, ...]
     intent: str = ""  # what the tool does (_tool_intent)
 
 
-def _tool_intent(tool: Mapping[str, Any]) -> str:
+def _tool_intent(tool: Mapping[str, object]) -> str:
     """What the tool does: read, when its readOnlyHint says so; else the intent of the first
     word of its name in _INTENT_WORDS (``list_issues``: read; ``slack_post_message``:
     create); else "act" when its readOnlyHint is false; else "" (not told)."""
@@ -4340,7 +4357,8 @@ def _other_intent(asked: str, done: str) -> bool:
 
 
 def index_tools(
-    tools: Iterable[tuple[str, Mapping[str, Any]]], servers: Mapping[str, Mapping[str, float]] | None = None
+    tools: Iterable[tuple[str, Mapping[str, object]]],
+    servers: Mapping[str, Mapping[str, float]] | None = None,
 ) -> list[IndexedTool]:
     """The search index of (server alias, tool) pairs; ``servers``: alias -> server_tokens.
     A name's words for its coverage leave out _GENERIC_NAME_WORDS and the words every tool
@@ -4452,10 +4470,10 @@ def rank_tools(
 
 def search_tools(
     query: str,
-    tools: Sequence[tuple[str, Mapping[str, Any]]],
+    tools: Sequence[tuple[str, Mapping[str, object]]],
     limit: int = 5,
     servers: Mapping[str, Mapping[str, float]] | None = None,
-) -> list[tuple[float, str, Mapping[str, Any]]]:
+) -> list[tuple[float, str, Mapping[str, Any]]]:  # the tools as given (JSON objects)
     """rank_tools over tools not indexed yet."""
     return rank_tools(query, index_tools(tools, servers), limit)
 
@@ -5403,7 +5421,7 @@ class HostAPI:
 
     async def search_tool_docs(
         self, query: str, limit: int = 5, detail: Literal["line", "summary", "full"] = "line"
-    ) -> list[str] | list[dict[str, Any]]:
+    ) -> list[str] | list[dict[str, object]]:
         """One line per hit (render_tool_line), or docs with their score and line ("summary", "full").
         Every configured server is searched, so those not started yet are started here
         (concurrently); a server that fails is left out of the ranking, and the call's
