@@ -101,13 +101,17 @@ from pydantic.json_schema import SkipJsonSchema
 # build-image, --help) never need. tests/test_imports.py checks that importing this module
 # loads none of them. Here, the names that annotations use:
 if TYPE_CHECKING:
+    import asyncio
+
     import mcp_types as types
     import uvicorn
     from mcp.client.session import ClientSession
     from mcp.client.stdio import StdioServerParameters
+    from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
     from mcp.server.auth.provider import AccessToken
     from mcp.server.context import ServerRequestContext
     from mcp.server.lowlevel import Server
+    from mcp.server.streamable_http import StreamableHTTPServerTransport
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
     from mcp.shared.exceptions import MCPError as McpProtocolError
     from mcp.shared.message import SessionMessage
@@ -115,6 +119,7 @@ if TYPE_CHECKING:
     from starlette.authentication import AuthenticationBackend
     from starlette.requests import Request
     from starlette.responses import Response
+    from starlette.types import Receive, Scope, Send
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
 import mcp_sandbox_kernel
@@ -1753,6 +1758,10 @@ async def _answer(runtime: ContainerRuntime, argv: list[str]) -> subprocess.Comp
             % (runtime.name, detail[-1] if detail else "exit %d" % result.returncode)
         )
     return result
+
+
+# How the bridge finds its container engine (detect_runtime; a test passes its own).
+RuntimeLocator: TypeAlias = Callable[[RuntimeName | None], Awaitable[ContainerRuntime]]
 
 
 async def detect_runtime(
@@ -5234,12 +5243,12 @@ MAX_ARGUMENT_DEPTH = 100
 MAX_ARGUMENT_VALUES = 250_000
 
 
-def check_tool_arguments(arguments: dict[str, Any]) -> None:
+def check_tool_arguments(arguments: Mapping[str, object]) -> None:
     """ProxyError for arguments a server connection would choke on: strings with lone
     surrogates (e.g. a file name that is not UTF-8; the transport's encoder would fail
     and drop the connection), nesting deeper than MAX_ARGUMENT_DEPTH and more than
     MAX_ARGUMENT_VALUES values. CPU-bound on large arguments: call it in a worker thread."""
-    stack: list[tuple[Any, int]] = [(arguments, 0)]
+    stack: list[tuple[object, int]] = [(arguments, 0)]
     count = 1
     while stack:
         value, depth = stack.pop()
@@ -5677,7 +5686,7 @@ class ExecutionOutcome:
     stdout: str = ""
     stderr: str = ""
     value: str | None = None  # the repr of the final value
-    value_json: Any = None  # the final value as JSON data, when it is plain JSON
+    value_json: object = None  # the final value as JSON data, when it is plain JSON
     error: ErrorInfo | None = None
     # What was cut from the middle of stdout, stderr or the value (rendering fits the rest
     # into the output budget): the count, the text after the cut, the file holding it all.
@@ -5864,7 +5873,7 @@ class ProblemLog:
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
 
-    def report(self, kind: str, message: str, *args: Any, exc_info: bool = False) -> None:
+    def report(self, kind: str, message: str, *args: object, exc_info: bool = False) -> None:
         seen = self.counts.get(kind, 0)
         if seen or len(self.counts) < self.MAX_KINDS:
             self.counts[kind] = seen + 1
@@ -6771,9 +6780,7 @@ class SharedRuntime:
     """The container runtime every session uses: found (and this host's leftover
     sandboxes swept) once, on first use, and released once at the end."""
 
-    def __init__(
-        self, config: BridgeConfig, locate_runtime: Callable[[RuntimeName | None], Any] = detect_runtime
-    ) -> None:
+    def __init__(self, config: BridgeConfig, locate_runtime: RuntimeLocator = detect_runtime) -> None:
         self.config = config
         self.locate_runtime = locate_runtime
         self.runtime: ContainerRuntime | None = None
@@ -7325,7 +7332,7 @@ def fit_notices(notices: Sequence[str], room: int) -> list[str]:
     return kept
 
 
-def json_fits(value: Any, room: int) -> bool:
+def json_fits(value: object, room: int) -> bool:
     """Whether ``value`` (decoded JSON) is at most MAX_VALUE_JSON_DEPTH deep and its JSON
     text at most ``room`` characters; walked without recursion, stopping once it is over."""
     size, stack = 0, [(value, 0)]
@@ -8045,7 +8052,7 @@ class Bridge:
 async def open_bridge(
     config: BridgeConfig,
     discovery: DiscoveryResult,
-    locate_runtime: Callable[[RuntimeName | None], Any] = detect_runtime,
+    locate_runtime: RuntimeLocator = detect_runtime,
 ) -> AsyncIterator[Bridge]:
     """The bridge, open until the block ends; then every sandbox is removed and every
     proxied server stopped. The local principal's default sandbox starts meanwhile
@@ -8662,7 +8669,7 @@ class PrincipalSessionManager(_SessionManagerBase):
         )
         self.config = config
 
-    def _admit_session(self, requestor: Any) -> Any:
+    def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
         if requestor is not None:
             held = self.sessions_of(requestor["client_id"])
             if held >= self.config.max_mcp_sessions_per_principal:
@@ -8690,7 +8697,7 @@ class SessionCapApp:
     def __init__(self, manager: PrincipalSessionManager) -> None:
         self.manager = manager
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await self.manager.asgi_app(scope, receive, send)
         except TooManyMcpSessionsError as exc:  # raised before any response was started
@@ -8742,8 +8749,9 @@ class GuardedH11Protocol(_H11ProtocolBase):
         }
         return type(cls.__name__, (cls, H11Protocol), settings)
 
+    # Any: uvicorn narrows asyncio's BaseTransport to Transport here (it ignores the override)
     def connection_made(self, transport: Any) -> None:
-        self._deadline: Any = None
+        self._deadline: asyncio.TimerHandle | None = None
         self._request_began = 0.0
         super().connection_made(transport)
         seconds = self.request_timeout
@@ -8815,7 +8823,7 @@ class GuardedH11Protocol(_H11ProtocolBase):
         self.transport.close()
 
 
-async def refuse_busy_connection(scope: Any, receive: Any, send: Any) -> None:
+async def refuse_busy_connection(scope: Scope, receive: Receive, send: Send) -> None:
     """The ASGI answer on a connection over MCP_BRIDGE_HTTP_MAX_CONNECTIONS."""
     from starlette.responses import Response
 
