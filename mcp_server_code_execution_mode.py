@@ -82,6 +82,7 @@ from typing import (
     Literal,
     NoReturn,
     NotRequired,
+    Protocol,
     TypeAlias,
     TypedDict,
     TypeVar,
@@ -5883,6 +5884,25 @@ class ProblemLog:
             )
 
 
+class ServerDirectory(Protocol):
+    """What a sandbox's settings tell its kernel about the MCP servers (HostAPI)."""
+
+    def server_list(self) -> list[dict[str, str]]: ...
+
+    def config_problems(self) -> list[str]: ...
+
+
+class SandboxHost(ServerDirectory, Protocol):
+    """What a sandbox session asks of the host while it runs code: HostAPI, a principal's
+    one for all its sandboxes (tests pass a fake)."""
+
+    async def handle(self, method: str, params: Mapping[str, object]) -> object: ...
+
+    def defined_tools_notice(self, names: Sequence[str]) -> str | None: ...
+
+    async def quarantine_tools(self, failed: Sequence[mcp_sandbox_kernel.FailedTool]) -> list[str]: ...
+
+
 # --- a sandbox's parts: its container, its request desk, its exit, its outcome ----------
 
 
@@ -5896,7 +5916,7 @@ class SandboxContainer:
         runtime: ContainerRuntime,
         config: BridgeConfig,
         ipc_root: Path,
-        host: HostAPI,
+        host: ServerDirectory,
         owner: OwnerIdentity,
         session: str,
     ) -> None:
@@ -6346,7 +6366,7 @@ class SandboxSession:
         runtime: ContainerRuntime,
         config: BridgeConfig,
         ipc_root: Path,
-        host: HostAPI,
+        host: SandboxHost,
         owner: OwnerIdentity | None = None,
         problems: ProblemLog | None = None,
         session: str = DEFAULT_SESSION,
