@@ -65,7 +65,7 @@ from collections.abc import Coroutine, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple, TypedDict, Union
 
 if TYPE_CHECKING:  # typing.NotRequired is new in 3.11; annotations here are never evaluated
-    from typing import NotRequired
+    from typing import NotRequired, TypeGuard
 
 # =============================================================================
 # wire protocol
@@ -107,7 +107,7 @@ class FieldRule(NamedTuple):
     required: bool = True
 
 
-def is_frame_id(value: Any) -> bool:
+def is_frame_id(value: object) -> TypeGuard[FrameId]:
     if isinstance(value, str):
         return 0 < len(value) <= MAX_ID_CHARS
     return type(value) is int and abs(value) < 2**53

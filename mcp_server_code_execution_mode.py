@@ -75,7 +75,20 @@ from difflib import SequenceMatcher
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType, ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, NoReturn, TypeVar, TypeVarTuple
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Literal,
+    NoReturn,
+    NotRequired,
+    Protocol,
+    TypeAlias,
+    TypedDict,
+    TypeVar,
+    TypeVarTuple,
+    cast,
+)
 
 import anyio
 import anyio.abc
@@ -89,13 +102,17 @@ from pydantic.json_schema import SkipJsonSchema
 # build-image, --help) never need. tests/test_imports.py checks that importing this module
 # loads none of them. Here, the names that annotations use:
 if TYPE_CHECKING:
+    import asyncio
+
     import mcp_types as types
     import uvicorn
     from mcp.client.session import ClientSession
     from mcp.client.stdio import StdioServerParameters
+    from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
     from mcp.server.auth.provider import AccessToken
     from mcp.server.context import ServerRequestContext
     from mcp.server.lowlevel import Server
+    from mcp.server.streamable_http import StreamableHTTPServerTransport
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
     from mcp.shared.exceptions import MCPError as McpProtocolError
     from mcp.shared.message import SessionMessage
@@ -103,6 +120,7 @@ if TYPE_CHECKING:
     from starlette.authentication import AuthenticationBackend
     from starlette.requests import Request
     from starlette.responses import Response
+    from starlette.types import Receive, Scope, Send
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
 import mcp_sandbox_kernel
@@ -114,8 +132,22 @@ from mcp_sandbox_kernel import (
     MAX_REQUESTS_IN_FLIGHT,
     PROTOCOL_VERSION,
     TOO_MANY_REQUESTS,
+    Attachment,
+    CancelFrame,
+    ErrorFrame,
+    ErrorInfo,
+    ExecuteFrame,
+    Frame,
     FrameDecoder,
+    FrameId,
+    HelloFrame,
+    Image,
+    InterruptFrame,
     ProtocolError,
+    RequestFrame,
+    ResponseFrame,
+    ResultFrame,
+    StreamFrame,
     boot_payload,
     encode_frame,
     is_frame_id,
@@ -170,6 +202,17 @@ KernelDelivery = Literal["auto", "mount", "stdin"]
 OutputMode = Literal["compact", "toon"]
 ServeTransport = Literal["stdio", "http"]
 ProjectServers = Literal["trusted", "all", "none"]
+
+# JSON data as json.loads returns it: what config files, engines, MCP servers and the
+# sandbox send until a check or a model narrows it, and what json.dumps sends back out.
+JSON: TypeAlias = "dict[str, JSON] | list[JSON] | str | int | float | bool | None"
+
+
+def json_field(value: object, *path: str) -> object:
+    """``value[path[0]][path[1]]...`` while each step is a JSON object holding the key; else None."""
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
 
 
 @dataclass(frozen=True)
@@ -334,7 +377,12 @@ class BridgeConfig:
     http_max_connections: int = 256
 
 
-def _number(text: str, kind: Callable[[str], float], expected: str, valid: Callable[[float], bool]) -> Any:
+Number = TypeVar("Number", int, float)
+
+
+def _number(
+    text: str, kind: Callable[[str], Number], expected: str, valid: Callable[[Number], bool]
+) -> Number:
     """``text`` as ``kind`` when ``valid``; else a ValueError saying what is expected
     (float()'s own "could not convert string to float" says only what is wrong)."""
     try:
@@ -460,7 +508,7 @@ class Option:
 
     field: str
     env: str
-    parse: Callable[[str], Any]
+    parse: Callable[[str], object]  # the field's value (BridgeConfig's type for it)
     help: str
     default_text: str = ""  # how --help and README show the default, where its value says too little
 
@@ -1073,6 +1121,16 @@ WORKDIR = "/workspace"
 # (0.6 s for 11 MB of nested lists), and the event loop must keep answering the client.
 DECODE_IN_THREAD_BYTES = 256 * 1024
 
+# A frame from the kernel as its type says (the kernel's TypedDicts, beside FRAME_SCHEMAS).
+KernelFrame: TypeAlias = HelloFrame | StreamFrame | ResultFrame | ErrorFrame | RequestFrame | CancelFrame
+
+
+def kernel_frame(frame: Frame) -> KernelFrame:
+    """``frame`` when it is a valid frame from the kernel: a type in KERNEL_FRAME_TYPES and
+    every field as FRAME_SCHEMAS says; else ProtocolError saying which field is wrong."""
+    validate_frame(frame, KERNEL_FRAME_TYPES)
+    return cast("KernelFrame", frame)  # validate_frame checked each field its TypedDict types
+
 
 def json_depth(value: object, limit: int) -> int:
     """How deeply JSON data nests (a scalar 0, ``{}`` 1), walked with a stack of its own so
@@ -1326,30 +1384,30 @@ class EngineFacts:
     gvisor: str | None = None
 
 
-def podman_facts(info: Mapping[str, Any], runsc: str | None) -> EngineFacts:
+def podman_facts(info: Mapping[str, object], runsc: str | None) -> EngineFacts:
     """From `podman info --format json`; `runsc`: its path on PATH (Podman runs any OCI
     runtime it is given)."""
-    host = info.get("host") or {}
-    rootless = bool((host.get("security") or {}).get("rootless"))
-    cgroups = str(host.get("cgroupVersion") or "")
-    controllers = host.get("cgroupControllers")
+    rootless = bool(json_field(info, "host", "security", "rootless"))
+    cgroups = str(json_field(info, "host", "cgroupVersion") or "")
+    controllers = json_field(info, "host", "cgroupControllers")
     listed = [str(name) for name in controllers] if isinstance(controllers, list) else None
-    version = str((info.get("version") or {}).get("Version") or "unknown")
+    version = str(json_field(info, "version", "Version") or "unknown")
     return EngineFacts(version, rootless, cgroups, unenforced_limits(rootless, cgroups, listed), runsc)
 
 
-def docker_facts(info: Mapping[str, Any]) -> EngineFacts:
+def docker_facts(info: Mapping[str, object]) -> EngineFacts:
     """From `docker info --format '{{json .}}'`: gVisor only where the daemon knows runsc."""
-    rootless = "name=rootless" in (info.get("SecurityOptions") or [])
+    options = info.get("SecurityOptions")
+    rootless = isinstance(options, list) and "name=rootless" in options
     cgroups = "v%s" % info["CgroupVersion"] if info.get("CgroupVersion") else ""
     flags = {"memory": "MemoryLimit", "pids": "PidsLimit", "cpu": "CpuCfsQuota"}
     controllers = [controller for controller, flag in flags.items() if info.get(flag, True)]
-    runtimes = info.get("Runtimes") or {}
+    runtimes = info.get("Runtimes")
     gvisor = next(
         (
-            name
-            for name, runtime in runtimes.items()
-            if name == "runsc" or Path(str((runtime or {}).get("path", ""))).name == "runsc"
+            str(name)
+            for name, runtime in (runtimes.items() if isinstance(runtimes, dict) else ())
+            if name == "runsc" or Path(str(json_field(runtime, "path") or "")).name == "runsc"
         ),
         None,
     )
@@ -1445,7 +1503,7 @@ class ContainerRuntime:
         """The engine's version and what it enforces (for `doctor`); None: not known here."""
         return None
 
-    async def _info(self, template: str) -> dict[str, Any]:
+    async def _info(self, template: str) -> dict[str, object]:
         """The engine's `info` as JSON; RuntimeUnavailableError when it does not answer."""
         result = await _answer(self, [self.executable, "info", "--format", template])
         try:
@@ -1703,6 +1761,10 @@ async def _answer(runtime: ContainerRuntime, argv: list[str]) -> subprocess.Comp
     return result
 
 
+# How the bridge finds its container engine (detect_runtime; a test passes its own).
+RuntimeLocator: TypeAlias = Callable[[RuntimeName | None], Awaitable[ContainerRuntime]]
+
+
 async def detect_runtime(
     preferred: RuntimeName | None, which: Callable[[str], str | None] = shutil.which
 ) -> ContainerRuntime:
@@ -1826,7 +1888,7 @@ def pod_manifest(spec: LaunchSpec, runtime_class: str | None = None) -> dict[str
     # The owner's labels (the sweep selects by them); the session as an annotation: a label
     # value must start and end with a letter or digit, and "_x" is a valid session name.
     labels = dict(label.split("=", 1) for label in spec.owner.labels())
-    pod_spec: dict[str, Any] = {
+    pod_spec: dict[str, object] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,  # no API credentials inside
         "enableServiceLinks": False,  # no environment variables naming the cluster's services
@@ -1983,13 +2045,13 @@ EPERM, ENOSYS = 1, 38
 def seccomp_profile() -> dict[str, Any]:
     """The profile as the engines read it (`--security-opt seccomp=FILE`). Pure."""
 
-    def arg(index: int, value: int, op: str = "SCMP_CMP_EQ", mask: int = 0) -> dict[str, Any]:
+    def arg(index: int, value: int, op: str = "SCMP_CMP_EQ", mask: int = 0) -> dict[str, int | str]:
         if op == "SCMP_CMP_MASKED_EQ":
             return {"index": index, "value": mask, "valueTwo": value, "op": op}
         return {"index": index, "value": value, "valueTwo": 0, "op": op}
 
     allow, deny = "SCMP_ACT_ALLOW", "SCMP_ACT_ERRNO"
-    rules: list[dict[str, Any]] = [
+    rules: list[dict[str, object]] = [
         {"names": list(SECCOMP_ALLOWED), "action": allow},
         {"names": list(SECCOMP_DENIED), "action": deny, "errnoRet": EPERM},
         {"names": ["clone3"], "action": deny, "errnoRet": ENOSYS},  # glibc then uses clone
@@ -2334,11 +2396,12 @@ def strip_jsonc(text: str) -> str:
     return _JSONC_TRAILING_COMMA.sub(_keep_strings, _JSONC_COMMENT.sub(_keep_strings, text))
 
 
-def _read_document(path: Path, format: Literal["json", "toml"]) -> Any:
+def _read_document(path: Path, format: Literal["json", "toml"]) -> JSON:
     """The parsed file. Raises FileNotFoundError when it is absent, OSError or ValueError
     (which covers JSON, TOML and UTF-8 decoding errors) when it cannot be used."""
     # -sig: editors on Windows may add a BOM
-    return parse_document(read_config_bytes(path)[0].decode("utf-8-sig"), format)
+    document: JSON = parse_document(read_config_bytes(path)[0].decode("utf-8-sig"), format)
+    return document
 
 
 def parse_document(text: str, format: Literal["json", "toml"]) -> Any:
@@ -2352,13 +2415,13 @@ def parse_document(text: str, format: Literal["json", "toml"]) -> Any:
         return json.loads(strip_jsonc(text))
 
 
-def _server_table(document: Any, source: ConfigSource) -> dict[str, Any] | None:
+def _server_table(document: JSON, source: ConfigSource) -> dict[str, JSON] | None:
     """The servers table of a parsed file, None when it has none; ValueError when the
     document or a table on the way has the wrong type."""
     if not isinstance(document, dict):
         raise ValueError("the top level is not an object")
     for keys in source.keys:
-        node: Any = document
+        node: JSON = document
         for depth, key in enumerate(keys):
             if not isinstance(node, dict):
                 raise ValueError("%s is not an object" % ".".join(keys[:depth]))
@@ -2420,28 +2483,28 @@ def expand_variables(
     return _REFERENCE.sub(substitute, value), list(dict.fromkeys(unset)), list(dict.fromkeys(unresolved))
 
 
-def _entry_text(entry: Mapping[str, Any], key: str) -> str | None:
+def _entry_text(entry: Mapping[str, object], key: str) -> str | None:
     value = entry.get(key)
     if value is not None and not isinstance(value, str):
         raise ValueError("%s must be a string" % key)
     return value
 
 
-def _text_list(entry: Mapping[str, Any], key: str) -> list[str]:
+def _text_list(entry: Mapping[str, object], key: str) -> list[str]:
     value = entry.get(key, [])
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise ValueError("%s must be a list of strings" % key)
     return value
 
 
-def _text_map(entry: Mapping[str, Any], key: str) -> dict[str, str]:
+def _text_map(entry: Mapping[str, object], key: str) -> dict[str, str]:
     value = entry.get(key, {})
     if not isinstance(value, dict) or not all(isinstance(item, str) for item in value.values()):
         raise ValueError("%s must be an object whose values are strings" % key)
     return value
 
 
-def _transport(entry: Mapping[str, Any], source: ConfigSource) -> Transport:
+def _transport(entry: Mapping[str, object], source: ConfigSource) -> Transport:
     kind = _entry_text(entry, "type")
     if kind == "stdio" or (kind is None and entry.get("command") is not None):
         return "stdio"
@@ -2458,7 +2521,7 @@ def _transport(entry: Mapping[str, Any], source: ConfigSource) -> Transport:
 
 def _parse_entry(
     name: str,
-    entry: Any,
+    entry: JSON,
     source: ConfigSource,
     environ: Mapping[str, str],
     self_markers: tuple[str, ...],
@@ -2565,15 +2628,13 @@ def claude_code_settings_files(home: Path, cwd: Path) -> list[Path]:
     ]
 
 
-def claude_code_approvals(claude_json: Any, settings: Sequence[Any], cwd: Path) -> ClaudeCodeApprovals:
+def claude_code_approvals(claude_json: JSON, settings: Sequence[JSON], cwd: Path) -> ClaudeCodeApprovals:
     """From the parsed ~/.claude.json and settings files (None or anything malformed: no
     approval there)."""
     projects = claude_json.get("projects") if isinstance(claude_json, dict) else None
     projects = projects if isinstance(projects, dict) else {}
     trusted = any(
-        isinstance(projects.get(str(folder)), dict)
-        and projects[str(folder)].get("hasTrustDialogAccepted") is True
-        for folder in (cwd, *cwd.parents)
+        json_field(projects, str(folder), "hasTrustDialogAccepted") is True for folder in (cwd, *cwd.parents)
     )
     layers = [layer for layer in (projects.get(str(cwd)), *settings) if isinstance(layer, dict)]
 
@@ -2669,14 +2730,14 @@ def launches_self(argv: Sequence[str], self_markers: tuple[str, ...]) -> bool:
     return False
 
 
-def _names_this_bridge(entry: Any, self_markers: tuple[str, ...]) -> bool:
+def _names_this_bridge(entry: JSON, self_markers: tuple[str, ...]) -> bool:
     """An entry that launches this bridge (a project's .mcp.json often lists it): never
     started, whoever trusts it, so _parse_entry says that instead of "not trusted"."""
-    if not isinstance(entry, dict) or not isinstance(entry.get("command"), str):
+    command, args = json_field(entry, "command"), json_field(entry, "args")
+    if not isinstance(command, str):
         return False
-    args = entry.get("args")
     words = [arg for arg in args if isinstance(arg, str)] if isinstance(args, list) else []
-    return launches_self([entry["command"], *words], self_markers)
+    return launches_self([command, *words], self_markers)
 
 
 class _ConfigDocuments:
@@ -2684,19 +2745,20 @@ class _ConfigDocuments:
     or the error reading it raised."""
 
     def __init__(self) -> None:
-        self.by_path: dict[Path, Any] = {}
+        self.by_path: dict[Path, JSON | OSError | ValueError] = {}
 
-    def read(self, path: Path, format: Literal["json", "toml"]) -> Any:
+    def read(self, path: Path, format: Literal["json", "toml"]) -> JSON:
         if path not in self.by_path:
             try:
                 self.by_path[path] = _read_document(path, format)
             except (OSError, ValueError) as exc:
                 self.by_path[path] = exc
-        if isinstance(self.by_path[path], Exception):
-            raise self.by_path[path]
-        return self.by_path[path]
+        document = self.by_path[path]
+        if isinstance(document, Exception):
+            raise document
+        return document
 
-    def optional(self, path: Path) -> Any:
+    def optional(self, path: Path) -> JSON:
         """The JSON document at ``path``, or None: an approval that cannot be read approves nothing."""
         with suppress(OSError, ValueError):
             return self.read(path, "json")
@@ -2734,7 +2796,7 @@ class _Discovered:
         )
 
 
-def _source_table(source: ConfigSource, documents: _ConfigDocuments, found: _Discovered) -> dict[str, Any]:
+def _source_table(source: ConfigSource, documents: _ConfigDocuments, found: _Discovered) -> dict[str, JSON]:
     """The server table of one config file (empty if it has none); why it cannot be used,
     if so, goes to ``found``."""
     try:
@@ -3750,6 +3812,7 @@ def tool_allowed(server: str, tool: str, config: BridgeConfig) -> bool:
 _PRIMITIVES = {"string": "str", "integer": "int", "number": "float", "boolean": "bool", "null": "None"}
 _MAX_SCHEMA_DEPTH = 8
 _MAX_SUMMARY_CHARS = 100
+_UNKNOWN_TYPE = "Any"  # what a signature shows where the schema does not pin the type down
 
 
 def python_identifier(tool_name: str) -> str:
@@ -3768,21 +3831,21 @@ def _text(value: object) -> str:
 def _union(alternatives: Sequence[Sequence[str]]) -> list[str]:
     """Flatten and dedupe union members; any unknown member makes the whole union Any."""
     members = list(dict.fromkeys(member for group in alternatives for member in group))
-    return ["Any"] if not members or "Any" in members else members
+    return [_UNKNOWN_TYPE] if not members or _UNKNOWN_TYPE in members else members
 
 
-def _resolve_ref(ref: str, root: Mapping[str, Any]) -> str:
+def _resolve_ref(ref: str, root: Mapping[str, object]) -> str:
     parts = ref.removeprefix("#/").split("/")
     if not ref.startswith("#/") or len(parts) != 2 or parts[0] not in ("$defs", "definitions"):
-        return "Any"
+        return _UNKNOWN_TYPE
     defs = root.get(parts[0])
-    return parts[1] if isinstance(defs, Mapping) and parts[1] in defs else "Any"
+    return parts[1] if isinstance(defs, Mapping) and parts[1] in defs else _UNKNOWN_TYPE
 
 
-def _python_types(schema: object, root: Mapping[str, Any], depth: int = 0) -> list[str]:
+def _python_types(schema: object, root: Mapping[str, object], depth: int = 0) -> list[str]:
     """The Python types a JSON schema admits, as union members (``["Any"]`` when unknown)."""
     if not isinstance(schema, Mapping) or depth > _MAX_SCHEMA_DEPTH:
-        return ["Any"]
+        return [_UNKNOWN_TYPE]
     enum = schema.get("enum")
     if isinstance(enum, list) and enum:
         return ["Literal[%s]" % ", ".join(repr(value) for value in enum)]
@@ -3798,22 +3861,22 @@ def _python_types(schema: object, root: Mapping[str, Any], depth: int = 0) -> li
     kinds = schema.get("type")
     kinds = [kinds] if isinstance(kinds, str) else kinds
     if not isinstance(kinds, list):
-        return ["Any"]
+        return [_UNKNOWN_TYPE]
     return _union([[_one_type(kind, schema, root, depth)] for kind in kinds])
 
 
-def _one_type(kind: object, schema: Mapping[str, Any], root: Mapping[str, Any], depth: int) -> str:
+def _one_type(kind: object, schema: Mapping[str, object], root: Mapping[str, object], depth: int) -> str:
     if kind == "array":
         items = _python_types(schema.get("items"), root, depth + 1)
-        return "list" if items == ["Any"] else "list[%s]" % " | ".join(items)
+        return "list" if items == [_UNKNOWN_TYPE] else "list[%s]" % " | ".join(items)
     if kind == "object":
         extra = schema.get("additionalProperties")
-        values = _python_types(extra, root, depth + 1) if not schema.get("properties") else ["Any"]
-        return "dict" if values == ["Any"] else "dict[str, %s]" % " | ".join(values)
-    return _PRIMITIVES.get(kind, "Any") if isinstance(kind, str) else "Any"
+        values = _python_types(extra, root, depth + 1) if not schema.get("properties") else [_UNKNOWN_TYPE]
+        return "dict" if values == [_UNKNOWN_TYPE] else "dict[str, %s]" % " | ".join(values)
+    return _PRIMITIVES.get(kind, _UNKNOWN_TYPE) if isinstance(kind, str) else _UNKNOWN_TYPE
 
 
-def parameter_names(schema: Mapping[str, Any]) -> dict[str, str]:
+def parameter_names(schema: Mapping[str, object]) -> dict[str, str]:
     """Each parameter's schema name -> the Python name it is shown and called under, in
     signature order (required ones first, in schema order). A name that is already a
     Python name keeps it; the others become python_identifier(name), plus "_" until no
@@ -3838,12 +3901,12 @@ def parameter_names(schema: Mapping[str, Any]) -> dict[str, str]:
     return python_names
 
 
-def schema_arguments(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> dict[str, Any]:
+def schema_arguments(schema: Mapping[str, object], arguments: Mapping[str, object]) -> dict[str, object]:
     """``arguments`` with each Python name of parameter_names() renamed back to its schema
     name (``user_id`` -> ``user-id``). A schema name, or a key the schema does not know, is
     sent as it is. ProxyError when two keys name the same parameter."""
     schema_names = {ident: name for name, ident in parameter_names(schema).items()}
-    renamed: dict[str, Any] = {}
+    renamed: dict[str, object] = {}
     given_as: dict[str, str] = {}
     for key, value in arguments.items():
         name = schema_names.get(key, key)
@@ -3856,7 +3919,7 @@ def schema_arguments(schema: Mapping[str, Any], arguments: Mapping[str, Any]) ->
     return renamed
 
 
-def _parameters(schema: Mapping[str, Any]) -> list[str]:
+def _parameters(schema: Mapping[str, object]) -> list[str]:
     """``name: type [= default]`` for each parameter (parameter_names() gives the order and
     the names)."""
     properties = schema.get("properties")
@@ -3871,7 +3934,7 @@ def _parameters(schema: Mapping[str, Any]) -> list[str]:
             rendered.append("%s: %s" % (ident, " | ".join(types)))
             continue
         default = prop.get("default") if isinstance(prop, Mapping) else None  # absent: None
-        if default is None and "None" not in types and types != ["Any"]:
+        if default is None and "None" not in types and types != [_UNKNOWN_TYPE]:
             types = [*types, "None"]
         rendered.append("%s: %s = %r" % (ident, " | ".join(types), default))
     # A schema naming no parameters at all accepts anything; `"properties": {}` means none,
@@ -3899,11 +3962,11 @@ def _is_object_schema(schema: object) -> bool:
     return kind == "object" or (isinstance(kind, list) and "object" in kind)
 
 
-def render_signature(tool: Mapping[str, Any]) -> str:
+def render_signature(tool: Mapping[str, object]) -> str:
     """``name(params) -> dict|Any  # summary``: how the model calls the tool from Python."""
     schema = tool.get("inputSchema")
     params = _parameters(schema if isinstance(schema, Mapping) else {})
-    returns = "dict" if _is_object_schema(tool.get("outputSchema")) else "Any"
+    returns = "dict" if _is_object_schema(tool.get("outputSchema")) else _UNKNOWN_TYPE
     signature = "%s(%s) -> %s" % (python_identifier(_text(tool.get("name"))), ", ".join(params), returns)
     summary = _summary_line(tool.get("description"))
     return "%s  # %s" % (signature, summary) if summary else signature
@@ -3913,20 +3976,36 @@ def render_signature(tool: Mapping[str, Any]) -> str:
 _LINE_BREAKS = re.compile("[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]+")
 
 
-def render_tool_line(server_alias: str, tool: Mapping[str, Any]) -> str:
+def render_tool_line(server_alias: str, tool: Mapping[str, object]) -> str:
     """``mcp_<alias>.name(params) -> T  # summary``: one line, the call as the model writes it."""
     return _LINE_BREAKS.sub(" ", "mcp_%s.%s" % (server_alias, render_signature(tool)))
 
 
+class ToolDoc(TypedDict):
+    """One tool's doc, as query_tool_docs and search_tool_docs answer."""
+
+    server: str  # the server's alias
+    tool: str  # the tool's name on its server
+    name: str  # the Python name it is called under
+    signature: str
+    description: NotRequired[str]  # "full" only, with the schemas as the server sent them
+    input_schema: NotRequired[object]
+    output_schema: NotRequired[object]
+
+
 def render_tool_doc(
-    server_alias: str, tool: Mapping[str, Any], detail: Literal["summary", "full"]
-) -> dict[str, Any]:
+    server_alias: str, tool: Mapping[str, object], detail: Literal["summary", "full"]
+) -> ToolDoc:
     """One tool's doc: the signature alone ("summary"), or with description and schemas ("full")."""
     if detail not in ("summary", "full"):
         raise ValueError("detail must be 'summary' or 'full', not %r" % (detail,))
     name = _text(tool.get("name"))
-    doc: dict[str, Any] = {"server": server_alias, "tool": name, "name": python_identifier(name)}
-    doc["signature"] = render_signature(tool)
+    doc: ToolDoc = {
+        "server": server_alias,
+        "tool": name,
+        "name": python_identifier(name),
+        "signature": render_signature(tool),
+    }
     if detail == "full":
         doc["description"] = _text(tool.get("description"))
         doc["input_schema"] = tool.get("inputSchema", {})
@@ -4236,7 +4315,7 @@ def server_tokens(names: Iterable[object], about: object = "") -> dict[str, floa
 
 
 def _tool_tokens(
-    server_alias: str, tool: Mapping[str, Any], server: Mapping[str, float] | None = None
+    server_alias: str, tool: Mapping[str, object], server: Mapping[str, float] | None = None
 ) -> dict[str, float]:
     """Each stem in the tool's text and its server's (server_tokens), with the weight of
     the heaviest field it appears in."""
@@ -4260,13 +4339,13 @@ class IndexedTool:
     name (for the name's coverage) and what it does (its intent)."""
 
     alias: str
-    tool: Mapping[str, Any]
+    tool: Mapping[str, object]
     tokens: Mapping[str, float]
     name: tuple[str, ...]
     intent: str = ""  # what the tool does (_tool_intent)
 
 
-def _tool_intent(tool: Mapping[str, Any]) -> str:
+def _tool_intent(tool: Mapping[str, object]) -> str:
     """What the tool does: read, when its readOnlyHint says so; else the intent of the first
     word of its name in _INTENT_WORDS (``list_issues``: read; ``slack_post_message``:
     create); else "act" when its readOnlyHint is false; else "" (not told)."""
@@ -4288,7 +4367,8 @@ def _other_intent(asked: str, done: str) -> bool:
 
 
 def index_tools(
-    tools: Iterable[tuple[str, Mapping[str, Any]]], servers: Mapping[str, Mapping[str, float]] | None = None
+    tools: Iterable[tuple[str, Mapping[str, object]]],
+    servers: Mapping[str, Mapping[str, float]] | None = None,
 ) -> list[IndexedTool]:
     """The search index of (server alias, tool) pairs; ``servers``: alias -> server_tokens.
     A name's words for its coverage leave out _GENERIC_NAME_WORDS and the words every tool
@@ -4400,10 +4480,10 @@ def rank_tools(
 
 def search_tools(
     query: str,
-    tools: Sequence[tuple[str, Mapping[str, Any]]],
+    tools: Sequence[tuple[str, Mapping[str, object]]],
     limit: int = 5,
     servers: Mapping[str, Mapping[str, float]] | None = None,
-) -> list[tuple[float, str, Mapping[str, Any]]]:
+) -> list[tuple[float, str, Mapping[str, Any]]]:  # the tools as given (JSON objects)
     """rank_tools over tools not indexed yet."""
     return rank_tools(query, index_tools(tools, servers), limit)
 
@@ -4463,7 +4543,7 @@ def validate_memory_key(key: str) -> str:
     return key
 
 
-def check_memory_depth(value: Any, what: str) -> None:
+def check_memory_depth(value: object, what: str) -> None:
     """MemoryStoreError if ``value`` nests lists and objects deeper than MAX_MEMORY_DEPTH."""
     if json_depth(value, MAX_MEMORY_DEPTH) > MAX_MEMORY_DEPTH:
         raise MemoryStoreError(
@@ -4472,7 +4552,7 @@ def check_memory_depth(value: Any, what: str) -> None:
         )
 
 
-def memory_json(value: Any, what: str) -> str:
+def memory_json(value: object, what: str) -> str:
     """``value`` as the JSON text the store keeps; MemoryStoreError if it cannot be."""
     check_memory_depth(value, what)
     try:
@@ -4488,6 +4568,37 @@ def memory_json(value: Any, what: str) -> str:
 
 
 MEMORY_BUSY_SECONDS = 30.0  # how long a store operation waits for other bridges' writes
+
+
+class MemoryInfo(TypedDict):
+    """A memory as listed: its key, metadata and bookkeeping (and its value, in a snapshot)."""
+
+    key: str
+    value: NotRequired[JSON]  # snapshot() only
+    metadata: JSON  # as saved ({} for none; {"unreadable": why} when it cannot be read back)
+    size: int  # bytes of its value's and metadata's JSON: what counts against the caps
+    version: int
+    created: str  # ISO 8601, UTC
+    updated: str
+    value_size: NotRequired[int]  # entries(value_sizes=True) only: its value's JSON alone
+
+
+class MemoryLoaded(TypedDict):
+    found: bool
+    value: JSON  # None when not found
+    version: int  # 0 when not found
+    generation: int  # what put_if compares; 0 when not found
+
+
+class MemoryPutIf(TypedDict):
+    ok: bool
+    version: NotRequired[int]  # when written
+    generation: NotRequired[int]  # when not: the key's generation now
+
+
+class MemoryPage(TypedDict):
+    memories: list[MemoryInfo]
+    more: bool  # whether keys follow
 
 
 class MemoryStore:
@@ -4587,7 +4698,7 @@ class MemoryStore:
             "a new one." % (self.path, type(exc).__name__, exc)
         )
 
-    def _encode(self, value: Any, metadata: dict[str, Any] | None) -> tuple[str, str | None]:
+    def _encode(self, value: object, metadata: Mapping[str, object] | None) -> tuple[str, str | None]:
         text = memory_json(value, "value")
         meta = None if metadata is None else memory_json(metadata, "metadata")
         self._entry_size(text, meta)  # refused before the store is opened, when it can be
@@ -4649,7 +4760,7 @@ class MemoryStore:
         )
         return int(version)
 
-    def save(self, key: str, value: Any, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+    def save(self, key: str, value: object, metadata: Mapping[str, object] | None = None) -> MemoryInfo:
         text, meta = self._encode(value, metadata)
         with self._transaction(write=True) as db:
             self._write(db, validate_memory_key(key), text, meta)
@@ -4657,7 +4768,7 @@ class MemoryStore:
         assert info is not None
         return info
 
-    def load(self, key: str) -> dict[str, Any]:
+    def load(self, key: str) -> MemoryLoaded:
         """{"found": bool, "value": ..., "version": int, "generation": int} (0 and 0 when not
         found); "generation" is what put_if compares."""
         with self._transaction(write=False) as db:
@@ -4669,7 +4780,7 @@ class MemoryStore:
         value = _stored_json(row[0], key, "value")
         return {"found": True, "value": value, "version": row[1], "generation": row[2]}
 
-    def put_if(self, key: str, value: Any, generation: int) -> dict[str, Any]:
+    def put_if(self, key: str, value: object, generation: int) -> MemoryPutIf:
         """Write ``value`` only if the key is still at ``generation`` (0: still absent), as
         load read it: the commit half of update_memory, whose function runs in the sandbox
         in between. Generations never repeat, so a delete and a new save in between (whose
@@ -4688,16 +4799,16 @@ class MemoryStore:
         with self._transaction(write=True) as db:
             return db.execute("DELETE FROM memories WHERE key = ?", (validate_memory_key(key),)).rowcount > 0
 
-    def info(self, key: str) -> dict[str, Any] | None:
+    def info(self, key: str) -> MemoryInfo | None:
         rows = self._infos("WHERE key = ?", (validate_memory_key(key),))
         return rows[0] if rows else None
 
-    def entries(self, value_sizes: bool = False) -> list[dict[str, Any]]:
+    def entries(self, value_sizes: bool = False) -> list[MemoryInfo]:
         """Every memory's info; ``value_sizes``: with "value_size", the bytes of its value's
         JSON alone ("size" counts the metadata too, as the caps do)."""
         return self._infos("ORDER BY key", (), value_sizes=value_sizes)
 
-    def page(self, after: str | None = None, limit: int = MEMORY_PAGE_ENTRIES) -> dict[str, Any]:
+    def page(self, after: str | None = None, limit: int = MEMORY_PAGE_ENTRIES) -> MemoryPage:
         """{"memories": the infos of the keys after ``after`` in key order, at most ``limit``
         of them and about MEMORY_PAGE_BYTES of keys and metadata (at least one), "more":
         whether keys follow}: what list_memories() asks for, one bounded answer at a time."""
@@ -4714,45 +4825,51 @@ class MemoryStore:
             more = db.execute("SELECT 1 FROM memories WHERE key > ? LIMIT 1", (last,)).fetchone() is not None
         return {"memories": infos, "more": more}
 
-    def snapshot(self) -> dict[str, dict[str, Any]]:
+    def snapshot(self) -> dict[str, dict[str, object]]:
         """Every memory, its value first, then its info, read in one transaction: a
         consistent copy even while another bridge writes."""
-        return {entry.pop("key"): entry for entry in self._infos("ORDER BY key", (), with_values=True)}
+        memories: dict[str, dict[str, object]] = {}
+        for entry in self._infos("ORDER BY key", (), with_values=True):
+            info = {name: field for name, field in entry.items() if name not in ("key", "value")}
+            memories[entry["key"]] = {"value": entry.get("value"), **info}
+        return memories
 
     def _infos(
-        self, where: str, args: tuple[Any, ...], with_values: bool = False, value_sizes: bool = False
-    ) -> list[dict[str, Any]]:
+        self, where: str, args: tuple[str | int, ...], with_values: bool = False, value_sizes: bool = False
+    ) -> list[MemoryInfo]:
         columns = "key, metadata, size, version, created, updated" + (", value" if with_values else "")
         with self._transaction(write=False) as db:
             rows = db.execute("SELECT %s FROM memories %s" % (columns, where), args).fetchall()
         infos = []
         for key, metadata, size, version, created, updated, *value in rows:
-            info: dict[str, Any] = {"key": key}
-            if with_values:
-                info["value"] = _stored_json(value[0], key, "value")
+            shown: JSON
             try:
                 shown = _stored_json(metadata, key, "metadata") if metadata else {}
             except MemoryStoreError as exc:  # one bad entry must not hide the others
                 shown = {"unreadable": str(exc)}
-            info.update(
-                metadata=shown,
-                size=size,
-                version=version,
-                created=_iso_time(created),
-                updated=_iso_time(updated),
-            )
+            info: MemoryInfo = {
+                "key": key,
+                "metadata": shown,
+                "size": size,
+                "version": version,
+                "created": _iso_time(created),
+                "updated": _iso_time(updated),
+            }
+            if with_values:
+                info["value"] = _stored_json(value[0], key, "value")
             if value_sizes:
                 info["value_size"] = size - (len(metadata.encode("utf-8")) if metadata else 0)
             infos.append(info)
         return infos
 
 
-def _stored_json(text: str, key: str, what: str) -> Any:
+def _stored_json(text: str, key: str, what: str) -> JSON:
     """A stored value or metadata decoded, or MemoryStoreError saying which memory cannot be
     read back and what to do: a store written by hand, or before depth was checked at
     save, may hold JSON nested deeper than Python's decoder goes (RecursionError)."""
     try:
-        return json.loads(text)
+        value: JSON = json.loads(text)
+        return value
     except (RecursionError, ValueError) as exc:
         raise MemoryStoreError(
             "The %s of the memory %r cannot be read back (%s: it nests deeper than %d levels or "
@@ -4786,6 +4903,29 @@ def saved_tool_doc(source: str, filename: str = "<saved tool>") -> str:
 _UNPARSABLE = (SyntaxError, ValueError, RecursionError, MemoryError)
 
 
+class SavedTool(TypedDict):
+    """What save_tool answers: the tool's file, and every saved tool's name (so the kernel
+    does not warn about calls to them)."""
+
+    name: str
+    path: str
+    tools: list[str]
+
+
+class SavedSource(TypedDict):
+    """A saved tool as a fresh session defines it."""
+
+    name: str
+    path: str
+    source: str
+    digest: str  # sha256 of the file: what a quarantine names
+
+
+class SavedSources(TypedDict):
+    tools: list[SavedSource]  # in name order
+    skipped: list[str]  # a notice for each tool left out
+
+
 class SavedTools:
     """Saved tools: one readable Python file per tool, ``STATE_DIR/user_tools/<name>.py``,
     that the user may open and edit; written atomically (a temporary file, then
@@ -4817,7 +4957,7 @@ class SavedTools:
             )
         return self.directory / (name + ".py")
 
-    def save(self, name: str, source: str) -> dict[str, Any]:
+    def save(self, name: str, source: str) -> SavedTool:
         path = self.path(name)
         data = source.encode("utf-8", "surrogatepass")
         if len(data) > self.MAX_SOURCE_BYTES:
@@ -4885,7 +5025,7 @@ class SavedTools:
         return True
 
     # --- the index: what listing needs, and the quarantine ------------------------------
-    def _read_index(self, name: str) -> dict[str, Any]:
+    def _read_index(self, name: str) -> dict[str, JSON]:
         try:
             with (self.index_dir / (name + ".json")).open("rb") as file:
                 record = json.loads(file.read(64 * 1024))
@@ -4893,7 +5033,7 @@ class SavedTools:
             return {}
         return record if isinstance(record, dict) else {}
 
-    def _write_index(self, name: str, record: dict[str, Any]) -> None:
+    def _write_index(self, name: str, record: dict[str, JSON]) -> None:
         """Best effort: an index that cannot be written costs a parse at the next listing."""
         try:
             self.index_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -4906,12 +5046,12 @@ class SavedTools:
             status = path.stat()
         except OSError:
             return
-        record = {"size": status.st_size, "mtime_ns": status.st_mtime_ns, "doc": doc}
+        record: dict[str, JSON] = {"size": status.st_size, "mtime_ns": status.st_mtime_ns, "doc": doc}
         if digest is not None:
             record["digest"] = digest
         self._write_index(path.stem, record)
 
-    def _listed(self, path: Path) -> tuple[str, dict[str, Any]]:
+    def _listed(self, path: Path) -> tuple[str, dict[str, JSON]]:
         """The docstring's first line and the index record: from the index while the file
         is as indexed (same size and mtime), else parsed once (a hand-edited file) and
         indexed again. The record's "quarantined" holds only while the file is unchanged."""
@@ -4949,16 +5089,16 @@ class SavedTools:
         self._write_index(name, record)
         return path
 
-    def _quarantine_of(self, name: str, digest: str) -> dict[str, Any] | None:
+    def _quarantine_of(self, name: str, digest: str) -> dict[str, JSON] | None:
         held = self._read_index(name).get("quarantined")
         return held if isinstance(held, dict) and held.get("digest") == digest else None
 
     # --- reading ------------------------------------------------------------------------
-    def sources(self) -> dict[str, list[Any]]:
+    def sources(self) -> SavedSources:
         """What a fresh session defines: {"tools": [{name, path, source, digest}] in name
         order, "skipped": [a notice for each tool left out]}. A quarantined source and a
         file that cannot be read are left out, each with its notice."""
-        tools: list[dict[str, str]] = []
+        tools: list[SavedSource] = []
         skipped: list[str] = []
         for path in self._files():
             name = path.stem
@@ -5104,12 +5244,12 @@ MAX_ARGUMENT_DEPTH = 100
 MAX_ARGUMENT_VALUES = 250_000
 
 
-def check_tool_arguments(arguments: dict[str, Any]) -> None:
+def check_tool_arguments(arguments: Mapping[str, object]) -> None:
     """ProxyError for arguments a server connection would choke on: strings with lone
     surrogates (e.g. a file name that is not UTF-8; the transport's encoder would fail
     and drop the connection), nesting deeper than MAX_ARGUMENT_DEPTH and more than
     MAX_ARGUMENT_VALUES values. CPU-bound on large arguments: call it in a worker thread."""
-    stack: list[tuple[Any, int]] = [(arguments, 0)]
+    stack: list[tuple[object, int]] = [(arguments, 0)]
     count = 1
     while stack:
         value, depth = stack.pop()
@@ -5291,7 +5431,7 @@ class HostAPI:
 
     async def search_tool_docs(
         self, query: str, limit: int = 5, detail: Literal["line", "summary", "full"] = "line"
-    ) -> list[str] | list[dict[str, Any]]:
+    ) -> list[str] | list[dict[str, object]]:
         """One line per hit (render_tool_line), or docs with their score and line ("summary", "full").
         Every configured server is searched, so those not started yet are started here
         (concurrently); a server that fails is left out of the ranking, and the call's
@@ -5375,14 +5515,14 @@ class HostAPI:
         return await anyio.to_thread.run_sync(method, *args, limiter=self._memory_limiter)
 
     async def memory_save(
-        self, key: str, value: Any = None, metadata: dict[str, Any] | None = None
+        self, key: str, value: object = None, metadata: Mapping[str, object] | None = None
     ) -> object:
         return await self._in_store(self.memory.save, key, value, metadata)
 
     async def memory_load(self, key: str) -> object:
         return await self._in_store(self.memory.load, key)
 
-    async def memory_put_if(self, key: str, value: Any, generation: int) -> object:
+    async def memory_put_if(self, key: str, value: object, generation: int) -> object:
         return await self._in_store(self.memory.put_if, key, value, generation)
 
     async def memory_delete(self, key: str) -> object:
@@ -5547,8 +5687,8 @@ class ExecutionOutcome:
     stdout: str = ""
     stderr: str = ""
     value: str | None = None  # the repr of the final value
-    value_json: Any = None  # the final value as JSON data, when it is plain JSON
-    error: dict[str, str] | None = None
+    value_json: object = None  # the final value as JSON data, when it is plain JSON
+    error: ErrorInfo | None = None
     # What was cut from the middle of stdout, stderr or the value (rendering fits the rest
     # into the output budget): the count, the text after the cut, the file holding it all.
     cuts: dict[str, OutputCut] = field(default_factory=dict)
@@ -5612,7 +5752,7 @@ class CallProgress:
 
 
 def checked_images(
-    images: Sequence[Mapping[str, str]], config: BridgeConfig, notices: list[str]
+    images: Sequence[Image], config: BridgeConfig, notices: list[str]
 ) -> list[tuple[str, str]]:
     """The kernel caps images already; the host checks again (the frame came from the
     sandbox): a known image type, valid base64, within both caps. (mime type, base64) each."""
@@ -5643,7 +5783,7 @@ def _strict_utf8(*texts: str) -> bool:
 
 
 def checked_attachments(
-    files: Sequence[Mapping[str, str]], config: BridgeConfig, notices: list[str]
+    files: Sequence[Attachment], config: BridgeConfig, notices: list[str]
 ) -> list[types.EmbeddedResource]:
     """Files from runtime.attach() as embedded resources, checked again on the host: a
     file:// URI, valid base64, within the size cap, at most MAX_ATTACHMENTS."""
@@ -5671,9 +5811,10 @@ def checked_attachments(
     return kept
 
 
-def sandbox_error_result(kind: str, message: str) -> dict[str, Any]:
+def sandbox_error_result(execute_id: FrameId, kind: str, message: str) -> ResultFrame:
     """A result frame for an execute the kernel could not run to its own result."""
-    return {"type": "result", "status": "error", "error": {"type": kind, "message": message, "traceback": ""}}
+    error: ErrorInfo = {"type": kind, "message": message, "traceback": ""}
+    return {"type": "result", "id": execute_id, "status": "error", "error": error}
 
 
 class PendingExecute:
@@ -5685,7 +5826,7 @@ class PendingExecute:
         self.streams: dict[str, list[str]] = {"stdout": [], "stderr": []}
         self.kept = {"stdout": 0, "stderr": 0}
         self.cut = {"stdout": 0, "stderr": 0}
-        self.result: dict[str, Any] | None = None
+        self.result: ResultFrame | None = None
         self.done = anyio.Event()
         self.progress: CallProgress | None = None
 
@@ -5700,20 +5841,20 @@ class PendingExecute:
         self.kept[name] += min(room, len(text))
         self.cut[name] += max(0, len(text) - room)
 
-    def complete(self, result: dict[str, Any]) -> None:
+    def complete(self, result: ResultFrame) -> None:
         """The first result ends the execute; anything later is ignored."""
         if self.result is None:
             self.result = result
             self.done.set()
 
-    def receive(self, frame: dict[str, Any]) -> None:
+    def receive(self, frame: StreamFrame | ResultFrame | ErrorFrame) -> None:
         """A valid stream, result or error frame of this execute's."""
         if frame["type"] == "stream":
             self.add_stream(frame["name"], frame["text"])
         elif frame["type"] == "result":
             self.complete(frame)
         else:
-            self.complete(sandbox_error_result("SandboxError", frame["message"]))
+            self.complete(sandbox_error_result(self.id, "SandboxError", frame["message"]))
 
     async def tick(self, started: float) -> None:
         """Progress for whichever call is waiting for this execute now (it may change)."""
@@ -5733,7 +5874,7 @@ class ProblemLog:
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
 
-    def report(self, kind: str, message: str, *args: Any, exc_info: bool = False) -> None:
+    def report(self, kind: str, message: str, *args: object, exc_info: bool = False) -> None:
         seen = self.counts.get(kind, 0)
         if seen or len(self.counts) < self.MAX_KINDS:
             self.counts[kind] = seen + 1
@@ -5741,6 +5882,25 @@ class ProblemLog:
             logger.warning(
                 message + " (further problems of this kind are not logged)", *args, exc_info=exc_info
             )
+
+
+class ServerDirectory(Protocol):
+    """What a sandbox's settings tell its kernel about the MCP servers (HostAPI)."""
+
+    def server_list(self) -> list[dict[str, str]]: ...
+
+    def config_problems(self) -> list[str]: ...
+
+
+class SandboxHost(ServerDirectory, Protocol):
+    """What a sandbox session asks of the host while it runs code: HostAPI, a principal's
+    one for all its sandboxes (tests pass a fake)."""
+
+    async def handle(self, method: str, params: Mapping[str, object]) -> object: ...
+
+    def defined_tools_notice(self, names: Sequence[str]) -> str | None: ...
+
+    async def quarantine_tools(self, failed: Sequence[mcp_sandbox_kernel.FailedTool]) -> list[str]: ...
 
 
 # --- a sandbox's parts: its container, its request desk, its exit, its outcome ----------
@@ -5756,7 +5916,7 @@ class SandboxContainer:
         runtime: ContainerRuntime,
         config: BridgeConfig,
         ipc_root: Path,
-        host: HostAPI,
+        host: ServerDirectory,
         owner: OwnerIdentity,
         session: str,
     ) -> None:
@@ -5901,7 +6061,7 @@ class SandboxContainer:
 
 def execute_frame(execute_id: str, code: str, saved_tools: bool, max_frame_bytes: int) -> bytes:
     """The execute frame for ``code``; InvalidRequestError when it is too large to send."""
-    frame: dict[str, Any] = {"type": "execute", "id": execute_id, "code": code}
+    frame: ExecuteFrame = {"type": "execute", "id": execute_id, "code": code}
     if not saved_tools:
         frame["saved_tools"] = False
     try:
@@ -5922,8 +6082,8 @@ class RequestDesk:
     def __init__(
         self,
         name: str,
-        serve: Callable[[dict[str, Any]], Awaitable[Any]],
-        send: Callable[[dict[str, Any]], Awaitable[None]],
+        serve: Callable[[RequestFrame], Awaitable[object]],  # the result: JSON data
+        send: Callable[[ResponseFrame], Awaitable[None]],
         max_bytes: int,
         problems: ProblemLog,
     ) -> None:
@@ -5933,7 +6093,7 @@ class RequestDesk:
         self.max_bytes = max_bytes  # per request, and of all requests in flight together
         self.problems = problems
         self.task_group: anyio.abc.TaskGroup | None = None  # none yet: every request is refused
-        self.requests: dict[str | int, anyio.CancelScope] = {}  # in flight, by id
+        self.requests: dict[FrameId, anyio.CancelScope] = {}  # in flight, by id
         self.request_bytes = 0  # frame bytes of the requests in flight
         self.refusing = 0  # refusal answers being sent
 
@@ -5941,7 +6101,7 @@ class RequestDesk:
     def in_flight(self) -> int:
         return len(self.requests)
 
-    def accept(self, frame: dict[str, Any], size: int) -> None:
+    def accept(self, frame: RequestFrame, size: int) -> None:
         """Serve a valid request frame of ``size`` bytes, or refuse it (a duplicate id is dropped)."""
         request_id, cap = frame["id"], self.max_bytes
         if request_id in self.requests:
@@ -5973,7 +6133,7 @@ class RequestDesk:
             scope = self.requests[request_id] = anyio.CancelScope()
             self.task_group.start_soon(self._serve, frame, scope, size)
 
-    def refuse(self, request_id: Any, message: str) -> None:
+    def refuse(self, request_id: FrameId, message: str) -> None:
         """Answer a request with an error from a task of its own: the reader must never
         wait on a write to the sandbox (the sandbox may be waiting for the reader), and a
         flood of refusals beyond MAX_REQUESTS_IN_FLIGHT is dropped, not queued."""
@@ -5990,16 +6150,16 @@ class RequestDesk:
 
         self.task_group.start_soon(answer)
 
-    def cancel(self, request_id: str | int | None = None) -> None:
+    def cancel(self, request_id: FrameId | None = None) -> None:
         """Cancel one request in flight, or all of them (the call that made them ended)."""
         for key, scope in list(self.requests.items()):
             if request_id is None or key == request_id:
                 scope.cancel()
 
-    async def _serve(self, frame: dict[str, Any], scope: anyio.CancelScope, size: int) -> None:
+    async def _serve(self, frame: RequestFrame, scope: anyio.CancelScope, size: int) -> None:
         """Serve one request and answer it exactly once; nothing raises out of here."""
         request_id = frame["id"]
-        result: Any = None
+        result: object = None
         error: str | None = None
         try:
             with scope:
@@ -6023,10 +6183,10 @@ class RequestDesk:
             self.request_bytes -= size
         await self.respond(request_id, result=result, error=error)
 
-    async def respond(self, request_id: Any, result: Any = None, error: str | None = None) -> None:
+    async def respond(self, request_id: FrameId, result: object = None, error: str | None = None) -> None:
         """Send the one response to ``request_id``; a response too large for a frame
         becomes an error response. Never raises: the sandbox may be gone already."""
-        response: dict[str, Any] = {"type": "response", "id": request_id}
+        response: ResponseFrame = {"type": "response", "id": request_id}
         if error is None:
             response["result"] = result
         else:
@@ -6120,6 +6280,8 @@ def missing_package_hint(error: Mapping[str, Any] | None, image: str) -> str | N
 
 
 MAX_CRASH_REASON_CHARS = 1000
+# What outcome_of_execute reads when the kernel sent no result: none of the optional fields.
+NO_RESULT: ResultFrame = {"type": "result", "id": "", "status": "crashed"}
 
 
 def outcome_of_execute(
@@ -6134,8 +6296,8 @@ def outcome_of_execute(
     the sandbox died), as the call's outcome: whether the code timed out (``timed_out``:
     it had no result within ``timeout`` seconds), ended, crashed or failed, and what of
     the session's state is left. ``death_reason`` completes "The sandbox ..."."""
-    result = pending.result or {}
-    status = result.get("status")
+    status = pending.result["status"] if pending.result is not None else None
+    result = pending.result or NO_RESULT
     cuts = {name: OutputCut(**cut) for name, cut in (result.get("cut") or {}).items()}
     for name, count in pending.cut.items():  # the host's own cap cut the head
         if count:
@@ -6179,7 +6341,8 @@ def outcome_of_execute(
             death_reason or "stopped"
         )
     elif status in ("crashed", "killed"):
-        reason = str((outcome.error or {}).get("message") or "the Python process running the code ended")
+        said = outcome.error.get("message") if outcome.error is not None else None
+        reason = str(said or "the Python process running the code ended")
         reason = reason[:MAX_CRASH_REASON_CHARS]  # the supervisor's word, from the sandbox
         outcome.status, outcome.state_kept, outcome.error = "crashed", False, None
         outcome.detail = (
@@ -6203,7 +6366,7 @@ class SandboxSession:
         runtime: ContainerRuntime,
         config: BridgeConfig,
         ipc_root: Path,
-        host: HostAPI,
+        host: SandboxHost,
         owner: OwnerIdentity | None = None,
         problems: ProblemLog | None = None,
         session: str = DEFAULT_SESSION,
@@ -6215,7 +6378,7 @@ class SandboxSession:
         self.container = SandboxContainer(runtime, config, ipc_root, host, owner or bridge_owner(), session)
         self.name = self.container.name
         self.process: anyio.abc.Process | None = None
-        self.hello: dict[str, Any] | None = None
+        self.hello: HelloFrame | None = None
         self.hello_received = anyio.Event()
         self.exited = anyio.Event()
         self.exit = SandboxExit(config.memory)
@@ -6270,7 +6433,7 @@ class SandboxSession:
         logger.info("sandbox %s ready (python %s)", self.name, self.hello.get("python"))
 
     # --- frame I/O ------------------------------------------------------------------
-    async def send(self, frame: dict[str, Any]) -> None:
+    async def send(self, frame: InterruptFrame | ResponseFrame) -> None:
         await self.send_bytes(encode_frame(frame, self.config.max_frame_bytes))
 
     async def send_bytes(self, data: bytes) -> None:
@@ -6323,41 +6486,41 @@ class SandboxSession:
         self._reader_scopes.append(scope)
         return scope
 
-    async def _dispatch(self, frame: dict[str, Any], size: int = 0) -> None:
+    async def _dispatch(self, unchecked: Frame, size: int = 0) -> None:
         """One frame from the sandbox (``size`` bytes on the wire), validated before any
         field is used. Runs in the reader task: what it awaits slows the sandbox's sender,
         never the bridge."""
         try:
-            validate_frame(frame, KERNEL_FRAME_TYPES)
+            frame = kernel_frame(unchecked)
         except ProtocolError as exc:
-            self._on_malformed(frame, exc)
+            self._on_malformed(unchecked, exc)
             return
-        kind, pending = frame["type"], self.pending
-        if kind in ("stream", "result", "error") and pending is not None and frame.get("id") == pending.id:
-            pending.receive(frame)
-        elif kind == "hello":
+        pending = self.pending
+        if frame["type"] == "hello":
             if self.hello is None:
                 self.hello = frame
                 self.hello_received.set()
-        elif kind == "error":  # with no execute to end (e.g. why the kernel is stopping)
-            self.exit.saw_kernel_error(frame["message"])
-            self.problems.report("kernel error", "sandbox %s kernel: %s", self.name, frame["message"][:500])
-        elif kind == "request" and pending is None:
+        elif frame["type"] == "request" and pending is None:
             # The supervisor already refuses requests between calls; defense in depth.
             self.desk.refuse(frame["id"], "refused: no run_python call is running")
-        elif kind == "request":
+        elif frame["type"] == "request":
             self.desk.accept(frame, size)
-        elif kind == "cancel":
+        elif frame["type"] == "cancel":
             self.cancel_requests(frame["id"])
+        elif pending is not None and frame.get("id") == pending.id:  # stream, result or error
+            pending.receive(frame)
+        elif frame["type"] == "error":  # with no execute to end (e.g. why the kernel is stopping)
+            self.exit.saw_kernel_error(frame["message"])
+            self.problems.report("kernel error", "sandbox %s kernel: %s", self.name, frame["message"][:500])
 
-    async def _serve(self, frame: dict[str, Any]) -> Any:
+    async def _serve(self, frame: RequestFrame) -> object:
         """One request of the sandbox's, served by the host (see RequestDesk)."""
         if frame["method"] == mcp_sandbox_kernel.PROGRESS:  # about this session's own call
             await report_progress(self.pending, frame["params"])  # answered with null
             return None
         return await self.host.handle(frame["method"], frame["params"])
 
-    def _on_malformed(self, frame: dict[str, Any], exc: ProtocolError) -> None:
+    def _on_malformed(self, frame: Frame, exc: ProtocolError) -> None:
         self.malformed_frames += 1
         self.first_malformed = self.first_malformed or str(exc)
         self.problems.report("malformed frame", "sandbox %s sent a malformed frame: %s", self.name, exc)
@@ -6365,12 +6528,14 @@ class SandboxSession:
         if kind == "result" and pending is not None and frame_id == pending.id:
             # Fail the call now rather than let it wait for a result that may never come.
             pending.complete(
-                sandbox_error_result("ProtocolError", "the sandbox sent a malformed result: %s" % exc)
+                sandbox_error_result(
+                    pending.id, "ProtocolError", "the sandbox sent a malformed result: %s" % exc
+                )
             )
         elif kind == "request" and is_frame_id(frame_id):
             self.desk.refuse(frame_id, "the request was malformed: %s" % exc)
 
-    def cancel_requests(self, request_id: str | int | None = None) -> None:
+    def cancel_requests(self, request_id: FrameId | None = None) -> None:
         """Cancel one outstanding sandbox request, or all of them (end of an execute)."""
         self.desk.cancel(request_id)
 
@@ -6423,11 +6588,12 @@ class SandboxSession:
         outcome = outcome_of_execute(
             pending, timeout=timeout, timed_out=timed_out, death_reason=self.death_reason, config=self.config
         )
-        defined = (pending.result or {}).get("defined_tools")
+        result = pending.result or NO_RESULT
+        defined = result.get("defined_tools")
         notice = self.host.defined_tools_notice(defined) if defined is not None else None
         if notice is not None:
             outcome.notices.insert(0, notice)
-        failed = (pending.result or {}).get("failed_tools")
+        failed = result.get("failed_tools")
         if failed:
             outcome.notices.extend(await self.host.quarantine_tools(failed))
         outcome.duration = time.monotonic() - started
@@ -6634,9 +6800,7 @@ class SharedRuntime:
     """The container runtime every session uses: found (and this host's leftover
     sandboxes swept) once, on first use, and released once at the end."""
 
-    def __init__(
-        self, config: BridgeConfig, locate_runtime: Callable[[RuntimeName | None], Any] = detect_runtime
-    ) -> None:
+    def __init__(self, config: BridgeConfig, locate_runtime: RuntimeLocator = detect_runtime) -> None:
         self.config = config
         self.locate_runtime = locate_runtime
         self.runtime: ContainerRuntime | None = None
@@ -7188,7 +7352,7 @@ def fit_notices(notices: Sequence[str], room: int) -> list[str]:
     return kept
 
 
-def json_fits(value: Any, room: int) -> bool:
+def json_fits(value: object, room: int) -> bool:
     """Whether ``value`` (decoded JSON) is at most MAX_VALUE_JSON_DEPTH deep and its JSON
     text at most ``room`` characters; walked without recursion, stopping once it is over."""
     size, stack = 0, [(value, 0)]
@@ -7908,7 +8072,7 @@ class Bridge:
 async def open_bridge(
     config: BridgeConfig,
     discovery: DiscoveryResult,
-    locate_runtime: Callable[[RuntimeName | None], Any] = detect_runtime,
+    locate_runtime: RuntimeLocator = detect_runtime,
 ) -> AsyncIterator[Bridge]:
     """The bridge, open until the block ends; then every sandbox is removed and every
     proxied server stopped. The local principal's default sandbox starts meanwhile
@@ -8525,7 +8689,7 @@ class PrincipalSessionManager(_SessionManagerBase):
         )
         self.config = config
 
-    def _admit_session(self, requestor: Any) -> Any:
+    def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
         if requestor is not None:
             held = self.sessions_of(requestor["client_id"])
             if held >= self.config.max_mcp_sessions_per_principal:
@@ -8553,7 +8717,7 @@ class SessionCapApp:
     def __init__(self, manager: PrincipalSessionManager) -> None:
         self.manager = manager
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await self.manager.asgi_app(scope, receive, send)
         except TooManyMcpSessionsError as exc:  # raised before any response was started
@@ -8605,8 +8769,9 @@ class GuardedH11Protocol(_H11ProtocolBase):
         }
         return type(cls.__name__, (cls, H11Protocol), settings)
 
+    # Any: uvicorn narrows asyncio's BaseTransport to Transport here (it ignores the override)
     def connection_made(self, transport: Any) -> None:
-        self._deadline: Any = None
+        self._deadline: asyncio.TimerHandle | None = None
         self._request_began = 0.0
         super().connection_made(transport)
         seconds = self.request_timeout
@@ -8678,7 +8843,7 @@ class GuardedH11Protocol(_H11ProtocolBase):
         self.transport.close()
 
 
-async def refuse_busy_connection(scope: Any, receive: Any, send: Any) -> None:
+async def refuse_busy_connection(scope: Scope, receive: Receive, send: Send) -> None:
     """The ASGI answer on a connection over MCP_BRIDGE_HTTP_MAX_CONNECTIONS."""
     from starlette.responses import Response
 
@@ -8976,7 +9141,7 @@ def _no_memory(store: MemoryStore, key: str) -> CommandError:
     return CommandError(message)
 
 
-def _stored_entries(store: MemoryStore) -> list[dict[str, Any]]:
+def _stored_entries(store: MemoryStore) -> list[MemoryInfo]:
     return store.entries() if store.path.exists() else []  # reading must not create the store
 
 
@@ -9030,8 +9195,8 @@ def _list_memories(store: MemoryStore, tools: SavedTools, as_json: bool) -> None
 
 
 def _get_memory(store: MemoryStore, key: str) -> None:
-    loaded = store.load(key) if store.path.exists() else {"found": False}
-    if not loaded["found"]:
+    loaded = store.load(key) if store.path.exists() else None
+    if loaded is None or not loaded["found"]:
         raise _no_memory(store, key)
     print(terminal_json(json.dumps(loaded["value"], ensure_ascii=False, indent=2)))
 
@@ -10201,7 +10366,7 @@ async def _check_sandbox_start(runtime: ContainerRuntime, config: BridgeConfig) 
             await session.stop()
             group.cancel_scope.cancel()
         seconds = time.monotonic() - started
-        python = str((session.hello or {}).get("python", "unknown"))
+        python = session.hello["python"] if session.hello is not None else "unknown"
     return DoctorCheck(
         "sandbox",
         "start",

@@ -11,6 +11,7 @@ import mcp_types as types
 import pytest
 
 import mcp_server_code_execution_mode as bridge
+from mcp_sandbox_kernel import Attachment
 from tests.conftest import Engine, bridge_client, bridge_env, text_of
 
 pytestmark = pytest.mark.anyio
@@ -79,6 +80,7 @@ async def test_a_file_over_the_cap_or_the_eleventh_is_refused_clearly(
 def test_the_host_drops_attachments_that_are_not_within_the_cap() -> None:
     config = bridge.BridgeConfig(max_attachment_bytes=4)
     notices: list[str] = []
+    blob: Attachment = {"uri": "file:///tmp/d", "mime_type": "application/zip", "blob": "AA=="}
     kept = bridge.checked_attachments(
         [
             {"uri": "file:///tmp/a", "mime_type": "text/plain", "text": "abcd"},
@@ -86,7 +88,7 @@ def test_the_host_drops_attachments_that_are_not_within_the_cap() -> None:
             {"uri": "file:///tmp/b", "mime_type": "application/zip", "blob": "not base64!"},
             {"uri": "file:///tmp/c", "mime_type": "text/plain", "text": "abcde"},
             {"uri": "file:///tmp/e", "mime_type": "text/plain", "text": "\ud800"},  # JSON cannot carry it
-            *[{"uri": "file:///tmp/d", "mime_type": "application/zip", "blob": "AA=="}] * 10,
+            *[blob] * 10,
         ],
         config,
         notices,

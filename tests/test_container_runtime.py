@@ -7,13 +7,14 @@ import os
 import stat
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
 import mcp_sandbox_kernel
 import mcp_server_code_execution_mode as bridge
-from mcp_sandbox_kernel import BOOTSTRAP
+from mcp_sandbox_kernel import BOOTSTRAP, FailedTool
 from mcp_server_code_execution_mode import (
     INSTALL_ENGINE,
     ContainerRuntime,
@@ -720,7 +721,7 @@ async def test_a_remote_podman_gets_no_seccomp_file_of_this_machine_and_says_so(
         runtime,
         bridge.BridgeConfig(state_dir=tmp_path),
         tmp_path / "ipc",
-        NoServers(),  # type: ignore[arg-type]
+        NoServers(),
     )
 
     argv = runtime.run_argv(session.container.launch_spec())
@@ -732,7 +733,7 @@ async def test_a_remote_podman_gets_no_seccomp_file_of_this_machine_and_says_so(
         docker,
         bridge.BridgeConfig(state_dir=tmp_path),
         tmp_path / "ipc",
-        NoServers(),  # type: ignore[arg-type]
+        NoServers(),
     )
     assert any(item.startswith("seccomp=") for item in docker.run_argv(on_docker.container.launch_spec()))
     if sys.platform == "linux":
@@ -749,7 +750,7 @@ def test_the_kernel_comes_on_stdin_for_a_remote_engine_or_when_asked(
     runtime = bridge.DockerRuntime("/usr/bin/docker")
     runtime.remote = remote
     config = bridge.BridgeConfig(state_dir=tmp_path, kernel_delivery=delivery)
-    session = bridge.SandboxSession(runtime, config, tmp_path / "ipc", NoServers())  # type: ignore[arg-type]
+    session = bridge.SandboxSession(runtime, config, tmp_path / "ipc", NoServers())
 
     argv = runtime.run_argv(session.container.launch_spec())
 
@@ -768,13 +769,22 @@ class NoServers:
     def config_problems(self) -> list[str]:
         return []
 
+    async def handle(self, method: str, params: Mapping[str, object]) -> object:
+        raise AssertionError("no code runs here")
+
+    def defined_tools_notice(self, names: Sequence[str]) -> str | None:
+        return None
+
+    async def quarantine_tools(self, failed: Sequence[FailedTool]) -> list[str]:
+        return []
+
 
 def test_ipc_directory_is_private_and_read_only_content_is_readable(tmp_path: Path) -> None:
     import json
 
     config = bridge.BridgeConfig(state_dir=tmp_path)
     runtime = bridge.PodmanRuntime("/usr/bin/podman")
-    session = bridge.SandboxSession(runtime, config, tmp_path / "ipc", NoServers())  # type: ignore[arg-type]
+    session = bridge.SandboxSession(runtime, config, tmp_path / "ipc", NoServers())
     session.container.prepare_ipc_dir()
 
     def mode(path: Path) -> int:

@@ -17,7 +17,7 @@ import signal
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 import mcp_server_code_execution_mode as bridge
-from mcp_sandbox_kernel import FrameDecoder
+from mcp_sandbox_kernel import FailedTool, FrameDecoder
 from tests.conftest import (
     REPO,
     Engine,
@@ -771,7 +771,13 @@ class FakeHost:
     def config_problems(self) -> list[str]:
         return []
 
-    async def handle(self, method: str, params: dict[str, Any]) -> Any:
+    def defined_tools_notice(self, names: Sequence[str]) -> str | None:
+        return None
+
+    async def quarantine_tools(self, failed: Sequence[FailedTool]) -> list[str]:
+        return []
+
+    async def handle(self, method: str, params: Mapping[str, object]) -> Any:
         if method == "boom":
             raise RuntimeError("a bug in the bridge")
         if method == "hold":
@@ -794,7 +800,7 @@ CAP = 256 * 1024
 def direct_session(tmp_path: Path) -> tuple[bridge.SandboxSession, RecordingStdin]:
     config = bridge.BridgeConfig(state_dir=tmp_path, max_frame_bytes=1 << 20, max_tool_result_bytes=CAP)
     runtime = bridge.PodmanRuntime("/nonexistent/podman")
-    session = bridge.SandboxSession(runtime, config, tmp_path / "ipc", FakeHost())  # type: ignore[arg-type]
+    session = bridge.SandboxSession(runtime, config, tmp_path / "ipc", FakeHost())
     process = FakeProcess()
     session.process = process  # type: ignore[assignment]
     session.pending = bridge.PendingExecute("e1", 10_000)
@@ -927,7 +933,7 @@ async def test_an_answer_to_a_sandbox_that_is_gone_never_raises(tmp_path: Path) 
     stdin.broken = True
     await session.desk.respond("r1", result={"ok": True})
     await session.desk.respond("r2", result="x" * (2 << 20))  # too big, then the fallback fails too
-    await session.desk.respond([0] * 10, error="an id that is not an id")
+    await session.desk.respond([0] * 10, error="an id that is not an id")  # type: ignore[arg-type]
     assert stdin.data == b""
 
 
@@ -1012,7 +1018,7 @@ async def test_the_kernels_reason_for_stopping_reaches_the_model_from_the_reader
     script.write_text(STOPPING_KERNEL % str(REPO))
     config = bridge.BridgeConfig(state_dir=tmp_path, start_timeout=30)
     host = FakeHost()
-    session = bridge.SandboxSession(ScriptRuntime(script), config, tmp_path / "ipc", host)  # type: ignore[arg-type]
+    session = bridge.SandboxSession(ScriptRuntime(script), config, tmp_path / "ipc", host)
     async with anyio.create_task_group() as group:
         await session.start(group)
         outcome = await session.execute("1 + 1", timeout=30)

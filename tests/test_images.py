@@ -14,6 +14,7 @@ import pytest
 from mcp.client.session import ClientSession
 
 import mcp_server_code_execution_mode as bridge
+from mcp_sandbox_kernel import Image
 from tests.conftest import Engine, bridge_client, bridge_env
 
 pytestmark = pytest.mark.anyio
@@ -114,7 +115,7 @@ async def test_display_and_show_image_work_without_matplotlib(engine: Engine, st
 
 def test_the_host_drops_images_that_are_not_within_the_caps() -> None:
     config = bridge.BridgeConfig(max_images=2, max_image_bytes=10)
-    good = {"mime_type": "image/png", "data": base64.b64encode(b"12345").decode()}
+    good: Image = {"mime_type": "image/png", "data": base64.b64encode(b"12345").decode()}
     notices: list[str] = []
     kept = bridge.checked_images(
         [

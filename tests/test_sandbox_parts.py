@@ -5,13 +5,14 @@ the kernel said about an execute to the call's outcome."""
 from __future__ import annotations
 
 import signal
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
 import pytest
 
 import mcp_server_code_execution_mode as bridge
-from mcp_sandbox_kernel import MAX_REQUESTS_IN_FLIGHT, TOO_MANY_REQUESTS, ProtocolError
+from mcp_sandbox_kernel import MAX_REQUESTS_IN_FLIGHT, TOO_MANY_REQUESTS, ProtocolError, RequestFrame
 
 CAP = 1000
 
@@ -21,13 +22,13 @@ class FakeSandbox:
     sandbox (records every frame sent; can be broken, or refuse a frame as too large)."""
 
     def __init__(self) -> None:
-        self.sent: list[dict[str, Any]] = []
+        self.sent: list[Mapping[str, Any]] = []
         self.release = anyio.Event()  # "hold" requests wait for it
         self.served: list[str] = []
         self.broken = False
         self.refuse_results = False  # a result frame cannot be sent (too large); an error can
 
-    async def serve(self, frame: dict[str, Any]) -> Any:
+    async def serve(self, frame: RequestFrame) -> object:
         method = frame["method"]
         self.served.append(method)
         if method == "hold":
@@ -38,28 +39,30 @@ class FakeSandbox:
             raise RuntimeError("a bug in the bridge")
         return {"served": method}
 
-    async def send(self, frame: dict[str, Any]) -> None:
+    async def send(self, frame: Mapping[str, Any]) -> None:
         if self.broken:
             raise anyio.BrokenResourceError
         if self.refuse_results and "result" in frame:
             raise ProtocolError("frame too large")
         self.sent.append(frame)
 
-    def answers(self) -> dict[Any, dict[str, Any]]:
-        by_id: dict[Any, dict[str, Any]] = {}
+    def answers(self) -> dict[Any, Mapping[str, Any]]:
+        by_id: dict[Any, Mapping[str, Any]] = {}
         for frame in self.sent:
             assert frame["id"] not in by_id, "answered twice: %r" % frame
             by_id[frame["id"]] = frame
         return by_id
 
-    async def wait_answers(self, count: int) -> dict[Any, dict[str, Any]]:
+    async def wait_answers(self, count: int) -> dict[Any, Mapping[str, Any]]:
         with anyio.fail_after(10):
             while len(self.sent) < count:
                 await anyio.sleep(0.005)
         return self.answers()
 
 
-def request(request_id: str | int, method: str = "echo", params: Any = None) -> dict[str, Any]:
+def request(
+    request_id: str | int, method: str = "echo", params: dict[str, object] | None = None
+) -> RequestFrame:
     return {"type": "request", "id": request_id, "method": method, "params": params or {}}
 
 
@@ -187,7 +190,7 @@ async def test_refusals_beyond_the_cap_are_dropped_while_the_writer_is_stuck() -
     desk = make_desk(sandbox)
     stuck = anyio.Event()
 
-    async def send(frame: dict[str, Any]) -> None:
+    async def send(frame: Mapping[str, Any]) -> None:
         await stuck.wait()
         sandbox.sent.append(frame)
 
@@ -284,7 +287,8 @@ def pending_with(result: dict[str, Any] | None, stdout: str = "") -> bridge.Pend
     if stdout:
         pending.add_stream("stdout", stdout)
     if result is not None:
-        pending.complete({"type": "result", **result})
+        frame: Any = {"type": "result", **result}  # as the table's rows say, partial ones too
+        pending.complete(frame)
     return pending
 
 
@@ -389,7 +393,9 @@ def test_a_missing_data_package_names_the_image_and_build_image() -> None:
 def test_cuts_by_the_kernel_and_by_the_hosts_own_cap_add_up() -> None:
     pending = bridge.PendingExecute("e1", 20)  # the host keeps 10 characters per stream
     pending.add_stream("stdout", "0123456789abcdef")
-    pending.complete({"type": "result", "status": "ok", "cut": {"stdout": {"count": 100, "tail": "end"}}})
+    pending.complete(
+        {"type": "result", "id": "e1", "status": "ok", "cut": {"stdout": {"count": 100, "tail": "end"}}}
+    )
     outcome = bridge.outcome_of_execute(pending, timeout=5, timed_out=False, death_reason=None, config=CONFIG)
     assert outcome.stdout == "0123456789"
     assert outcome.cuts["stdout"] == bridge.OutputCut(count=106, tail="end")
@@ -419,4 +425,4 @@ async def test_an_execute_collects_its_own_frames_and_the_first_result_ends_it()
     pending.receive({"type": "error", "id": "e1", "message": "the executor died"})
     pending.receive({"type": "result", "id": "e1", "status": "ok"})  # later: ignored
     assert pending.done.is_set() and pending.streams["stderr"] == ["warn"]
-    assert pending.result == bridge.sandbox_error_result("SandboxError", "the executor died")
+    assert pending.result == bridge.sandbox_error_result("e1", "SandboxError", "the executor died")
