@@ -13,14 +13,14 @@ Sections, in dependency order (``grep -n '^# ====' mcp_server_code_execution_mod
     configuration        -> BridgeConfig, built once in main() from flags and MCP_BRIDGE_*
     errors               -> every exception class: BridgeError (for the model), CommandError (a terminal)
     wire protocol        -> shared with the kernel: encode_frame / FrameDecoder
-    container runtime    -> Podman / Docker strategies, detection, hardened argv, sweeping
+    container engine     -> Podman / Docker strategies, detection, hardened argv, sweeping
     server discovery     -> the user's MCP servers, read from every client's config files
     MCP client pool      -> one long-lived client per server, each owned by one task
     tool docs            -> Python-style signatures of the tools' schemas
     search               -> a fuzzy search over all tools (search_tool_docs)
     memory store         -> memories (SQLite) and saved tools, written by the host only
     sandbox API (host)   -> serves the sandbox's requests: discovery, docs, tool calls
-    sandbox session      -> one container + kernel; SessionManager keeps it warm
+    sandbox session      -> one container + kernel; SandboxKeeper keeps it warm
     rendering            -> ExecutionOutcome -> text / TOON + structuredContent
     MCP server & tool    -> run_python; resources: the manual, memories, saved tools;
                             principals (who calls, and what each caller owns);
@@ -197,7 +197,7 @@ SDK_INTERNALS = (
 # configuration
 # =============================================================================
 
-RuntimeName = Literal["podman", "docker", "kubernetes"]
+EngineName = Literal["podman", "docker", "kubernetes"]
 KernelDelivery = Literal["auto", "mount", "stdin"]
 OutputMode = Literal["compact", "toon"]
 ServeTransport = Literal["stdio", "http"]
@@ -322,7 +322,7 @@ class BridgeConfig:
     """Every setting, read once in main() and passed down; nothing reads the
     environment after start-up."""
 
-    runtime: RuntimeName | None = None
+    runtime: EngineName | None = None
     image: str = "python:3.14-slim"
     timeout: float = 30.0
     max_timeout: float = 3600.0
@@ -969,7 +969,7 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> BridgeConfig
 #   Exception
 #    +-- BridgeError                      the model reads it: what happened and what to do in the
 #    |    |                               next run_python call (render_error, at the tool boundary)
-#    |    +-- RuntimeUnavailableError     the container engine does not answer
+#    |    +-- EngineUnavailableError     the container engine does not answer
 #    |    |    +-- NoEngineError          none of the engines tried answers (.problems: why each)
 #    |    +-- SandboxStartError           the container or its kernel did not start
 #    |    |    +-- SandboxImageMissingError   ... and its image is not here (not retried at once)
@@ -1002,11 +1002,11 @@ class BridgeError(Exception):
     happened and what to do next. Rendered once, at the tool boundary."""
 
 
-class RuntimeUnavailableError(BridgeError):
+class EngineUnavailableError(BridgeError):
     """No container runtime answers."""
 
 
-class NoEngineError(RuntimeUnavailableError):
+class NoEngineError(EngineUnavailableError):
     """None of the engines tried answers. The message is the model's; ``problems`` (why
     each engine failed) lets the command line say the same in its own words."""
 
@@ -1147,7 +1147,7 @@ def json_depth(value: object, limit: int) -> int:
 
 
 # =============================================================================
-# container runtime
+# container engine
 # =============================================================================
 
 CONTAINER_LABEL = "io.github.mcp-server-code-execution-mode"
@@ -1415,12 +1415,12 @@ def docker_facts(info: Mapping[str, object]) -> EngineFacts:
     return EngineFacts(version, rootless, cgroups, unenforced_limits(rootless, cgroups, controllers), gvisor)
 
 
-class ContainerRuntime:
+class ContainerEngine:
     """Strategy for one container engine. The run flags are identical on both engines
     (one pure function builds them); what differs is how readiness is checked and what
     the engine needs before it can run anything."""
 
-    name: ClassVar[RuntimeName]
+    name: ClassVar[EngineName]
 
     def __init__(self, executable: str) -> None:
         self.executable = executable
@@ -1457,7 +1457,7 @@ class ContainerRuntime:
 
     async def use_oci_runtime(self, name: str | None) -> None:
         """Check that the OCI runtime ``name`` (MCP_BRIDGE_OCI_RUNTIME) can be used with this
-        engine and remember it; RuntimeUnavailableError explains what is missing."""
+        engine and remember it; EngineUnavailableError explains what is missing."""
         self.oci_runtime = name
 
     def kill_argv(self, container: str) -> list[str]:
@@ -1496,7 +1496,7 @@ class ContainerRuntime:
         ]
 
     async def check_ready(self) -> None:
-        """Raise RuntimeUnavailableError unless the engine answers."""
+        """Raise EngineUnavailableError unless the engine answers."""
         raise NotImplementedError
 
     async def describe(self) -> EngineFacts | None:
@@ -1504,21 +1504,21 @@ class ContainerRuntime:
         return None
 
     async def _info(self, template: str) -> dict[str, object]:
-        """The engine's `info` as JSON; RuntimeUnavailableError when it does not answer."""
+        """The engine's `info` as JSON; EngineUnavailableError when it does not answer."""
         result = await _answer(self, [self.executable, "info", "--format", template])
         try:
             info = json.loads(result.stdout)
         except ValueError:
             info = None
         if not isinstance(info, dict):
-            raise RuntimeUnavailableError("`%s info` did not answer JSON." % self.name)
+            raise EngineUnavailableError("`%s info` did not answer JSON." % self.name)
         return info
 
     async def release(self) -> None:
         """Undo what check_ready() started (only ever what the bridge itself started)."""
 
 
-class DockerRuntime(ContainerRuntime):
+class DockerEngine(ContainerEngine):
     name = "docker"
 
     async def check_ready(self) -> None:
@@ -1551,7 +1551,7 @@ class DockerRuntime(ContainerRuntime):
             except ValueError:
                 known = []
             if name not in known:
-                raise RuntimeUnavailableError(
+                raise EngineUnavailableError(
                     "MCP_BRIDGE_OCI_RUNTIME=%s, but the Docker daemon does not know that runtime "
                     "(it has: %s). "
                     'For gVisor: install runsc, add {"runtimes": {"runsc": {"path": "/usr/bin/runsc", '
@@ -1561,7 +1561,7 @@ class DockerRuntime(ContainerRuntime):
         self.oci_runtime = name
 
 
-class PodmanRuntime(ContainerRuntime):
+class PodmanEngine(ContainerEngine):
     name = "podman"
     # With --read-only, Podman also mounts writable, exec-allowed tmpfs on /run, /tmp and
     # /var/tmp; only the filesystems we document (and size) may be writable.
@@ -1598,7 +1598,7 @@ class PodmanRuntime(ContainerRuntime):
         if name is not None:
             path = name if "/" in name else shutil.which(name)
             if path is None or not os.access(path, os.X_OK):
-                raise RuntimeUnavailableError(
+                raise EngineUnavailableError(
                     "MCP_BRIDGE_OCI_RUNTIME=%s, but no such executable was found%s. For gVisor install "
                     "runsc (https://gvisor.dev/docs/user_guide/install/; Debian/Ubuntu: `sudo apt-get "
                     "install runsc`), or unset MCP_BRIDGE_OCI_RUNTIME."
@@ -1675,7 +1675,7 @@ class KubeTarget:
     runtime_class: str | None = None
 
 
-class KubernetesRuntime(ContainerRuntime):
+class KubernetesEngine(ContainerEngine):
     """MCP_BRIDGE_RUNTIME=kubernetes: each session is a Pod that `kubectl run --stdin
     --attach` creates and attaches to, so kubectl's stdin and stdout are the frame channel
     and the kernel arrives on stdin (the cluster never sees this machine's files). The Pod
@@ -1724,71 +1724,71 @@ class KubernetesRuntime(ContainerRuntime):
 
 async def locate_kubernetes(
     config: BridgeConfig, which: Callable[[str], str | None] = shutil.which
-) -> KubernetesRuntime:
+) -> KubernetesEngine:
     """The Kubernetes backend, once kubectl answers for the configured context and namespace."""
     executable = which("kubectl")
     if executable is None:
-        raise RuntimeUnavailableError(
+        raise EngineUnavailableError(
             "MCP_BRIDGE_RUNTIME=kubernetes, but kubectl is not installed (not on PATH): install it "
             "(https://kubernetes.io/docs/tasks/tools/) and make sure `kubectl auth can-i create pods "
             "--subresource=attach` answers yes for the user running this MCP server."
         )
     target = KubeTarget(config.kube_namespace, config.kube_context, config.kube_runtime_class)
-    runtime = KubernetesRuntime(executable, target)
-    await runtime.check_ready()
-    return runtime
+    engine = KubernetesEngine(executable, target)
+    await engine.check_ready()
+    return engine
 
 
-RUNTIME_CLASSES: dict[RuntimeName, type[ContainerRuntime]] = {
-    "podman": PodmanRuntime,
-    "docker": DockerRuntime,
+RUNTIME_CLASSES: dict[EngineName, type[ContainerEngine]] = {
+    "podman": PodmanEngine,
+    "docker": DockerEngine,
 }
 
 
-async def _answer(runtime: ContainerRuntime, argv: list[str]) -> subprocess.CompletedProcess[bytes]:
+async def _answer(engine: ContainerEngine, argv: list[str]) -> subprocess.CompletedProcess[bytes]:
     try:
         result = await run_command(argv)
     except TimeoutError:
-        raise RuntimeUnavailableError(
-            "%s did not answer within %gs (`%s`)." % (runtime.name, COMMAND_TIMEOUT, " ".join(argv[:2]))
+        raise EngineUnavailableError(
+            "%s did not answer within %gs (`%s`)." % (engine.name, COMMAND_TIMEOUT, " ".join(argv[:2]))
         ) from None
     if result.returncode != 0:
         detail = result.stderr.decode(errors="replace").strip().splitlines()
-        raise RuntimeUnavailableError(
+        raise EngineUnavailableError(
             "%s is installed but not usable: %s"
-            % (runtime.name, detail[-1] if detail else "exit %d" % result.returncode)
+            % (engine.name, detail[-1] if detail else "exit %d" % result.returncode)
         )
     return result
 
 
-# How the bridge finds its container engine (detect_runtime; a test passes its own).
-RuntimeLocator: TypeAlias = Callable[[RuntimeName | None], Awaitable[ContainerRuntime]]
+# How the bridge finds its container engine (detect_engine; a test passes its own).
+EngineLocator: TypeAlias = Callable[[EngineName | None], Awaitable[ContainerEngine]]
 
 
-async def detect_runtime(
-    preferred: RuntimeName | None, which: Callable[[str], str | None] = shutil.which
-) -> ContainerRuntime:
+async def detect_engine(
+    preferred: EngineName | None, which: Callable[[str], str | None] = shutil.which
+) -> ContainerEngine:
     """MCP_BRIDGE_RUNTIME if set, else Podman, else Docker: the first that answers.
     (Kubernetes is located by locate_kubernetes: it needs its namespace and context.)"""
     if preferred == "kubernetes":
-        raise RuntimeUnavailableError(
+        raise EngineUnavailableError(
             "This needs a local container engine, and MCP_BRIDGE_RUNTIME=kubernetes names none: "
             "use --runtime podman or --runtime docker."
         )
-    candidates: list[RuntimeName] = [preferred] if preferred else ["podman", "docker"]
+    candidates: list[EngineName] = [preferred] if preferred else ["podman", "docker"]
     problems: list[str] = []
     for name in candidates:
         executable = which(name)
         if executable is None:
             problems.append("%s is not installed (not on PATH)" % name)
             continue
-        runtime = RUNTIME_CLASSES[name](executable)
+        engine = RUNTIME_CLASSES[name](executable)
         try:
-            await runtime.check_ready()
-        except RuntimeUnavailableError as exc:
+            await engine.check_ready()
+        except EngineUnavailableError as exc:
             problems.append(str(exc))
             continue
-        return runtime
+        return engine
     raise NoEngineError(
         "No container runtime is available, so Python cannot run yet: %s. %s"
         % ("; ".join(problems), INSTALL_HINT),
@@ -2145,7 +2145,7 @@ def owner_gone(
 
 
 async def sweep_orphans(
-    runtime: ContainerRuntime,
+    engine: ContainerEngine,
     ipc_root: Path,
     owner: OwnerIdentity,
     alive: Callable[[int], bool] = process_alive,
@@ -2162,12 +2162,12 @@ async def sweep_orphans(
         parsed = owner_of(name)
         return parsed is not None and owner_gone(*parsed, alive=alive, start_time_of=start_time_of)
 
-    result = await run_command(runtime.list_argv(owner.host_key))
+    result = await run_command(engine.list_argv(owner.host_key))
     names = result.stdout.decode(errors="replace").split() if result.returncode == 0 else []
     orphans = [name for name in names if orphaned(name)]
     for name in orphans:
         logger.info("removing orphaned sandbox container %s", name)
-        await run_command(runtime.kill_argv(name))
+        await run_command(engine.kill_argv(name))
     if ipc_root.is_dir():
         for entry in ipc_root.iterdir():
             host, _, name = entry.name.partition(".")
@@ -3042,7 +3042,7 @@ def dropped_tools_notice(server: str, dropped: Sequence[tuple[str, str]], kept: 
 # --- stdio transport with a size cap ---------------------------------------------------
 # The SDK's stdio_client re-joins its whole line buffer on every 64 KiB read, so a line
 # costs quadratic time: measured through the bridge, a 20 MB result line took 2 s, 50 MB
-# 11 s, 100 MB 66 s (41 s of CPU, 650 MB peak memory) before the cap in HostAPI.call_tool
+# 11 s, 100 MB 66 s (41 s of CPU, 650 MB peak memory) before the cap in SandboxAPI.call_tool
 # refused it. This transport splits lines in linear time and drops a line over the cap
 # as it arrives (a 200 MB line: 0.1 s of CPU), answering the request it belonged to.
 
@@ -5302,7 +5302,7 @@ def parse_params(method: str, model: type[_Params], params: Mapping[str, object]
 MAX_CONFIG_PROBLEMS = 20  # unusable config files named to the kernel (a line each)
 
 
-class HostAPI:
+class SandboxAPI:
     """Serves the sandbox's ``request`` frames: discovery, docs, search and tool calls.
     Every request is validated here, on the host: only configured, allowed servers and
     tools are reachable, and results are size-capped before they cross the channel."""
@@ -5343,7 +5343,7 @@ class HostAPI:
         return list(self.pool.discovery.unusable[:MAX_CONFIG_PROBLEMS])
 
     async def handle(self, method: str, params: Mapping[str, object]) -> object:
-        """Serve one request of any of the sandboxes this HostAPI serves (see HOST_METHODS);
+        """Serve one request of any of the sandboxes this SandboxAPI serves (see HOST_METHODS);
         the answer does not depend on which sandbox asked."""
         entry = HOST_METHODS.get(method)
         if entry is None:
@@ -5603,37 +5603,37 @@ class HostAPI:
 @dataclass(frozen=True, slots=True)
 class HostMethod:
     """A request method the host API serves: its name (one of the kernel's REQUEST_METHODS),
-    the model of its params, and the HostAPI method that answers, called with them by name."""
+    the model of its params, and the SandboxAPI method that answers, called with them by name."""
 
     name: str
     params: type[_SandboxParams]
     handler: Callable[..., Awaitable[object]]
 
 
-# What HostAPI.handle serves: every request method but PROGRESS (see report_progress).
+# What SandboxAPI.handle serves: every request method but PROGRESS (see report_progress).
 HOST_METHODS: dict[str, HostMethod] = {
     method.name: method
     for method in (
         HostMethod(
-            mcp_sandbox_kernel.DISCOVERED_SERVERS, DiscoveredServersParams, HostAPI.discovered_servers
+            mcp_sandbox_kernel.DISCOVERED_SERVERS, DiscoveredServersParams, SandboxAPI.discovered_servers
         ),
-        HostMethod(mcp_sandbox_kernel.LIST_TOOLS, ListToolsParams, HostAPI.list_tools),
-        HostMethod(mcp_sandbox_kernel.QUERY_TOOL_DOCS, QueryToolDocsParams, HostAPI.query_tool_docs),
-        HostMethod(mcp_sandbox_kernel.SEARCH_TOOL_DOCS, SearchToolDocsParams, HostAPI.search_tool_docs),
-        HostMethod(mcp_sandbox_kernel.CALL_TOOL, CallToolParams, HostAPI.call_tool),
+        HostMethod(mcp_sandbox_kernel.LIST_TOOLS, ListToolsParams, SandboxAPI.list_tools),
+        HostMethod(mcp_sandbox_kernel.QUERY_TOOL_DOCS, QueryToolDocsParams, SandboxAPI.query_tool_docs),
+        HostMethod(mcp_sandbox_kernel.SEARCH_TOOL_DOCS, SearchToolDocsParams, SandboxAPI.search_tool_docs),
+        HostMethod(mcp_sandbox_kernel.CALL_TOOL, CallToolParams, SandboxAPI.call_tool),
         HostMethod(
-            mcp_sandbox_kernel.CAPABILITY_SUMMARY, CapabilitySummaryParams, HostAPI.capability_summary
+            mcp_sandbox_kernel.CAPABILITY_SUMMARY, CapabilitySummaryParams, SandboxAPI.capability_summary
         ),
-        HostMethod(mcp_sandbox_kernel.MEMORY_SAVE, MemorySaveParams, HostAPI.memory_save),
-        HostMethod(mcp_sandbox_kernel.MEMORY_LOAD, MemoryKeyParams, HostAPI.memory_load),
-        HostMethod(mcp_sandbox_kernel.MEMORY_PUT_IF, MemoryPutIfParams, HostAPI.memory_put_if),
-        HostMethod(mcp_sandbox_kernel.MEMORY_DELETE, MemoryKeyParams, HostAPI.memory_delete),
-        HostMethod(mcp_sandbox_kernel.MEMORY_INFO, MemoryKeyParams, HostAPI.memory_info),
-        HostMethod(mcp_sandbox_kernel.MEMORY_LIST, MemoryPageParams, HostAPI.memory_list),
-        HostMethod(mcp_sandbox_kernel.TOOL_SAVE, ToolSaveParams, HostAPI.tool_save),
-        HostMethod(mcp_sandbox_kernel.TOOL_LIST, MemoryListParams, HostAPI.tool_list),
-        HostMethod(mcp_sandbox_kernel.TOOL_DELETE, ToolNameParams, HostAPI.tool_delete),
-        HostMethod(mcp_sandbox_kernel.TOOL_SOURCES, MemoryListParams, HostAPI.tool_sources),
+        HostMethod(mcp_sandbox_kernel.MEMORY_SAVE, MemorySaveParams, SandboxAPI.memory_save),
+        HostMethod(mcp_sandbox_kernel.MEMORY_LOAD, MemoryKeyParams, SandboxAPI.memory_load),
+        HostMethod(mcp_sandbox_kernel.MEMORY_PUT_IF, MemoryPutIfParams, SandboxAPI.memory_put_if),
+        HostMethod(mcp_sandbox_kernel.MEMORY_DELETE, MemoryKeyParams, SandboxAPI.memory_delete),
+        HostMethod(mcp_sandbox_kernel.MEMORY_INFO, MemoryKeyParams, SandboxAPI.memory_info),
+        HostMethod(mcp_sandbox_kernel.MEMORY_LIST, MemoryPageParams, SandboxAPI.memory_list),
+        HostMethod(mcp_sandbox_kernel.TOOL_SAVE, ToolSaveParams, SandboxAPI.tool_save),
+        HostMethod(mcp_sandbox_kernel.TOOL_LIST, MemoryListParams, SandboxAPI.tool_list),
+        HostMethod(mcp_sandbox_kernel.TOOL_DELETE, ToolNameParams, SandboxAPI.tool_delete),
+        HostMethod(mcp_sandbox_kernel.TOOL_SOURCES, MemoryListParams, SandboxAPI.tool_sources),
     )
 }
 
@@ -5641,7 +5641,7 @@ HOST_METHODS: dict[str, HostMethod] = {
 async def report_progress(execute: PendingExecute | None, params: Mapping[str, object]) -> None:
     """runtime.progress() (a PROGRESS request): heard by the progress listener of the call
     waiting for ``execute``, if that call's client asked. The request is about the asking
-    sandbox's own call, so its sandbox session answers it, not the HostAPI that all the
+    sandbox's own call, so its sandbox session answers it, not the SandboxAPI that all the
     sandboxes of a principal share."""
     arguments = parse_params(mcp_sandbox_kernel.PROGRESS, ProgressParams, params)
     if execute is not None and execute.progress is not None:
@@ -5885,15 +5885,15 @@ class ProblemLog:
 
 
 class ServerDirectory(Protocol):
-    """What a sandbox's settings tell its kernel about the MCP servers (HostAPI)."""
+    """What a sandbox's settings tell its kernel about the MCP servers (SandboxAPI)."""
 
     def server_list(self) -> list[dict[str, str]]: ...
 
     def config_problems(self) -> list[str]: ...
 
 
-class SandboxHost(ServerDirectory, Protocol):
-    """What a sandbox session asks of the host while it runs code: HostAPI, a principal's
+class SandboxServices(ServerDirectory, Protocol):
+    """What a sandbox session asks of the host while it runs code: SandboxAPI, a principal's
     one for all its sandboxes (tests pass a fake)."""
 
     async def handle(self, method: str, params: Mapping[str, object]) -> object: ...
@@ -5913,18 +5913,18 @@ class SandboxContainer:
 
     def __init__(
         self,
-        runtime: ContainerRuntime,
+        engine: ContainerEngine,
         config: BridgeConfig,
         ipc_root: Path,
         host: ServerDirectory,
         owner: OwnerIdentity,
-        session: str,
+        session_name: str,
     ) -> None:
-        self.runtime = runtime
+        self.engine = engine
         self.config = config
-        self.host = host
+        self.api = host
         self.owner = owner
-        self.session = session
+        self.session_name = session_name
         self.name = container_name(owner)
         self.ipc_dir = ipc_root / session_dir_name(owner, self.name) / "ipc"
 
@@ -5934,13 +5934,13 @@ class SandboxContainer:
         through the IPC mount: asked for, or a remote engine that may not see this
         machine's files (MCP_BRIDGE_KERNEL_DELIVERY)."""
         delivery = self.config.kernel_delivery
-        return delivery == "stdin" or (delivery == "auto" and self.runtime.remote)
+        return delivery == "stdin" or (delivery == "auto" and self.engine.remote)
 
     def session_config(self) -> dict[str, Any]:
         """The kernel's settings: session.json in the mount, or part of the boot payload."""
         return {
             "protocol": PROTOCOL_VERSION,
-            "session": self.session,
+            "session": self.session_name,
             "max_frame_bytes": self.config.max_frame_bytes,
             "max_output_chars": self.config.max_output_chars,
             "max_images": self.config.max_images,
@@ -5948,9 +5948,9 @@ class SandboxContainer:
             "max_attachment_bytes": self.config.max_attachment_bytes,
             "memory": self.config.memory,  # named when the out-of-memory killer strikes
             "workdir": WORKDIR,
-            "servers": self.host.server_list(),
+            "servers": self.api.server_list(),
             # Named by runtime.discovered_servers() and by the error for an unknown mcp_<alias>.
-            "config_problems": self.host.config_problems(),
+            "config_problems": self.api.config_problems(),
             "saved_tools": True,  # the executor asks for them before its first call
         }
 
@@ -5982,9 +5982,9 @@ class SandboxContainer:
             pids=self.config.pids,
             cpus=self.config.cpus,
             user=sandbox_user(self.config),
-            seccomp_profile=self.seccomp_path if self.runtime.reads_profile_here else None,
+            seccomp_profile=self.seccomp_path if self.engine.reads_profile_here else None,
             workspace=self.config.workspace,
-            session=self.session,
+            session=self.session_name,
         )
 
     @property
@@ -6001,7 +6001,7 @@ class SandboxContainer:
 
     async def open_process(self) -> anyio.abc.Process:
         """Prepare the IPC directory and run the engine's CLI, which starts the container."""
-        argv = self.runtime.run_argv(self.launch_spec())
+        argv = self.engine.run_argv(self.launch_spec())
         try:
             self.prepare_ipc_dir()
             # cwd: Podman's conmon drops an "oom" marker file into the working directory
@@ -6023,8 +6023,8 @@ class SandboxContainer:
 
     async def failure(self, reason: str) -> SandboxStartError:
         """Why the sandbox did not start (``reason``), and what the user can do about it."""
-        tried = "`%s run ... %s`" % (Path(self.runtime.executable).name, self.config.image)
-        if not await self.runtime.has_image(self.config.image):
+        tried = "`%s run ... %s`" % (Path(self.engine.executable).name, self.config.image)
+        if not await self.engine.has_image(self.config.image):
             return SandboxImageMissingError(
                 "The sandbox image %s could not be found or pulled: %s. Tried: %s. Set MCP_BRIDGE_IMAGE "
                 "to an image with python3 >= 3.9 that this machine has or can pull (`%s build-image` "
@@ -6032,7 +6032,7 @@ class SandboxContainer:
                 % (self.config.image, reason, tried, SERVER_NAME)
             )
         # A cluster's nodes pull the image: whether they can is not known here.
-        where = "" if isinstance(self.runtime, KubernetesRuntime) else " (the image is on this machine)"
+        where = "" if isinstance(self.engine, KubernetesEngine) else " (the image is on this machine)"
         return SandboxStartError(
             "The sandbox container did not start: %s. Tried: %s%s. Check the sandbox settings "
             "(MCP_BRIDGE_OCI_RUNTIME, MCP_BRIDGE_MEMORY, MCP_BRIDGE_CONTAINER_USER, ...) and the "
@@ -6042,15 +6042,15 @@ class SandboxContainer:
     async def remove(self) -> None:
         """Remove the container, running or not."""
         try:
-            await run_command(self.runtime.kill_argv(self.name))
+            await run_command(self.engine.kill_argv(self.name))
         except TimeoutError:
-            logger.warning("%s rm --force %s timed out", self.runtime.name, self.name)
+            logger.warning("%s rm --force %s timed out", self.engine.name, self.name)
 
     async def clean_up(self, launched: bool) -> None:
         """Remove what is left once the process has ended: what the engine keeps of a
         container that was ``launched`` (e.g. a Pod that has ended is kept until it is
         deleted), and the IPC directory."""
-        leftover = self.runtime.leftover_argv(self.name) if launched else None
+        leftover = self.engine.leftover_argv(self.name) if launched else None
         if leftover is not None:
             try:
                 await run_command(leftover)
@@ -6355,7 +6355,7 @@ def outcome_of_execute(
     return outcome
 
 
-class SandboxSession:
+class Sandbox:
     """One container running the kernel: its process, the tasks that read its frames, and
     the calls it runs. Its container on the engine's side (SandboxContainer), its requests
     to the host (RequestDesk), the story of its exit (SandboxExit) and what an execute's
@@ -6363,19 +6363,21 @@ class SandboxSession:
 
     def __init__(
         self,
-        runtime: ContainerRuntime,
+        engine: ContainerEngine,
         config: BridgeConfig,
         ipc_root: Path,
-        host: SandboxHost,
+        api: SandboxServices,
         owner: OwnerIdentity | None = None,
         problems: ProblemLog | None = None,
-        session: str = DEFAULT_SESSION,
+        session_name: str = DEFAULT_SESSION,
     ) -> None:
-        self.runtime = runtime
+        self.engine = engine
         self.config = config
-        self.host = host
-        self.session = session  # run_python's name for it (runtime.session inside)
-        self.container = SandboxContainer(runtime, config, ipc_root, host, owner or bridge_owner(), session)
+        self.api = api
+        self.session_name = session_name  # run_python's name for it (runtime.session inside)
+        self.container = SandboxContainer(
+            engine, config, ipc_root, api, owner or bridge_owner(), session_name
+        )
         self.name = self.container.name
         self.process: anyio.abc.Process | None = None
         self.hello: HelloFrame | None = None
@@ -6518,7 +6520,7 @@ class SandboxSession:
         if frame["method"] == mcp_sandbox_kernel.PROGRESS:  # about this session's own call
             await report_progress(self.pending, frame["params"])  # answered with null
             return None
-        return await self.host.handle(frame["method"], frame["params"])
+        return await self.api.handle(frame["method"], frame["params"])
 
     def _on_malformed(self, frame: Frame, exc: ProtocolError) -> None:
         self.malformed_frames += 1
@@ -6590,12 +6592,12 @@ class SandboxSession:
         )
         result = pending.result or NO_RESULT
         defined = result.get("defined_tools")
-        notice = self.host.defined_tools_notice(defined) if defined is not None else None
+        notice = self.api.defined_tools_notice(defined) if defined is not None else None
         if notice is not None:
             outcome.notices.insert(0, notice)
         failed = result.get("failed_tools")
         if failed:
-            outcome.notices.extend(await self.host.quarantine_tools(failed))
+            outcome.notices.extend(await self.api.quarantine_tools(failed))
         outcome.duration = time.monotonic() - started
         if self.malformed_frames > malformed_before:
             outcome.notices.append(
@@ -6663,10 +6665,10 @@ START_RETRY_SECONDS = 300
 @dataclass(frozen=True)
 class Principal:
     """Who calls: stdio's one client, or an HTTP bearer token's principal. Its memory store
-    and saved tools are its own (``host``); its sandboxes are Sessions', keyed by its name."""
+    and saved tools are its own (``host``); its sandboxes are Sandboxes', keyed by its name."""
 
     name: str
-    host: HostAPI  # its memory store and saved tools
+    api: SandboxAPI  # its memory store and saved tools
 
 
 @dataclass(frozen=True)
@@ -6678,7 +6680,7 @@ class RunRequest:
     code: str
     timeout: float
     reset: bool
-    session: str  # run_python's session name
+    session_name: str  # run_python's session name
     principal: Principal
     saved_tools: bool = True
     client: str | None = None  # the caller's MCP session over HTTP (Mcp-Session-Id); None over stdio
@@ -6689,7 +6691,7 @@ class RunRequest:
 @dataclass(frozen=True)
 class Reply:
     """What one call's turn at a sandbox produced, composed into the call's outcome once
-    (SessionManager.answer): its outcome, what is said before the outcome's own notices,
+    (SandboxKeeper.answer): its outcome, what is said before the outcome's own notices,
     and the end of code an earlier call left running."""
 
     outcome: ExecutionOutcome
@@ -6702,10 +6704,10 @@ class RunningCode:
     after respond_after seconds and a later call can wait for the rest. Its own timeout
     still ends it; cancelling its scope stops the code (the client gave up)."""
 
-    def __init__(self, session: SandboxSession, request: RunRequest) -> None:
-        self.session = session
+    def __init__(self, sandbox: Sandbox, request: RunRequest) -> None:
+        self.sandbox = sandbox
         self.request = request  # "still running after" counts from its arrival
-        self.pending = PendingExecute(secrets.token_hex(8), session.config.max_output_chars)
+        self.pending = PendingExecute(secrets.token_hex(8), sandbox.config.max_output_chars)
         self.scope = anyio.CancelScope()
         self.finished = anyio.Event()
         self.outcome: ExecutionOutcome | None = None
@@ -6717,7 +6719,7 @@ class RunningCode:
         try:
             with self.scope:
                 try:
-                    self.outcome = await self.session.execute(
+                    self.outcome = await self.sandbox.execute(
                         request.code, request.timeout, pending=self.pending, saved_tools=request.saved_tools
                     )
                 except Exception as exc:  # re-raised to the call that waits for it
@@ -6796,60 +6798,60 @@ BUSY = (
 )
 
 
-class SharedRuntime:
+class SharedEngine:
     """The container runtime every session uses: found (and this host's leftover
     sandboxes swept) once, on first use, and released once at the end."""
 
-    def __init__(self, config: BridgeConfig, locate_runtime: RuntimeLocator = detect_runtime) -> None:
+    def __init__(self, config: BridgeConfig, locate_engine: EngineLocator = detect_engine) -> None:
         self.config = config
-        self.locate_runtime = locate_runtime
-        self.runtime: ContainerRuntime | None = None
+        self.locate_engine = locate_engine
+        self.engine: ContainerEngine | None = None
         self._lock = anyio.Lock()  # two sessions starting at once find it once
 
-    async def get(self) -> ContainerRuntime:
+    async def get(self) -> ContainerEngine:
         async with self._lock:
-            if self.runtime is None:
+            if self.engine is None:
                 if self.config.runtime == "kubernetes":  # needs its target, not just a name
-                    runtime: ContainerRuntime = await locate_kubernetes(self.config)
+                    engine: ContainerEngine = await locate_kubernetes(self.config)
                 else:
-                    runtime = await self.locate_runtime(self.config.runtime)
-                    await runtime.use_oci_runtime(self.config.oci_runtime)
+                    engine = await self.locate_engine(self.config.runtime)
+                    await engine.use_oci_runtime(self.config.oci_runtime)
                 ipc_root = self.config.state_dir / "ipc"
                 try:
-                    await sweep_orphans(runtime, ipc_root, await anyio.to_thread.run_sync(bridge_owner))
+                    await sweep_orphans(engine, ipc_root, await anyio.to_thread.run_sync(bridge_owner))
                 except (TimeoutError, OSError) as exc:  # leftovers stay for the next start to sweep
                     logger.warning("could not sweep leftover sandboxes: %s", exc)
-                self.runtime = runtime
-            return self.runtime
+                self.engine = engine
+            return self.engine
 
     async def release(self) -> None:
-        if self.runtime is not None:
-            await self.runtime.release()
+        if self.engine is not None:
+            await self.engine.release()
 
 
-class SessionManager:
-    """One sandbox of one principal (``Sessions`` holds them by principal and session name):
+class SandboxKeeper:
+    """One sandbox of one principal (``Sandboxes`` holds them by principal and session name):
     serializes the calls to it, pre-warms it, replaces it after a crash, a kill, a reset or
     an idle stop, and tells the model whenever earlier state is gone. Its lifetime, caps and
-    shutdown are Sessions'; ``closing`` is Sessions' event, set when the bridge stops."""
+    shutdown are Sandboxes'; ``closing`` is Sandboxes' event, set when the bridge stops."""
 
     def __init__(
         self,
         config: BridgeConfig,
         task_group: anyio.abc.TaskGroup,
-        host: HostAPI,
-        runtime: SharedRuntime,
+        api: SandboxAPI,
+        engine: SharedEngine,
         name: str = DEFAULT_SESSION,
         problems: ProblemLog | None = None,
         closing: anyio.Event | None = None,
     ) -> None:
         self.config = config
         self.task_group = task_group
-        self.host = host
+        self.api = api
         self.name = name
-        self.shared_runtime = runtime
+        self.shared_engine = engine
         self.ipc_root = config.state_dir / "ipc"
-        self.session: SandboxSession | None = None
+        self.sandbox: Sandbox | None = None
         self.lost_reason: str | None = None
         self.last_used = time.monotonic()
         self._lock = anyio.Lock()
@@ -6865,18 +6867,18 @@ class SessionManager:
         self.unreported: ExecutionOutcome | None = None  # its end, until a call returns it
         self.held_notices: list[str] = []  # what the pre-warm start has to say to the first call
 
-    async def _ensure_session(self) -> tuple[SandboxSession, list[str]]:
+    async def _ensure_sandbox(self) -> tuple[Sandbox, list[str]]:
         """The live sandbox, started when there is none, and what a start has to tell."""
-        if self.session is not None and not self.session.alive:
-            self.lost_reason = self.lost_reason or "the previous sandbox %s." % self.session.death_reason
-            await self.session.stop()
-            self.session = None
-        if self.session is not None:
-            return self.session, []
-        runtime = await self.shared_runtime.get()
-        await self._check_earlier_start_failure(runtime)
-        session = SandboxSession(
-            runtime, self.config, self.ipc_root, self.host, problems=self.problems, session=self.name
+        if self.sandbox is not None and not self.sandbox.alive:
+            self.lost_reason = self.lost_reason or "the previous sandbox %s." % self.sandbox.death_reason
+            await self.sandbox.stop()
+            self.sandbox = None
+        if self.sandbox is not None:
+            return self.sandbox, []
+        engine = await self.shared_engine.get()
+        await self._check_earlier_start_failure(engine)
+        session = Sandbox(
+            engine, self.config, self.ipc_root, self.api, problems=self.problems, session_name=self.name
         )
         try:
             await session.start(self.task_group)
@@ -6885,7 +6887,7 @@ class SessionManager:
             self.start_failure = (str(exc), time.monotonic()) if missing else None
             raise
         self.start_failure = None
-        self.session = session
+        self.sandbox = session
         notices = []
         if self.lost_reason:
             notices.append(
@@ -6893,19 +6895,19 @@ class SessionManager:
                 "earlier calls are gone." % self.lost_reason
             )
             self.lost_reason = None
-        notices.extend(runtime.warnings)
-        notices.extend(unusable_config_notices(self.host.pool.discovery))
+        notices.extend(engine.warnings)
+        notices.extend(unusable_config_notices(self.api.pool.discovery))
         warning = workspace_warning(self.config)
         if warning:
             notices.append(warning)
         return session, notices
 
-    async def _check_earlier_start_failure(self, runtime: ContainerRuntime) -> None:
+    async def _check_earlier_start_failure(self, engine: ContainerEngine) -> None:
         if self.start_failure is None:
             return
         message, when = self.start_failure
         waited = time.monotonic() - when
-        if waited >= START_RETRY_SECONDS or await runtime.has_image(self.config.image):
+        if waited >= START_RETRY_SECONDS or await engine.has_image(self.config.image):
             return  # worth another try
         raise SandboxImageMissingError(
             "The sandbox still cannot start (not retried: the image %s is not on this machine, and the "
@@ -6916,7 +6918,7 @@ class SessionManager:
     async def prewarm(self) -> None:
         async with self._lock:
             try:
-                _, notices = await self._ensure_session()
+                _, notices = await self._ensure_sandbox()
                 self.held_notices.extend(notices)  # for the first call's result
             except BridgeError as exc:
                 logger.warning("pre-warm failed (run_python will retry): %s", exc)
@@ -6926,7 +6928,7 @@ class SessionManager:
     async def answer(self, request: RunRequest) -> ExecutionOutcome:
         """run() for one tool call, answered with ShuttingDownError as soon as the bridge
         begins to shut down, so no call is left without a response. The work runs in
-        the manager's task group; cancelling the call (the client gave up) cancels it.
+        the keeper's task group; cancelling the call (the client gave up) cancels it.
         The call's outcome is composed here, once, from what run() returned."""
         if self.closing.is_set():
             raise ShuttingDownError(SHUTTING_DOWN)
@@ -6938,7 +6940,7 @@ class SessionManager:
         async def work() -> None:
             with work_scope:
                 try:
-                    holder.append(await self.run(request))
+                    holder.append(await self.take_turn(request))
                 except Exception as exc:  # re-raised in the caller's task below
                     holder.append(exc)
             finished.set()
@@ -6960,7 +6962,7 @@ class SessionManager:
         notices = [*reply.notices, *reply.outcome.notices]
         return replace(reply.outcome, notices=notices, earlier=earlier, session=self.name)
 
-    async def run(self, request: RunRequest) -> Reply:
+    async def take_turn(self, request: RunRequest) -> Reply:
         # The client's clock runs from the call's arrival, also while it waits its turn.
         acquired = False
         with anyio.move_on_after(self._left(request.arrived) or math.inf):
@@ -6972,7 +6974,7 @@ class SessionManager:
             )
             return Reply(busy)
         try:
-            return await self._run_locked(request)
+            return await self._take_turn_locked(request)
         finally:
             self._lock.release()
 
@@ -6982,7 +6984,7 @@ class SessionManager:
             return 0
         return max(0.01, arrived + self.config.respond_after - time.monotonic())
 
-    async def _run_locked(self, request: RunRequest) -> Reply:
+    async def _take_turn_locked(self, request: RunRequest) -> Reply:
         if self.closing.is_set():
             raise ShuttingDownError(SHUTTING_DOWN)
         notices, self.held_notices = self.held_notices, []
@@ -6991,20 +6993,20 @@ class SessionManager:
         elif self.running is not None:
             if not await self.running.wait(self._left(request.arrived), request.progress):
                 return Reply(self.running.still_running(waited_for_earlier=True))
-            # Kept on the manager until a call returns it: a failure of this call's own
+            # Kept on the keeper until a call returns it: a failure of this call's own
             # code (a sandbox that cannot start) must not lose it.
             self.unreported = await self._finish(self.running)
             if self.unreported is None:
                 notices.append(
                     "The code of an earlier call was stopped: the call waiting for it was cancelled."
                 )
-        if request.reset and self.session is not None:
-            await self.session.stop()
-            self.session = None
+        if request.reset and self.sandbox is not None:
+            await self.sandbox.stop()
+            self.sandbox = None
             notices.append("Reset: started a fresh session with an empty namespace.")
         elif request.reset:
             self.lost_reason = None
-        session, started = await self._ensure_session()
+        session, started = await self._ensure_sandbox()
         notices += started
         running = RunningCode(session, request)
         self.running = running
@@ -7040,12 +7042,12 @@ class SessionManager:
             raise running.failure
         if running.outcome is None:
             return None
-        outcome = running.rest(self.host.pool.drain_notices())
-        session = running.session
+        outcome = running.rest(self.api.pool.drain_notices())
+        session = running.sandbox
         if not session.alive:
             await session.stop()
-            if self.session is session:
-                self.session = None
+            if self.sandbox is session:
+                self.sandbox = None
             self.lost_reason = "the previous sandbox %s." % session.death_reason
         self.last_used = time.monotonic()
         return outcome
@@ -7057,15 +7059,15 @@ class SessionManager:
         while True:
             await anyio.sleep(min(self.config.idle_timeout, 30.0) / 2)
             busy = self.running is not None and not self.running.finished.is_set()
-            if self.session is None or self._lock.locked() or busy:
+            if self.sandbox is None or self._lock.locked() or busy:
                 continue  # in use: a call, or code an earlier call left running
             if time.monotonic() - self.last_used >= self.config.idle_timeout:
                 async with self._lock:
                     idle = time.monotonic() - self.last_used >= self.config.idle_timeout
-                    if self.session is not None and idle:  # a call may have slipped in meanwhile
-                        logger.info("stopping idle sandbox %s (session %s)", self.session.name, self.name)
-                        await self.session.stop()
-                        self.session = None
+                    if self.sandbox is not None and idle:  # a call may have slipped in meanwhile
+                        logger.info("stopping idle sandbox %s (session %s)", self.sandbox.name, self.name)
+                        await self.sandbox.stop()
+                        self.sandbox = None
                         self.lost_reason = "the previous sandbox was shut down after %gs without a call." % (
                             self.config.idle_timeout
                         )
@@ -7078,9 +7080,9 @@ class SessionManager:
     @property
     def dormant(self) -> bool:
         """No sandbox, no call, no code left running and nothing unreported: forgetting
-        this manager loses nothing but its name (and why its last sandbox ended)."""
+        this keeper loses nothing but its name (and why its last sandbox ended)."""
         return (
-            self.session is None
+            self.sandbox is None
             and self.running is None
             and self.unreported is None
             and not self.active_calls
@@ -7088,11 +7090,11 @@ class SessionManager:
         )
 
     async def aclose(self) -> None:
-        """Remove this session's sandbox (the shared runtime is Sessions' to release)."""
+        """Remove this session's sandbox (the shared runtime is Sandboxes' to release)."""
         with anyio.CancelScope(shield=True):
-            if self.session is not None:
-                await self.session.stop()
-                self.session = None
+            if self.sandbox is not None:
+                await self.sandbox.stop()
+                self.sandbox = None
 
 
 # run_python's session names: short, and safe in logs, labels and file names as they are.
@@ -7111,15 +7113,15 @@ def valid_session_name(name: str) -> str:
 MAX_REMEMBERED_ENDS = 64  # per principal: forgotten sessions whose "why your state is gone" is kept
 
 
-class Sessions:
+class Sandboxes:
     """Every sandbox of the bridge, by principal and run_python's ``session`` ("default"
-    when a call names none): one SessionManager each, created on first use. The one owner
+    when a call names none): one SandboxKeeper each, created on first use. The one owner
     of their lifetimes: the caps (MCP_BRIDGE_MAX_SESSIONS per principal; with ``shared``,
     i.e. over HTTP, MCP_BRIDGE_MAX_TOTAL_SESSIONS in all and MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL
     calls in flight), idle forgetting, the shutdown fan-out and the shared runtime's release.
     Each session has its own sandbox, state, limits (the configured ones) and idle timer;
     calls to different sessions run side by side, calls to one session one at a time (its
-    manager's lock). A session stopped for idleness keeps its name (its next call starts
+    keeper's lock). A session stopped for idleness keeps its name (its next call starts
     fresh and says why) until room is needed for a new name: then it is forgotten, and only
     why its last sandbox ended is remembered (for a bounded number of names)."""
 
@@ -7127,14 +7129,14 @@ class Sessions:
         self,
         config: BridgeConfig,
         task_group: anyio.abc.TaskGroup,
-        runtime: SharedRuntime,
+        engine: SharedEngine,
         shared: bool = False,
     ) -> None:
         self.config = config
         self.task_group = task_group
-        self.runtime = runtime
+        self.engine = engine
         self.shared = shared
-        self.managers: dict[tuple[str, str], SessionManager] = {}  # (principal, session name)
+        self.keepers: dict[tuple[str, str], SandboxKeeper] = {}  # (principal, session name)
         self.watchers: dict[tuple[str, str], anyio.CancelScope] = {}
         self.ended: dict[str, dict[str, str]] = {}  # principal -> forgotten name -> why its sandbox ended
         self.problems: dict[str, ProblemLog] = {}  # per principal
@@ -7143,12 +7145,12 @@ class Sessions:
         self._no_calls = anyio.Event()  # set while no call is in flight
         self._no_calls.set()
 
-    def of(self, principal: str) -> dict[str, SessionManager]:
+    def of(self, principal: str) -> dict[str, SandboxKeeper]:
         """The sessions of ``principal`` by name."""
-        return {name: manager for (owner, name), manager in self.managers.items() if owner == principal}
+        return {name: keeper for (owner, name), keeper in self.keepers.items() if owner == principal}
 
-    def manager(self, principal: Principal, name: str) -> SessionManager:
-        """The manager of ``principal``'s session ``name``, created when new and there is room."""
+    def keeper(self, principal: Principal, name: str) -> SandboxKeeper:
+        """The keeper of ``principal``'s session ``name``, created when new and there is room."""
         # Defense in depth: the input model checks names too; they reach logs and the kernel.
         try:
             valid_session_name(name)
@@ -7157,32 +7159,32 @@ class Sessions:
         if self.closing.is_set():
             raise ShuttingDownError(SHUTTING_DOWN)
         key = (principal.name, name)
-        found = self.managers.get(key)
+        found = self.keepers.get(key)
         if found is not None:
             return found
         self._make_room(principal.name, name)
         problems = self.problems.setdefault(principal.name, ProblemLog())
-        manager = SessionManager(
-            self.config, self.task_group, principal.host, self.runtime, name, problems, self.closing
+        keeper = SandboxKeeper(
+            self.config, self.task_group, principal.api, self.engine, name, problems, self.closing
         )
-        manager.lost_reason = self.ended.get(principal.name, {}).pop(name, None)
-        self.managers[key] = manager
+        keeper.lost_reason = self.ended.get(principal.name, {}).pop(name, None)
+        self.keepers[key] = keeper
         self.watchers[key] = scope = anyio.CancelScope()
-        self.task_group.start_soon(self._watch, manager, scope)
-        return manager
+        self.task_group.start_soon(self._watch, keeper, scope)
+        return keeper
 
     def _make_room(self, principal: str, name: str) -> None:
         """Refuse a new session while the caps are reached (sessions stopped for idleness
         are forgotten first): all principals' together (shared), then the principal's own."""
-        if self.shared and len(self.managers) >= self.config.max_total_sessions:
+        if self.shared and len(self.keepers) >= self.config.max_total_sessions:
             self.forget_dormant()
-        if self.shared and len(self.managers) >= self.config.max_total_sessions:
+        if self.shared and len(self.keepers) >= self.config.max_total_sessions:
             # Says nothing of other principals' sessions: their names are theirs.
             raise TooManySessionsError(
                 "Session %r was not started: the bridge already holds %d sessions for all its clients "
                 "together, the most it allows (MCP_BRIDGE_MAX_TOTAL_SESSIONS). Use a session you have; "
                 "room frees up as sessions stay idle for MCP_BRIDGE_IDLE_TIMEOUT seconds."
-                % (name, len(self.managers))
+                % (name, len(self.keepers))
             )
         if len(self.of(principal)) >= self.config.max_sessions:
             self.forget_dormant(principal)
@@ -7197,32 +7199,32 @@ class Sessions:
 
     def forget_dormant(self, principal: str | None = None) -> None:
         """Forget the dormant sessions (of ``principal``; None: of everyone)."""
-        for (owner, name), manager in list(self.managers.items()):
-            if manager.dormant and principal in (None, owner):
-                del self.managers[owner, name]
+        for (owner, name), keeper in list(self.keepers.items()):
+            if keeper.dormant and principal in (None, owner):
+                del self.keepers[owner, name]
                 self.watchers.pop((owner, name)).cancel()
-                if manager.lost_reason:
+                if keeper.lost_reason:
                     ended = self.ended.setdefault(owner, {})
-                    ended[name] = manager.lost_reason
+                    ended[name] = keeper.lost_reason
                     while len(ended) > MAX_REMEMBERED_ENDS:
                         del ended[next(iter(ended))]  # the oldest
 
     @staticmethod
-    async def _watch(manager: SessionManager, scope: anyio.CancelScope) -> None:
+    async def _watch(keeper: SandboxKeeper, scope: anyio.CancelScope) -> None:
         with scope:
-            await manager.watch_idle()
+            await keeper.watch_idle()
 
-    async def answer(self, request: RunRequest) -> ExecutionOutcome:
-        """One tool call, run by the session it names (see SessionManager.answer)."""
+    async def run(self, request: RunRequest) -> ExecutionOutcome:
+        """One tool call, run by the session it names (see SandboxKeeper.answer)."""
         principal = request.principal.name
         if self.shared:
             self._check_calls(request)
-        manager = self.manager(request.principal, request.session)
+        keeper = self.keeper(request.principal, request.session_name)
         if not self.calls:
             self._no_calls = anyio.Event()
         self.calls[principal] = self.calls.get(principal, 0) + 1
         try:
-            return await manager.answer(request)
+            return await keeper.answer(request)
         finally:
             self.calls[principal] -= 1
             if not self.calls[principal]:
@@ -7236,9 +7238,9 @@ class Sessions:
         otherwise one principal could keep every session busy with no call open. A call
         to such a session takes its place (it waits for that code first)."""
         mine = self.of(request.principal.name)
-        running = [name for name, manager in mine.items() if manager.running_unattended]
+        running = [name for name, keeper in mine.items() if keeper.running_unattended]
         in_flight = self.calls.get(request.principal.name, 0) + len(running)
-        if request.session in running or in_flight < self.config.max_calls_per_principal:
+        if request.session_name in running or in_flight < self.config.max_calls_per_principal:
             return
         raise TooManyCallsError(
             "Your code was not run: %d run_python calls of yours are already in flight%s, the most "
@@ -7255,20 +7257,20 @@ class Sessions:
 
     def health(self) -> dict[str, Any]:
         """What /health tells anyone who asks: counts only, never a principal's name."""
-        holding = [owner for (owner, _), manager in self.managers.items() if manager.session is not None]
+        holding = [owner for (owner, _), keeper in self.keepers.items() if keeper.sandbox is not None]
         return {"status": "ok", "principals": len(set(holding)), "sessions": len(holding)}
 
     async def prewarm(self, principal: Principal) -> None:
         """Start ``principal``'s default sandbox; named ones start on first use."""
-        await self.manager(principal, DEFAULT_SESSION).prewarm()
+        await self.keeper(principal, DEFAULT_SESSION).prewarm()
 
     async def begin_shutdown(self, grace: float) -> None:
         """Answer every call in flight (the running code is abandoned, the containers
         removed afterwards by aclose()); waits at most ``grace`` seconds for that."""
         self.closing.set()
-        for manager in list(self.managers.values()):
-            if manager.session is not None:
-                manager.session.abandon("was stopped because the MCP server is shutting down")
+        for keeper in list(self.keepers.values()):
+            if keeper.sandbox is not None:
+                keeper.sandbox.abandon("was stopped because the MCP server is shutting down")
         with anyio.move_on_after(grace):
             await self._no_calls.wait()
 
@@ -7277,9 +7279,9 @@ class Sessions:
         self.closing.set()
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as group:
-                for manager in list(self.managers.values()):
-                    group.start_soon(manager.aclose)
-            await self.runtime.release()
+                for keeper in list(self.keepers.values()):
+                    group.start_soon(keeper.aclose)
+            await self.engine.release()
 
 
 # =============================================================================
@@ -7992,7 +7994,7 @@ def page_start(cursor: str | None) -> int:
 
 # --- principals: who calls, and the world each caller owns ------------------------------
 # Over stdio the bridge has one client. Over HTTP each bearer token names a principal, and
-# each principal gets its own sessions (its own containers, in Sessions under its name),
+# each principal gets its own sessions (its own containers, in Sandboxes under its name),
 # its own memory store and saved tools (STATE_DIR/principals/<name>/user_tools) and its own
 # limits. A call reaches only its principal's sessions and store, so a session name, a
 # memory key or a resource URI of another principal names nothing. The pool of proxied MCP
@@ -8027,7 +8029,7 @@ class Principals:
         # Defense in depth: the token file's parser checks names too; one becomes a directory.
         if not PRINCIPAL_NAME_PATTERN.fullmatch(name):
             raise UnauthenticatedError("Refused: %s is not a valid principal name." % ascii(name[:70]))
-        principal = Principal(name, HostAPI(self.pool, self.config, self.store_dir(name)))
+        principal = Principal(name, SandboxAPI(self.pool, self.config, self.store_dir(name)))
         self.by_name[name] = principal
         return principal
 
@@ -8059,10 +8061,10 @@ class Bridge:
     the handlers by the SDK's lifespan: the config and its run_python tool, the pool of
     proxied MCP servers, who calls (principals) and every sandbox (sessions)."""
 
-    def __init__(self, config: BridgeConfig, pool: ClientPool, sessions: Sessions) -> None:
+    def __init__(self, config: BridgeConfig, pool: ClientPool, sandboxes: Sandboxes) -> None:
         self.config = config
         self.pool = pool
-        self.sessions = sessions
+        self.sandboxes = sandboxes
         self.principals = Principals(config, pool, http=config.transport == "http")
         self.input_model = run_python_input_model(config)
         self.tool = run_python_tool(config)
@@ -8072,14 +8074,14 @@ class Bridge:
 async def open_bridge(
     config: BridgeConfig,
     discovery: DiscoveryResult,
-    locate_runtime: RuntimeLocator = detect_runtime,
+    locate_engine: EngineLocator = detect_engine,
 ) -> AsyncIterator[Bridge]:
     """The bridge, open until the block ends; then every sandbox is removed and every
     proxied server stopped. The local principal's default sandbox starts meanwhile
     (config.prewarm; a principal of a token is known only when it calls)."""
     async with anyio.create_task_group() as group:
         http = config.transport == "http"
-        sessions = Sessions(config, group, SharedRuntime(config, locate_runtime), shared=http)
+        sessions = Sandboxes(config, group, SharedEngine(config, locate_engine), shared=http)
         bridge = Bridge(config, ClientPool(discovery, config, group), sessions)
         if config.prewarm and (not http or config.auth_tokens is None):
             group.start_soon(sessions.prewarm, bridge.principals.get(LOCAL_PRINCIPAL))
@@ -8159,13 +8161,13 @@ async def on_call_tool(
             code=arguments.code,
             timeout=arguments.timeout,
             reset=arguments.reset,
-            session=arguments.session,
+            session_name=arguments.session,
             principal=bridge.principals.of_request(ctx.request),
             saved_tools=arguments.saved_tools,
             client=client_of(ctx.request),
             progress=progress,
         )
-        outcome = await bridge.sessions.answer(request)
+        outcome = await bridge.sandboxes.run(request)
         http = bridge.config.transport == "http"
         return render_outcome(outcome, bridge.config, HTTP_MAX_RESULT_BYTES if http else None)
     except BridgeError as exc:
@@ -8184,7 +8186,7 @@ async def on_list_resources(
     ctx: ServerRequestContext[Bridge], params: types.PaginatedRequestParams | None
 ) -> types.ListResourcesResult:
     start = page_start(params.cursor if params is not None else None)
-    host = _resource_owner(ctx).host
+    host = _resource_owner(ctx).api
     # In the principal's store thread (one at a time): listing stats the files and reads
     # their index, and one principal's listings must not crowd out the others.
     saved = await host._in_store(user_resources, host.memory, host.saved_tools)
@@ -8209,10 +8211,10 @@ async def on_read_resource(
     if uri == CAPABILITIES_URI:
         mime_type, text = "text/markdown", capabilities_manual(ctx.lifespan_context.config)
     elif (key := memory_key_of(uri)) is not None:
-        store = _resource_owner(ctx).host.memory
+        store = _resource_owner(ctx).api.memory
         mime_type, text = "application/json", await _read_memory_resource(store, uri, key)
     elif uri.startswith(TOOL_URI_PREFIX):
-        tools = _resource_owner(ctx).host.saved_tools
+        tools = _resource_owner(ctx).api.saved_tools
         mime_type, text = (
             "text/x-python",
             await _read_tool_resource(tools, uri, uri[len(TOOL_URI_PREFIX) :]),
@@ -8551,7 +8553,7 @@ async def serve(config: BridgeConfig, discovery: DiscoveryResult) -> None:
                     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                         async for signum in signals:
                             logger.info("received signal %d; shutting down", signum)
-                            await bridge.sessions.begin_shutdown(grace=1.0)
+                            await bridge.sandboxes.begin_shutdown(grace=1.0)
                             await anyio.sleep(0.05)  # lets the SDK's writer flush those answers
                             run_scope.cancel()
                             return
@@ -8917,7 +8919,7 @@ def http_app(server: Server[Bridge], bridge: Bridge) -> tuple[Starlette, Princip
     )
 
     async def health(request: Request) -> Response:
-        return JSONResponse({**bridge.sessions.health(), "mcp_sessions": manager.open_sessions})
+        return JSONResponse({**bridge.sandboxes.health(), "mcp_sessions": manager.open_sessions})
 
     routes = [
         # 401 with `WWW-Authenticate: Bearer` for a request without a valid token.
@@ -9009,7 +9011,7 @@ async def stop_http_on_signal(http_server: uvicorn.Server, bridge: Bridge) -> No
                 logger.info("received signal %d; already shutting down", signum)
                 continue
             logger.info("received signal %d; shutting down", signum)
-            await bridge.sessions.begin_shutdown(grace=1.0)
+            await bridge.sandboxes.begin_shutdown(grace=1.0)
             http_server.should_exit = True
 
 
@@ -9020,7 +9022,7 @@ async def stop_http_on_signal(http_server: uvicorn.Server, bridge: Bridge) -> No
 # prints once, as one line after the command's name, and turns into the exit status.
 
 
-def engine_problem(exc: RuntimeUnavailableError) -> str:
+def engine_problem(exc: EngineUnavailableError) -> str:
     """A missing engine in a terminal's words: the model's message says to call run_python
     again; a person runs the command again, and can choose the engine with --runtime."""
     if not isinstance(exc, NoEngineError):
@@ -10312,22 +10314,22 @@ def tool_problems(tools: Sequence[Mapping[str, Any]]) -> list[str]:
     return problems
 
 
-async def _locate_engine(config: BridgeConfig) -> ContainerRuntime:
+async def _locate_engine(config: BridgeConfig) -> ContainerEngine:
     if config.runtime == "kubernetes":
         return await locate_kubernetes(config)
-    return await detect_runtime(config.runtime)
+    return await detect_engine(config.runtime)
 
 
-async def _doctor_image(runtime: ContainerRuntime, config: BridgeConfig) -> DoctorCheck:
+async def _doctor_image(engine: ContainerEngine, config: BridgeConfig) -> DoctorCheck:
     """The image on this machine, or pulled now (as the bridge's first start would)."""
     image = config.image
-    if isinstance(runtime, KubernetesRuntime):  # the nodes pull it: the start below tells
+    if isinstance(engine, KubernetesEngine):  # the nodes pull it: the start below tells
         return DoctorCheck(
             "sandbox", "image", "ok", "image %s: the cluster's nodes pull it" % image, {"image": image}
         )
-    if await runtime.has_image(image):
+    if await engine.has_image(image):
         return DoctorCheck("sandbox", "image", "ok", "image %s is on this machine" % image, {"image": image})
-    argv = [runtime.executable, "pull", image]
+    argv = [engine.executable, "pull", image]
     try:
         pulled = await run_command(argv, timeout=config.start_timeout)
     except TimeoutError:
@@ -10335,7 +10337,7 @@ async def _doctor_image(runtime: ContainerRuntime, config: BridgeConfig) -> Doct
     else:
         lines = pulled.stderr.decode(errors="replace").strip().splitlines()
         reason = "`%s pull %s` failed: %s" % (
-            runtime.name,
+            engine.name,
             image,
             lines[-1] if lines else "exit %d" % pulled.returncode,
         )
@@ -10352,11 +10354,11 @@ async def _doctor_image(runtime: ContainerRuntime, config: BridgeConfig) -> Doct
     )
 
 
-async def _check_sandbox_start(runtime: ContainerRuntime, config: BridgeConfig) -> DoctorCheck:
+async def _check_sandbox_start(engine: ContainerEngine, config: BridgeConfig) -> DoctorCheck:
     """A real sandbox, started as the bridge starts it (hardening, seccomp, kernel), then stopped."""
     async with anyio.create_task_group() as group:
-        host = HostAPI(ClientPool(DiscoveryResult((), (), ()), config, group), config)
-        session = SandboxSession(runtime, config, config.state_dir / "ipc", host)
+        host = SandboxAPI(ClientPool(DiscoveryResult((), (), ()), config, group), config)
+        session = Sandbox(engine, config, config.state_dir / "ipc", host)
         started = time.monotonic()
         try:
             await session.start(group)
@@ -10376,7 +10378,7 @@ async def _check_sandbox_start(runtime: ContainerRuntime, config: BridgeConfig) 
     )
 
 
-def _limits_check(runtime: ContainerRuntime, facts: EngineFacts | None, config: BridgeConfig) -> DoctorCheck:
+def _limits_check(engine: ContainerEngine, facts: EngineFacts | None, config: BridgeConfig) -> DoctorCheck:
     limits = {"memory": config.memory, "pids": config.pids, "cpus": config.cpus}
     shown = ", ".join(
         "%s %s" % (name, "%g" % value if isinstance(value, float) else value)
@@ -10405,15 +10407,15 @@ def _limits_check(runtime: ContainerRuntime, facts: EngineFacts | None, config: 
         "warn",
         "%s: %s NOT enforced: %s %s. Code can use all the memory, processes and CPU it likes; run the engine "
         "rootful, or on cgroups v2 with the controllers delegated to this user."
-        % (shown, ", ".join(facts.unenforced), runtime.name, how),
+        % (shown, ", ".join(facts.unenforced), engine.name, how),
         {**limits, "unenforced": list(facts.unenforced)},
     )
 
 
-def _gvisor_check(runtime: ContainerRuntime, facts: EngineFacts | None, config: BridgeConfig) -> DoctorCheck:
-    if runtime.gvisor:
+def _gvisor_check(engine: ContainerEngine, facts: EngineFacts | None, config: BridgeConfig) -> DoctorCheck:
+    if engine.gvisor:
         return DoctorCheck(
-            "sandbox", "gvisor", "ok", "gVisor in use (%s)" % runtime.oci_runtime, {"in_use": True}
+            "sandbox", "gvisor", "ok", "gVisor in use (%s)" % engine.oci_runtime, {"in_use": True}
         )
     details = {"in_use": False, "available": None if facts is None else facts.gvisor}
     if facts is None:
@@ -10431,17 +10433,15 @@ def _gvisor_check(runtime: ContainerRuntime, facts: EngineFacts | None, config: 
 async def check_sandbox(config: BridgeConfig) -> list[DoctorCheck]:
     """The engine, its limits, gVisor, the image and a real sandbox start."""
     try:
-        runtime = await _locate_engine(config)
-    except RuntimeUnavailableError as exc:
+        engine = await _locate_engine(config)
+    except EngineUnavailableError as exc:
         return [DoctorCheck("sandbox", "engine", "fail", engine_problem(exc))]
     checks: list[DoctorCheck] = []
     try:
         try:
-            facts = await runtime.describe()
-        except (RuntimeUnavailableError, TimeoutError, OSError) as exc:
-            return [
-                DoctorCheck("sandbox", "engine", "fail", "%s stopped answering: %s" % (runtime.name, exc))
-            ]
+            facts = await engine.describe()
+        except (EngineUnavailableError, TimeoutError, OSError) as exc:
+            return [DoctorCheck("sandbox", "engine", "fail", "%s stopped answering: %s" % (engine.name, exc))]
         version = "" if facts is None else " " + facts.version
         how = (
             ""
@@ -10454,29 +10454,29 @@ async def check_sandbox(config: BridgeConfig) -> list[DoctorCheck]:
                 "engine",
                 "ok",
                 "engine %s%s at %s%s%s"
-                % (runtime.name, version, runtime.executable, how, ", remote" if runtime.remote else ""),
+                % (engine.name, version, engine.executable, how, ", remote" if engine.remote else ""),
                 {
-                    "engine": runtime.name,
-                    "executable": runtime.executable,
+                    "engine": engine.name,
+                    "executable": engine.executable,
                     "version": None if facts is None else facts.version,
                 },
             )
         )
-        checks += [DoctorCheck("sandbox", "engine", "warn", warning) for warning in runtime.warnings]
-        checks.append(_limits_check(runtime, facts, config))
-        if not isinstance(runtime, KubernetesRuntime):
+        checks += [DoctorCheck("sandbox", "engine", "warn", warning) for warning in engine.warnings]
+        checks.append(_limits_check(engine, facts, config))
+        if not isinstance(engine, KubernetesEngine):
             try:
-                await runtime.use_oci_runtime(config.oci_runtime)
-            except RuntimeUnavailableError as exc:
+                await engine.use_oci_runtime(config.oci_runtime)
+            except EngineUnavailableError as exc:
                 checks.append(DoctorCheck("sandbox", "gvisor", "fail", str(exc)))
                 return checks
-        checks.append(_gvisor_check(runtime, facts, config))
-        image = await _doctor_image(runtime, config)
+        checks.append(_gvisor_check(engine, facts, config))
+        image = await _doctor_image(engine, config)
         checks.append(image)
         if image.status != "fail":
-            checks.append(await _check_sandbox_start(runtime, config))
+            checks.append(await _check_sandbox_start(engine, config))
     finally:
-        await runtime.release()
+        await engine.release()
     return checks
 
 
@@ -10901,15 +10901,15 @@ def _build_with_debian(executable: str, packages: Sequence[str], tag: str, dry_r
 REGISTRY_SECONDS = 120  # a dry run's question to the registry (a real pull has no bound)
 
 
-def _can_use_base(runtime: ContainerRuntime, base: str, dry_run: bool) -> bool:
+def _can_use_base(engine: ContainerEngine, base: str, dry_run: bool) -> bool:
     """Whether the pip method has its base image: here, or pulled now. A dry run pulls
     nothing: it asks the image's registry for its manifest, which answers where a pull
     would work (the same registry, name resolution and credentials)."""
-    if anyio.run(runtime.has_image, base):
+    if anyio.run(engine.has_image, base):
         return True
     if dry_run:
         print("%s is not here; asking its registry (a real run would pull it) ..." % base, file=sys.stderr)
-        argv = [runtime.executable, "manifest", "inspect", base]
+        argv = [engine.executable, "manifest", "inspect", base]
         try:
             found = subprocess.run(
                 argv, stdout=subprocess.DEVNULL, stderr=sys.stderr, timeout=REGISTRY_SECONDS, check=False
@@ -10919,7 +10919,7 @@ def _can_use_base(runtime: ContainerRuntime, base: str, dry_run: bool) -> bool:
             return False
         return found.returncode == 0
     print("Pulling %s ..." % base, file=sys.stderr)
-    pulled = subprocess.run([runtime.executable, "pull", base], stdout=sys.stderr, check=False)
+    pulled = subprocess.run([engine.executable, "pull", base], stdout=sys.stderr, check=False)
     return pulled.returncode == 0
 
 
@@ -10940,27 +10940,27 @@ def build_image_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         raise CommandError("not a package name: %s (write name or name==version)" % ", ".join(bad), 2)
     logging.basicConfig(level=config.log_level, stream=sys.stderr, format="%(levelname)s: %(message)s")
     try:
-        runtime = anyio.run(detect_runtime, args.runtime or config.runtime)
-    except RuntimeUnavailableError as exc:
+        engine = anyio.run(detect_engine, args.runtime or config.runtime)
+    except EngineUnavailableError as exc:
         raise CommandError(engine_problem(exc)) from None
     base = args.base or config.image
     method = args.method
     if method == "auto":
-        method = "pip" if _can_use_base(runtime, base, args.dry_run) else "debian"
+        method = "pip" if _can_use_base(engine, base, args.dry_run) else "debian"
         if method == "debian" and args.base is not None:  # asked for: no silent substitute
             raise CommandError(
                 "--from %s: %s neither has that image nor can pull it; pull or build it first, "
                 "give another --from, or drop --from to let auto fall back to a Debian image "
-                "(--method debian)" % (args.base, runtime.name)
+                "(--method debian)" % (args.base, engine.name)
             )
         print("Method: %s." % method, file=sys.stderr)
     if method == "pip":
-        _build_with_pip(runtime.executable, base, packages, args.tag, args.dry_run)
+        _build_with_pip(engine.executable, base, packages, args.tag, args.dry_run)
     else:
-        _build_with_debian(runtime.executable, packages, args.tag, args.dry_run)
+        _build_with_debian(engine.executable, packages, args.tag, args.dry_run)
     if args.dry_run:
         return 0
-    _check_image(runtime.executable, args.tag, packages)
+    _check_image(engine.executable, args.tag, packages)
     print("Built %s. Use it: set MCP_BRIDGE_IMAGE=%s in the MCP server's environment." % (args.tag, args.tag))
     return 0
 

@@ -1,17 +1,17 @@
 """Search benchmark: does ``runtime.search_tool_docs`` find the right tool for plain words?
 
-Starts four real MCP servers through the bridge's own client pool (ClientPool + HostAPI,
+Starts four real MCP servers through the bridge's own client pool (ClientPool + SandboxAPI,
 in this process; no container: the ranking runs on the host): server-everything,
 server-filesystem and server-memory (npm, installed by scripts/setup.sh under
 .cache/mcp-servers) and mcp-server-time (PyPI, in .venv). Their aliases are the names a
 user's config gives them: everything, filesystem, memory, time. Then, for each of the
-QUERIES below (written the way a model writes them), it asks HostAPI.search_tool_docs for
+QUERIES below (written the way a model writes them), it asks SandboxAPI.search_tool_docs for
 every hit (limit 50) and prints the rank of the expected tool, the top hit and its score,
 and how many queries ranked their tool first and in the top 3. tests/test_search.py runs
 the same queries through a real bridge and container.
 
 With --catalogue it starts nothing: it ranks, in this process (index_tools, rank_tools, as
-HostAPI does), the tool lists of benchmarks/search_catalogs.json, thirteen servers in one
+SandboxAPI does), the tool lists of benchmarks/search_catalogs.json, thirteen servers in one
 catalogue (GitHub, Slack, fetch, Puppeteer, Playwright, Postgres, SQLite, git, Brave
 Search and the four above), for its query sets: "dev" (the search may be tuned on it),
 "held_out" (measured, never tuned on) and "ten" (the QUERIES below, among all thirteen).
@@ -43,8 +43,8 @@ from mcp_server_code_execution_mode import (
     BridgeConfig,
     ClientPool,
     DiscoveryResult,
-    HostAPI,
     IndexedTool,
+    SandboxAPI,
     ServerSpec,
     index_tools,
     rank_tools,
@@ -133,7 +133,7 @@ async def measure(workdir: Path) -> tuple[list[Outcome], list[str]]:
     async with anyio.create_task_group() as group:
         pool = ClientPool(discovery, config, group)
         try:
-            api = HostAPI(pool, config)
+            api = SandboxAPI(pool, config)
             with anyio.fail_after(START_DEADLINE_S):  # the first search starts every server
                 await api.search_tool_docs("start", 1)
             failures = [
@@ -163,7 +163,7 @@ class CatalogueQuery:
 
 
 def load_catalogue(path: Path = CATALOGUE) -> tuple[list[IndexedTool], dict[str, list[CatalogueQuery]]]:
-    """The catalogue's tools indexed as HostAPI indexes a server's (its alias, name and
+    """The catalogue's tools indexed as SandboxAPI indexes a server's (its alias, name and
     title, and its instructions, as server_tokens), and its query sets by name, "ten"
     being QUERIES."""
     data = json.loads(path.read_text(encoding="utf-8"))

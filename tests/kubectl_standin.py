@@ -1,5 +1,5 @@
 """A SIMULATION of `kubectl` for the Kubernetes backend's tests: no cluster can run on the
-development or CI machines. It takes exactly the commands KubernetesRuntime sends and
+development or CI machines. It takes exactly the commands KubernetesEngine sends and
 forwards them to a real local engine (Podman; KUBECTL_STANDIN_ENGINE=docker for Docker):
 
 - `run NAME --stdin --attach --overrides POD` runs the Pod's one container with

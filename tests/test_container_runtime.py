@@ -17,16 +17,16 @@ import mcp_server_code_execution_mode as bridge
 from mcp_sandbox_kernel import BOOTSTRAP, FailedTool
 from mcp_server_code_execution_mode import (
     INSTALL_ENGINE,
-    ContainerRuntime,
-    DockerRuntime,
+    ContainerEngine,
+    DockerEngine,
+    EngineUnavailableError,
     LaunchSpec,
     NoEngineError,
     OwnerIdentity,
-    PodmanRuntime,
-    RuntimeUnavailableError,
+    PodmanEngine,
     build_run_argv,
     container_name,
-    detect_runtime,
+    detect_engine,
     engine_problem,
     owner_gone,
     owner_of,
@@ -72,7 +72,7 @@ def options_part(argv: list[str]) -> list[str]:
 
 
 def test_run_argv_is_exactly_the_hardened_command() -> None:
-    assert PodmanRuntime("/usr/bin/podman").run_argv(spec()) == [
+    assert PodmanEngine("/usr/bin/podman").run_argv(spec()) == [
         "/usr/bin/podman", "run",
         "--interactive",
         "--rm",
@@ -220,8 +220,8 @@ def test_run_argv_runs_the_kernel_isolated_from_the_image_environment() -> None:
 
 
 def test_run_argv_is_the_same_for_podman_and_docker_but_podmans_tmpfs_flag() -> None:
-    podman = PodmanRuntime("/bin/podman").run_argv(spec())
-    docker = DockerRuntime("/bin/docker").run_argv(spec())
+    podman = PodmanEngine("/bin/podman").run_argv(spec())
+    docker = DockerEngine("/bin/docker").run_argv(spec())
 
     # Only Podman needs telling not to add its own writable tmpfs mounts.
     assert [item for item in podman[1:] if item != "--read-only-tmpfs=false"] == docker[1:]
@@ -230,11 +230,11 @@ def test_run_argv_is_the_same_for_podman_and_docker_but_podmans_tmpfs_flag() -> 
 
 
 def test_kill_and_list_argv_target_only_this_hosts_labelled_containers() -> None:
-    runtime = DockerRuntime("/bin/docker")
+    runtime = DockerEngine("/bin/docker")
 
     assert runtime.kill_argv("c1") == ["/bin/docker", "rm", "--force", "c1"]
     # Podman would wait its 10 s stop timeout for PID 1 first.
-    assert PodmanRuntime("/bin/podman").kill_argv("c1") == [
+    assert PodmanEngine("/bin/podman").kill_argv("c1") == [
         "/bin/podman",
         "rm",
         "--force",
@@ -249,9 +249,9 @@ def test_kill_and_list_argv_target_only_this_hosts_labelled_containers() -> None
 
 
 def test_runtime_classes_map_names_to_strategies() -> None:
-    assert dict(bridge.RUNTIME_CLASSES) == {"podman": PodmanRuntime, "docker": DockerRuntime}
-    assert PodmanRuntime.name == "podman"
-    assert DockerRuntime.name == "docker"
+    assert dict(bridge.RUNTIME_CLASSES) == {"podman": PodmanEngine, "docker": DockerEngine}
+    assert PodmanEngine.name == "podman"
+    assert DockerEngine.name == "docker"
 
 
 # --- owner identity -------------------------------------------------------------------
@@ -445,7 +445,7 @@ def test_process_alive_tells_live_from_reaped_processes() -> None:
 # --- sweep_orphans --------------------------------------------------------------------
 
 
-class FakeRuntime(ContainerRuntime):
+class FakeRuntime(ContainerEngine):
     """`ps` is printf emitting the given names; `rm` is `true`, recorded."""
 
     name = "docker"
@@ -557,7 +557,7 @@ async def test_sweep_with_missing_ipc_root_does_not_fail(tmp_path: Path) -> None
     assert await sweep(FakeRuntime([]), tmp_path / "missing") == []
 
 
-# --- detect_runtime -------------------------------------------------------------------
+# --- detect_engine -------------------------------------------------------------------
 
 
 def fake_cli(tmp_path: Path, script: str) -> str:
@@ -569,8 +569,8 @@ def fake_cli(tmp_path: Path, script: str) -> str:
 
 @pytest.mark.anyio
 async def test_detect_runtime_without_any_runtime_says_how_to_install_one() -> None:
-    with pytest.raises(RuntimeUnavailableError) as caught:
-        await detect_runtime(None, which=lambda name: None)
+    with pytest.raises(EngineUnavailableError) as caught:
+        await detect_engine(None, which=lambda name: None)
 
     message = str(caught.value)
     assert "podman is not installed" in message
@@ -585,7 +585,7 @@ async def test_detect_runtime_without_any_runtime_says_how_to_install_one() -> N
 @pytest.mark.anyio
 async def test_no_engine_is_one_fact_each_audience_reads_in_its_own_words() -> None:
     with pytest.raises(NoEngineError) as caught:
-        await detect_runtime(None, which=lambda name: None)
+        await detect_engine(None, which=lambda name: None)
 
     problems = ("podman is not installed (not on PATH)", "docker is not installed (not on PATH)")
     assert caught.value.problems == problems
@@ -609,8 +609,8 @@ async def test_detect_runtime_with_preferred_runtime_tries_only_that_one() -> No
         asked.append(name)
         return None
 
-    with pytest.raises(RuntimeUnavailableError) as caught:
-        await detect_runtime("docker", which=which)
+    with pytest.raises(EngineUnavailableError) as caught:
+        await detect_engine("docker", which=which)
 
     assert asked == ["docker"]
     assert "podman is not installed" not in str(caught.value)
@@ -620,8 +620,8 @@ async def test_detect_runtime_with_preferred_runtime_tries_only_that_one() -> No
 async def test_detect_runtime_reports_installed_but_failing_runtime_as_not_usable(tmp_path: Path) -> None:
     cli = fake_cli(tmp_path, "echo 'first line' >&2\necho 'Cannot connect to the engine' >&2\nexit 3\n")
 
-    with pytest.raises(RuntimeUnavailableError) as caught:
-        await detect_runtime(None, which=lambda name: cli)
+    with pytest.raises(EngineUnavailableError) as caught:
+        await detect_engine(None, which=lambda name: cli)
 
     message = str(caught.value)
     assert "podman is installed but not usable: Cannot connect to the engine" in message
@@ -633,17 +633,17 @@ async def test_detect_runtime_reports_installed_but_failing_runtime_as_not_usabl
 async def test_detect_runtime_failing_silently_reports_the_exit_code(tmp_path: Path) -> None:
     cli = fake_cli(tmp_path, "exit 7\n")
 
-    with pytest.raises(RuntimeUnavailableError, match="docker is installed but not usable: exit 7"):
-        await detect_runtime("docker", which=lambda name: cli)
+    with pytest.raises(EngineUnavailableError, match="docker is installed but not usable: exit 7"):
+        await detect_engine("docker", which=lambda name: cli)
 
 
 @pytest.mark.anyio
 async def test_detect_runtime_prefers_podman_when_it_answers(tmp_path: Path) -> None:
     cli = fake_cli(tmp_path, 'echo "false v2"\n')
 
-    runtime = await detect_runtime(None, which=lambda name: cli)
+    runtime = await detect_engine(None, which=lambda name: cli)
 
-    assert isinstance(runtime, PodmanRuntime)
+    assert isinstance(runtime, PodmanEngine)
     assert runtime.executable == cli
     assert runtime.warnings == []
 
@@ -652,9 +652,9 @@ async def test_detect_runtime_prefers_podman_when_it_answers(tmp_path: Path) -> 
 async def test_detect_runtime_falls_back_to_docker_when_podman_is_missing(tmp_path: Path) -> None:
     cli = fake_cli(tmp_path, 'echo "27.1.0"\n')
 
-    runtime = await detect_runtime(None, which=lambda name: cli if name == "docker" else None)
+    runtime = await detect_engine(None, which=lambda name: cli if name == "docker" else None)
 
-    assert isinstance(runtime, DockerRuntime)
+    assert isinstance(runtime, DockerEngine)
     assert runtime.executable == cli
 
 
@@ -662,7 +662,7 @@ async def test_detect_runtime_falls_back_to_docker_when_podman_is_missing(tmp_pa
 async def test_rootless_podman_on_cgroups_v1_warns_that_limits_are_not_enforced(tmp_path: Path) -> None:
     cli = fake_cli(tmp_path, 'echo "true v1"\n')
 
-    runtime = await detect_runtime("podman", which=lambda name: cli)
+    runtime = await detect_engine("podman", which=lambda name: cli)
 
     assert len(runtime.warnings) == 1
     assert "NOT enforced" in runtime.warnings[0]
@@ -684,7 +684,7 @@ async def test_docker_is_remote_unless_its_endpoint_is_a_local_socket(
     # What `docker context inspect` prints: DOCKER_HOST, or the current context's endpoint.
     cli = fake_cli(tmp_path, 'case "$1" in info) echo 27.1.0;; context) echo "%s";; esac\n' % endpoint)
 
-    runtime = await detect_runtime("docker", which=lambda name: cli)
+    runtime = await detect_engine("docker", which=lambda name: cli)
 
     assert runtime.remote is remote
 
@@ -696,7 +696,7 @@ async def test_podman_is_remote_when_it_talks_to_a_service(
 ) -> None:
     cli = fake_cli(tmp_path, 'echo "false v2 %s"\n' % service_is_remote)
 
-    runtime = await detect_runtime("podman", which=lambda name: cli)
+    runtime = await detect_engine("podman", which=lambda name: cli)
 
     assert runtime.remote is (remote and sys.platform == "linux")  # a Mac's machine VM shares files
 
@@ -707,7 +707,7 @@ async def test_a_docker_cli_without_contexts_counts_as_local(tmp_path: Path) -> 
         tmp_path, 'case "$1" in info) echo 18.09.0;; *) echo "unknown command" >&2; exit 1;; esac\n'
     )
 
-    runtime = await detect_runtime("docker", which=lambda name: cli)
+    runtime = await detect_engine("docker", which=lambda name: cli)
 
     assert runtime.remote is False
 
@@ -715,9 +715,9 @@ async def test_a_docker_cli_without_contexts_counts_as_local(tmp_path: Path) -> 
 @pytest.mark.anyio
 async def test_a_remote_podman_gets_no_seccomp_file_of_this_machine_and_says_so(tmp_path: Path) -> None:
     cli = fake_cli(tmp_path, 'echo "false v2 true"\n')
-    runtime = await detect_runtime("podman", which=lambda name: cli)
+    runtime = await detect_engine("podman", which=lambda name: cli)
     runtime.remote = True  # as on Linux (a Mac's Podman is never remote here)
-    session = bridge.SandboxSession(
+    session = bridge.Sandbox(
         runtime,
         bridge.BridgeConfig(state_dir=tmp_path),
         tmp_path / "ipc",
@@ -727,9 +727,9 @@ async def test_a_remote_podman_gets_no_seccomp_file_of_this_machine_and_says_so(
     argv = runtime.run_argv(session.container.launch_spec())
 
     assert not any(item.startswith("seccomp=") for item in argv)  # the service would look for it there
-    docker = bridge.DockerRuntime("/usr/bin/docker")
+    docker = bridge.DockerEngine("/usr/bin/docker")
     docker.remote = True  # Docker's CLI reads the file here and sends its content
-    on_docker = bridge.SandboxSession(
+    on_docker = bridge.Sandbox(
         docker,
         bridge.BridgeConfig(state_dir=tmp_path),
         tmp_path / "ipc",
@@ -747,10 +747,10 @@ async def test_a_remote_podman_gets_no_seccomp_file_of_this_machine_and_says_so(
 def test_the_kernel_comes_on_stdin_for_a_remote_engine_or_when_asked(
     tmp_path: Path, delivery: bridge.KernelDelivery, remote: bool, via_stdin: bool
 ) -> None:
-    runtime = bridge.DockerRuntime("/usr/bin/docker")
+    runtime = bridge.DockerEngine("/usr/bin/docker")
     runtime.remote = remote
     config = bridge.BridgeConfig(state_dir=tmp_path, kernel_delivery=delivery)
-    session = bridge.SandboxSession(runtime, config, tmp_path / "ipc", NoServers())
+    session = bridge.Sandbox(runtime, config, tmp_path / "ipc", NoServers())
 
     argv = runtime.run_argv(session.container.launch_spec())
 
@@ -783,8 +783,8 @@ def test_ipc_directory_is_private_and_read_only_content_is_readable(tmp_path: Pa
     import json
 
     config = bridge.BridgeConfig(state_dir=tmp_path)
-    runtime = bridge.PodmanRuntime("/usr/bin/podman")
-    session = bridge.SandboxSession(runtime, config, tmp_path / "ipc", NoServers())
+    runtime = bridge.PodmanEngine("/usr/bin/podman")
+    session = bridge.Sandbox(runtime, config, tmp_path / "ipc", NoServers())
     session.container.prepare_ipc_dir()
 
     def mode(path: Path) -> int:
@@ -832,7 +832,7 @@ async def test_macos_podman_machine_is_started_and_only_a_started_one_stopped(
     fake.chmod(0o755)
     monkeypatch.setattr("mcp_server_code_execution_mode.sys.platform", "darwin")
 
-    runtime = bridge.PodmanRuntime(str(fake))
+    runtime = bridge.PodmanEngine(str(fake))
     await runtime.check_ready()
     await runtime.release()
 

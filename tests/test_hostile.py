@@ -797,10 +797,10 @@ class FakeHost:
 CAP = 256 * 1024
 
 
-def direct_session(tmp_path: Path) -> tuple[bridge.SandboxSession, RecordingStdin]:
+def direct_session(tmp_path: Path) -> tuple[bridge.Sandbox, RecordingStdin]:
     config = bridge.BridgeConfig(state_dir=tmp_path, max_frame_bytes=1 << 20, max_tool_result_bytes=CAP)
-    runtime = bridge.PodmanRuntime("/nonexistent/podman")
-    session = bridge.SandboxSession(runtime, config, tmp_path / "ipc", FakeHost())
+    runtime = bridge.PodmanEngine("/nonexistent/podman")
+    session = bridge.Sandbox(runtime, config, tmp_path / "ipc", FakeHost())
     process = FakeProcess()
     session.process = process  # type: ignore[assignment]
     session.pending = bridge.PendingExecute("e1", 10_000)
@@ -984,7 +984,7 @@ def test_nothing_keyed_by_sandbox_text_is_cached() -> None:
     assert cached, "no cached functions found: the scan is broken"
 
 
-class ScriptRuntime(bridge.PodmanRuntime):
+class ScriptRuntime(bridge.PodmanEngine):
     """A "container" that is a local Python script: the session's real launch, reader
     and exit handling, with a kernel that misbehaves on purpose."""
 
@@ -1018,7 +1018,7 @@ async def test_the_kernels_reason_for_stopping_reaches_the_model_from_the_reader
     script.write_text(STOPPING_KERNEL % str(REPO))
     config = bridge.BridgeConfig(state_dir=tmp_path, start_timeout=30)
     host = FakeHost()
-    session = bridge.SandboxSession(ScriptRuntime(script), config, tmp_path / "ipc", host)
+    session = bridge.Sandbox(ScriptRuntime(script), config, tmp_path / "ipc", host)
     async with anyio.create_task_group() as group:
         await session.start(group)
         outcome = await session.execute("1 + 1", timeout=30)

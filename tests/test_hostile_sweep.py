@@ -123,7 +123,7 @@ def exists(engine: Engine, name: str) -> bool:
     return result.returncode == 0
 
 
-def real_runtime(engine: Engine) -> bridge.ContainerRuntime:
+def real_runtime(engine: Engine) -> bridge.ContainerEngine:
     executable = shutil.which(engine.name)
     assert executable is not None
     return bridge.RUNTIME_CLASSES[engine.name](executable)  # type: ignore[index]

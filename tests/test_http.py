@@ -162,12 +162,12 @@ def bridge_for(group: anyio.abc.TaskGroup, state_dir: Path, **settings: Any) -> 
     )
     config = bridge.BridgeConfig(state_dir=state_dir, transport="http", auth_tokens=tokens, **settings)
     pool: Any = SimpleNamespace(drain_notices=list)
-    sessions = bridge.Sessions(config, group, bridge.SharedRuntime(config), shared=True)
+    sessions = bridge.Sandboxes(config, group, bridge.SharedEngine(config), shared=True)
     return bridge.Bridge(config, pool, sessions)
 
 
 def run_request(principal: bridge.Principal, session: str) -> bridge.RunRequest:
-    return bridge.RunRequest(code="1", timeout=5, reset=False, session=session, principal=principal)
+    return bridge.RunRequest(code="1", timeout=5, reset=False, session_name=session, principal=principal)
 
 
 def request_of(principal: str) -> Any:
@@ -178,15 +178,15 @@ def request_of(principal: str) -> Any:
 async def test_each_principal_has_its_own_sessions_and_store(tmp_path: Path) -> None:
     async with anyio.create_task_group() as group:
         world = bridge_for(group, tmp_path)
-        principals, sessions = world.principals, world.sessions
+        principals, sessions = world.principals, world.sandboxes
         alice, bob = principals.of_request(request_of("alice")), principals.of_request(request_of("bob"))
         assert principals.of_request(request_of("alice")) is alice and alice is not bob
-        assert sessions.manager(alice, "s1") is not sessions.manager(bob, "s1")
-        assert sessions.manager(alice, "s1").host is alice.host  # its store, not bob's
-        assert sessions.manager(bob, "s1").host is bob.host
-        assert alice.host.memory.path == tmp_path / "principals" / "alice" / "user_tools" / "memory.sqlite3"
-        assert bob.host.saved_tools.directory == tmp_path / "principals" / "bob" / "user_tools"
-        assert sessions.manager(alice, "s1").shared_runtime is sessions.manager(bob, "s1").shared_runtime
+        assert sessions.keeper(alice, "s1") is not sessions.keeper(bob, "s1")
+        assert sessions.keeper(alice, "s1").api is alice.api  # its store, not bob's
+        assert sessions.keeper(bob, "s1").api is bob.api
+        assert alice.api.memory.path == tmp_path / "principals" / "alice" / "user_tools" / "memory.sqlite3"
+        assert bob.api.saved_tools.directory == tmp_path / "principals" / "bob" / "user_tools"
+        assert sessions.keeper(alice, "s1").shared_engine is sessions.keeper(bob, "s1").shared_engine
         group.cancel_scope.cancel()
 
 
@@ -208,7 +208,7 @@ async def test_stdio_keeps_one_principal_and_todays_store(tmp_path: Path) -> Non
         principals = bridge.Principals(bridge.BridgeConfig(state_dir=tmp_path), pool)
         local = principals.of_request(None)
         assert local.name == bridge.LOCAL_PRINCIPAL and principals.of_request(request_of("bob")) is local
-        assert local.host.memory.path == tmp_path / "user_tools" / "memory.sqlite3"
+        assert local.api.memory.path == tmp_path / "user_tools" / "memory.sqlite3"
         group.cancel_scope.cancel()
 
 
@@ -217,19 +217,19 @@ async def test_the_caps_on_calls_and_on_all_sessions_refuse_at_once_naming_no_on
 ) -> None:
     async with anyio.create_task_group() as group:
         world = bridge_for(group, tmp_path, max_total_sessions=2, max_calls_per_principal=1)
-        sessions = world.sessions
+        sessions = world.sandboxes
         alice, bob = world.principals.get("alice"), world.principals.get("bob")
-        sessions.manager(alice, "secret-name").session = object()  # type: ignore[assignment]  # as if it ran
-        sessions.manager(bob, "b1").session = object()  # type: ignore[assignment]
+        sessions.keeper(alice, "secret-name").sandbox = object()  # type: ignore[assignment]  # as if it ran
+        sessions.keeper(bob, "b1").sandbox = object()  # type: ignore[assignment]
         with pytest.raises(bridge.TooManySessionsError) as caught:
-            await sessions.answer(run_request(bob, "b2"))
+            await sessions.run(run_request(bob, "b2"))
         message = str(caught.value)
         assert "MCP_BRIDGE_MAX_TOTAL_SESSIONS" in message and "2 sessions" in message
         assert "secret-name" not in message and "alice" not in message
         assert sessions.health() == {"status": "ok", "principals": 2, "sessions": 2}
         sessions.calls["alice"] = 1
         with pytest.raises(bridge.TooManyCallsError, match="MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL"):
-            await sessions.answer(run_request(alice, "secret-name"))
+            await sessions.run(run_request(alice, "secret-name"))
         group.cancel_scope.cancel()
 
 

@@ -24,11 +24,11 @@ import mcp_server_code_execution_mode as bridge
 from mcp_sandbox_kernel import BOOTSTRAP
 from mcp_server_code_execution_mode import (
     ConfigError,
-    KubernetesRuntime,
+    EngineUnavailableError,
+    KubernetesEngine,
     KubeTarget,
     LaunchSpec,
     OwnerIdentity,
-    RuntimeUnavailableError,
     load_config,
     pod_manifest,
 )
@@ -99,7 +99,7 @@ def test_a_session_name_goes_in_an_annotation_where_a_label_value_could_not_hold
 
 
 def test_kubectl_run_argv_creates_and_attaches_the_pod() -> None:
-    argv = KubernetesRuntime("/usr/bin/kubectl", TARGET).run_argv(launch_spec())
+    argv = KubernetesEngine("/usr/bin/kubectl", TARGET).run_argv(launch_spec())
 
     assert argv[:-1] == [
         "/usr/bin/kubectl",
@@ -119,7 +119,7 @@ def test_kubectl_run_argv_creates_and_attaches_the_pod() -> None:
 
 
 def test_pods_are_deleted_and_listed_by_label_in_the_target_namespace() -> None:
-    runtime = KubernetesRuntime("kubectl", KubeTarget(namespace="sandboxes"))
+    runtime = KubernetesEngine("kubectl", KubeTarget(namespace="sandboxes"))
     delete = ["kubectl", "--namespace", "sandboxes", "delete", "pod", "p1", "--ignore-not-found"]
 
     assert runtime.kill_argv("p1") == [*delete, "--grace-period=0", "--force", "--wait=false"]
@@ -149,7 +149,7 @@ def test_settings_a_pod_cannot_honour_are_refused_at_start(environ: dict[str, st
 @pytest.mark.anyio
 async def test_without_kubectl_the_error_says_how_to_get_it() -> None:
     config = load_config([], {"MCP_BRIDGE_RUNTIME": "kubernetes"})
-    with pytest.raises(RuntimeUnavailableError, match="kubectl is not installed"):
+    with pytest.raises(EngineUnavailableError, match="kubectl is not installed"):
         await bridge.locate_kubernetes(config, which=lambda name: None)
 
 

@@ -165,9 +165,9 @@ class FakeSession:
         return bridge.ExecutionOutcome(status="ok", value=repr(code))
 
 
-async def run(manager: bridge.SessionManager, code: str, reset: bool = False) -> bridge.ExecutionOutcome:
+async def run(manager: bridge.SandboxKeeper, code: str, reset: bool = False) -> bridge.ExecutionOutcome:
     """One call to ``manager``, as the tool boundary makes it, with a 10 s timeout."""
-    principal = bridge.Principal(bridge.LOCAL_PRINCIPAL, manager.host)
+    principal = bridge.Principal(bridge.LOCAL_PRINCIPAL, manager.api)
     return await manager.answer(bridge.RunRequest(code, 10, reset, bridge.DEFAULT_SESSION, principal))
 
 
@@ -186,8 +186,8 @@ async def test_the_end_of_earlier_code_is_kept_when_the_call_collecting_it_fails
     host: Any = SimpleNamespace(pool=SimpleNamespace(drain_notices=list))
     async with anyio.create_task_group() as group:
         config = bridge.BridgeConfig(respond_after=1.0)
-        manager = bridge.SessionManager(config, group, host, bridge.SharedRuntime(config))
-        manager._ensure_session = ensure_session  # type: ignore[method-assign]
+        manager = bridge.SandboxKeeper(config, group, host, bridge.SharedEngine(config))
+        manager._ensure_sandbox = ensure_session  # type: ignore[method-assign]
         assert (await run(manager, "slow")).status == "running"
         with pytest.raises(bridge.SandboxStartError):
             await run(manager, "collects the end, then fails")
@@ -207,8 +207,8 @@ async def test_a_reset_says_what_became_of_code_an_earlier_call_left_running() -
     host: Any = SimpleNamespace(pool=SimpleNamespace(drain_notices=list))
     async with anyio.create_task_group() as group:
         config = bridge.BridgeConfig(respond_after=1.0)
-        manager = bridge.SessionManager(config, group, host, bridge.SharedRuntime(config))
-        manager._ensure_session = ensure_session  # type: ignore[method-assign]
+        manager = bridge.SandboxKeeper(config, group, host, bridge.SharedEngine(config))
+        manager._ensure_sandbox = ensure_session  # type: ignore[method-assign]
         first = await run(manager, "forever")
         assert first.status == "running" and first.duration >= 0.9, first
         reset = await run(manager, "after", reset=True)

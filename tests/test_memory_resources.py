@@ -35,8 +35,8 @@ def store_for(state_dir: Path) -> bridge.MemoryStore:
 async def in_memory_client(state_dir: Path) -> AsyncIterator[Client]:
     """A client of a bridge opened in this process, without a container runtime."""
 
-    async def no_runtime(preferred: Any) -> bridge.ContainerRuntime:
-        raise bridge.RuntimeUnavailableError("no runtime in this test")
+    async def no_runtime(preferred: Any) -> bridge.ContainerEngine:
+        raise bridge.EngineUnavailableError("no runtime in this test")
 
     config = bridge.BridgeConfig(state_dir=state_dir, prewarm=False)
     discovery = bridge.DiscoveryResult(servers=(), problems=(), sources=())

@@ -362,7 +362,7 @@ def test_is_error_is_true_for_every_non_ok_status(status: Any, is_error: bool) -
 
 
 def test_render_error_is_an_error_result_with_the_message() -> None:
-    result = bridge.render_error(bridge.RuntimeUnavailableError("No runtime. Install Podman."))
+    result = bridge.render_error(bridge.EngineUnavailableError("No runtime. Install Podman."))
 
     assert result.is_error is True
     assert text_of(result) == "No runtime. Install Podman."

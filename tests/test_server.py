@@ -26,11 +26,11 @@ def no_servers() -> bridge.DiscoveryResult:
 
 
 async def test_an_unexpected_bug_is_one_failed_call_not_a_dead_server(tmp_path: Path) -> None:
-    async def broken_runtime_lookup(preferred: Any) -> bridge.ContainerRuntime:
+    async def broken_runtime_lookup(preferred: Any) -> bridge.ContainerEngine:
         raise RuntimeError("simulated bug")
 
     config = bridge.BridgeConfig(state_dir=tmp_path, prewarm=True)
-    opened = bridge.open_bridge(config, no_servers(), locate_runtime=broken_runtime_lookup)
+    opened = bridge.open_bridge(config, no_servers(), locate_engine=broken_runtime_lookup)
     async with opened as world, Client(bridge.build_server(world)) as client:
         result = await client.call_tool("run_python", {"code": "1"})
         assert result.is_error
@@ -40,8 +40,8 @@ async def test_an_unexpected_bug_is_one_failed_call_not_a_dead_server(tmp_path: 
 
 
 async def test_unknown_tool_and_bad_arguments_are_explained(tmp_path: Path) -> None:
-    async def no_runtime(preferred: Any) -> bridge.ContainerRuntime:
-        raise bridge.RuntimeUnavailableError("no runtime here")
+    async def no_runtime(preferred: Any) -> bridge.ContainerEngine:
+        raise bridge.EngineUnavailableError("no runtime here")
 
     config = bridge.BridgeConfig(state_dir=tmp_path, prewarm=False)
     opened = bridge.open_bridge(config, no_servers(), no_runtime)

@@ -75,19 +75,19 @@ FAKE_HOST: Any = SimpleNamespace(pool=SimpleNamespace(drain_notices=list))
 LOCAL = bridge.Principal(bridge.LOCAL_PRINCIPAL, FAKE_HOST)
 
 
-def registry(group: anyio.abc.TaskGroup, max_sessions: int) -> bridge.Sessions:
+def registry(group: anyio.abc.TaskGroup, max_sessions: int) -> bridge.Sandboxes:
     config = bridge.BridgeConfig(max_sessions=max_sessions)
-    return bridge.Sessions(config, group, bridge.SharedRuntime(config))
+    return bridge.Sandboxes(config, group, bridge.SharedEngine(config))
 
 
 async def test_one_name_is_one_manager_and_names_are_checked_again() -> None:
     async with anyio.create_task_group() as group:
         sessions = registry(group, 8)
-        first = sessions.manager(LOCAL, "a")
-        assert sessions.manager(LOCAL, "a") is first and first.name == "a"
-        assert sessions.manager(LOCAL, "b") is not first
+        first = sessions.keeper(LOCAL, "a")
+        assert sessions.keeper(LOCAL, "a") is first and first.name == "a"
+        assert sessions.keeper(LOCAL, "b") is not first
         with pytest.raises(bridge.InvalidRequestError, match="1-32 characters"):
-            sessions.manager(LOCAL, "A")  # defense in depth: the model checks first
+            sessions.keeper(LOCAL, "A")  # defense in depth: the model checks first
         group.cancel_scope.cancel()
 
 
@@ -95,9 +95,9 @@ async def test_the_cap_refuses_a_new_name_while_every_session_holds_a_sandbox() 
     async with anyio.create_task_group() as group:
         sessions = registry(group, 2)
         for name in ("default", "a"):
-            sessions.manager(LOCAL, name).session = object()  # type: ignore[assignment]  # as if it ran
+            sessions.keeper(LOCAL, name).sandbox = object()  # type: ignore[assignment]  # as if it ran
         with pytest.raises(bridge.TooManySessionsError) as caught:
-            sessions.manager(LOCAL, "b")
+            sessions.keeper(LOCAL, "b")
         message = str(caught.value)
         assert "Session 'b' was not started: 2 sessions (a, default) already hold sandboxes" in message
         assert "MCP_BRIDGE_MAX_SESSIONS" in message and "MCP_BRIDGE_IDLE_TIMEOUT" in message
@@ -108,37 +108,37 @@ async def test_the_cap_refuses_a_new_name_while_every_session_holds_a_sandbox() 
 async def test_a_session_stopped_for_idleness_makes_room_and_its_name_remembers_why() -> None:
     async with anyio.create_task_group() as group:
         sessions = registry(group, 2)
-        sessions.manager(LOCAL, "default").session = object()  # type: ignore[assignment]
-        idle = sessions.manager(LOCAL, "a")  # no sandbox: as after an idle shutdown
+        sessions.keeper(LOCAL, "default").sandbox = object()  # type: ignore[assignment]
+        idle = sessions.keeper(LOCAL, "a")  # no sandbox: as after an idle shutdown
         idle.lost_reason = "the previous sandbox was shut down after 60s without a call."
-        newcomer = sessions.manager(LOCAL, "b")
+        newcomer = sessions.keeper(LOCAL, "b")
         assert set(sessions.of(LOCAL.name)) == {"default", "b"}
-        newcomer.session = object()  # type: ignore[assignment]
+        newcomer.sandbox = object()  # type: ignore[assignment]
         with pytest.raises(bridge.TooManySessionsError):
-            sessions.manager(LOCAL, "a")  # no room now; when there is, it says why its state is gone
-        newcomer.session = None
-        assert sessions.manager(LOCAL, "a").lost_reason == idle.lost_reason
+            sessions.keeper(LOCAL, "a")  # no room now; when there is, it says why its state is gone
+        newcomer.sandbox = None
+        assert sessions.keeper(LOCAL, "a").lost_reason == idle.lost_reason
         group.cancel_scope.cancel()
 
 
 async def test_a_session_in_a_call_or_with_code_running_is_never_forgotten() -> None:
     async with anyio.create_task_group() as group:
         sessions = registry(group, 2)
-        sessions.manager(LOCAL, "default").active_calls = 1
-        sessions.manager(LOCAL, "a").running = object()  # type: ignore[assignment]
+        sessions.keeper(LOCAL, "default").active_calls = 1
+        sessions.keeper(LOCAL, "a").running = object()  # type: ignore[assignment]
         with pytest.raises(bridge.TooManySessionsError):
-            sessions.manager(LOCAL, "b")
+            sessions.keeper(LOCAL, "b")
         group.cancel_scope.cancel()
 
 
 async def test_no_session_starts_once_shutdown_has_begun() -> None:
     async with anyio.create_task_group() as group:
         sessions = registry(group, 8)
-        sessions.manager(LOCAL, "a")
+        sessions.keeper(LOCAL, "a")
         await sessions.begin_shutdown(grace=1.0)
         assert sessions.of(LOCAL.name)["a"].closing.is_set()
         with pytest.raises(bridge.ShuttingDownError):
-            sessions.manager(LOCAL, "b")
+            sessions.keeper(LOCAL, "b")
         group.cancel_scope.cancel()
 
 
@@ -236,7 +236,7 @@ async def test_too_many_sessions_and_a_bad_name_are_clear_errors(engine: Engine,
 
 
 async def test_runtime_progress_reaches_the_call_of_its_own_session(engine: Engine, state_dir: Path) -> None:
-    # One HostAPI serves every session: runtime.progress() in "b" must reach b's call,
+    # One SandboxAPI serves every session: runtime.progress() in "b" must reach b's call,
     # even while "a" runs code of its own.
     heard: dict[str, list[str]] = {"a": [], "b": []}
     async with bridge_client(bridge_env(engine, state_dir)) as client:
@@ -257,9 +257,9 @@ async def test_runtime_progress_reaches_the_call_of_its_own_session(engine: Engi
 
 
 def test_sessions_are_named_in_the_kernels_session_config(tmp_path: Path) -> None:
-    runtime = bridge.PodmanRuntime("/nonexistent/podman")
+    runtime = bridge.PodmanEngine("/nonexistent/podman")
     host: Any = SimpleNamespace(server_list=list, config_problems=list)
-    session = bridge.SandboxSession(runtime, bridge.BridgeConfig(), tmp_path / "ipc", host, session="a")
+    session = bridge.Sandbox(runtime, bridge.BridgeConfig(), tmp_path / "ipc", host, session_name="a")
     session.container.prepare_ipc_dir()
     config = json.loads((session.container.ipc_dir / bridge.SESSION_CONFIG_FILENAME).read_text())
     assert config["session"] == "a"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import mcp_server_code_execution_mode as bridge
-from mcp_server_code_execution_mode import DockerRuntime, PodmanRuntime, Workspace
+from mcp_server_code_execution_mode import DockerEngine, PodmanEngine, Workspace
 from tests.conftest import Engine, bridge_client, bridge_env, run_cell, text_of
 from tests.test_container_runtime import spec
 from tests.test_guide import guide_examples
@@ -39,8 +39,8 @@ def with_mount(argv: list[str], mount: list[str]) -> list[str]:
 
 def test_a_workspace_replaces_the_in_memory_one_and_nothing_else() -> None:
     for runtime, options in (
-        (PodmanRuntime("podman"), ",noexec,nosuid,nodev"),
-        (DockerRuntime("docker"), ""),
+        (PodmanEngine("podman"), ",noexec,nosuid,nodev"),
+        (DockerEngine("docker"), ""),
     ):
         plain = runtime.run_argv(spec())
         assert IN_MEMORY[1] in plain and "--mount" not in plain
@@ -54,7 +54,7 @@ def test_a_workspace_replaces_the_in_memory_one_and_nothing_else() -> None:
 
 
 def test_rootless_podman_maps_the_users_own_uid_to_itself_for_a_workspace() -> None:
-    podman = PodmanRuntime("podman")
+    podman = PodmanEngine("podman")
     podman.rootless = True
     argv = podman.run_argv(spec(workspace=Workspace(FOLDER)))
     assert argv.count("--userns=keep-id") == 1 and argv.index("--userns=keep-id") < argv.index("--user")
