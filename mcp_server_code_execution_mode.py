@@ -10,17 +10,20 @@ and kernel talk in newline-delimited JSON frames over the container's stdin/stdo
 ARCHITECTURE.md).
 
 Sections, in dependency order (``grep -n '^# ====' mcp_server_code_execution_mode.py``):
-    configuration        -> BridgeConfig, built once in main() from flags and MCP_BRIDGE_*
+    text                 -> clean_text: what any section shows a person or a model, made safe
     errors               -> every exception class: BridgeError (for the model), CommandError (a terminal)
+    configuration        -> BridgeConfig, built once in main() from flags and MCP_BRIDGE_*; tool policy
     wire protocol        -> shared with the kernel: encode_frame / FrameDecoder
-    container engine     -> Podman / Docker strategies, detection, hardened argv, sweeping
+    container engine     -> Podman / Docker strategies, detection, hardened argv, sweeping;
+                            SharedEngine (found once for all sandboxes); the workspace mount
     server discovery     -> the user's MCP servers, read from every client's config files
     MCP client pool      -> one long-lived client per server, each owned by one task
     tool docs            -> Python-style signatures of the tools' schemas
     search               -> a fuzzy search over all tools (search_tool_docs)
     memory store         -> memories (SQLite) and saved tools, written by the host only
     sandbox API (host)   -> serves the sandbox's requests: discovery, docs, tool calls
-    sandbox session      -> one container + kernel; SandboxKeeper keeps it warm
+    sandbox session      -> Sandbox (one container + kernel), SandboxKeeper (serializes its calls,
+                            keeps it warm), Sandboxes (every sandbox, by principal and name)
     rendering            -> ExecutionOutcome -> text / TOON + structuredContent
     MCP server & tool    -> run_python; resources: the manual, memories, saved tools;
                             principals (who calls, and what each caller owns);
@@ -192,6 +195,203 @@ SDK_INTERNALS = (
     "mcp.server.streamable_http_manager:StreamableHTTPSessionManager._session_owners",  # who holds each
     "mcp.server.streamable_http_manager:StreamableHTTPSessionManager._server_instances",  # how many open
 )
+
+# =============================================================================
+# text
+# =============================================================================
+# What every section shows a person or a model passes through clean_text.
+
+
+# What a terminal would act on rather than show: escape sequences (colours, cursor moves,
+# window titles, hyperlinks, DCS/APC strings) and other control characters (NUL, BEL,
+# backspace). A client may show results in a terminal, and the code must not be able to
+# repaint or hide what the user reads there.
+_CONTROL_CHARS = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"  # C0 and C1 controls but tab, newline, CR
+
+
+_TERMINAL_CONTROL = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC, ended by BEL or ST
+    r"|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"  # DCS, SOS, PM, APC
+    r"|\x1b[@-_]?"  # any other escape, or a lone ESC
+    r"|" + _CONTROL_CHARS
+)
+
+
+_CONTROL_CHAR = re.compile(_CONTROL_CHARS)
+
+
+def clean_text(text: str) -> str:
+    """``text`` as the model and the client should see it: valid Unicode (lone
+    surrogates, from a ``repr`` or a non-UTF-8 file name, become ``\\udcff``; JSON cannot
+    carry them and the SDK's writer would fail on them and end the server), line
+    breaks as ``\\n`` (a lone ``\\r`` could overwrite a line on a terminal), and no
+    terminal control sequences."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return _TERMINAL_CONTROL.sub("", text)
+
+
+def escape_controls(text: str, escape: Callable[[str], str]) -> str:
+    """``text`` with each control character clean_text would drop replaced by
+    ``escape(char)``, where dropping would change what the text means (a URI, JSON)."""
+    return _CONTROL_CHAR.sub(lambda match: escape(match.group()), text)
+
+
+def terminal_json(text: str) -> str:
+    """JSON text (json.dumps escapes C0 itself) with DEL and C1 escaped too: the same
+    value, nothing a terminal acts on."""
+    return escape_controls(text, lambda char: "\\u%04x" % ord(char))
+
+
+# =============================================================================
+# errors
+# =============================================================================
+
+
+# Every exception class of the bridge, by the audience that reads its message:
+#
+#   Exception
+#    +-- BridgeError                      the model reads it: what happened and what to do in the
+#    |    |                               next run_python call (render_error, at the tool boundary)
+#    |    +-- EngineUnavailableError     the container engine does not answer
+#    |    |    +-- NoEngineError          none of the engines tried answers (.problems: why each)
+#    |    +-- SandboxStartError           the container or its kernel did not start
+#    |    |    +-- SandboxImageMissingError   ... and its image is not here (not retried at once)
+#    |    +-- InvalidRequestError         run_python's arguments are unusable
+#    |    +-- ConfigurationUnusableError  a bad setting: run_python cannot run anything
+#    |    +-- ShuttingDownError           a stop signal arrived during the call
+#    |    +-- ServerUnavailableError      a configured MCP server did not start, or died
+#    |    |    +-- OversizedMessageError  it sent a message over the cap (handed to its client
+#    |    |                               session as a stream item, never raised)
+#    |    +-- ProxyError                  a request from the sandbox the bridge refuses or cannot serve
+#    |    +-- MemoryStoreError            the memory store refuses or cannot serve a request
+#    |    +-- TooManySessionsError        a new session while MCP_BRIDGE_MAX_SESSIONS hold sandboxes
+#    |    +-- TooManyCallsError           a principal's run_python calls in flight are at their cap
+#    |    +-- UnauthenticatedError        an HTTP request without the principal auth sets
+#    |    +-- TooManyMcpSessionsError     a principal's MCP sessions are at their cap
+#    +-- CommandError (.status)           a person at a terminal reads it: what to run or set there;
+#         |                               main() prints it once and exits with its status
+#         +-- ConfigError (status 2)      a bad setting: the flag or variable and what it accepts
+#         +-- AdoptError                  adopt refuses, having changed nothing
+#              +-- ConfigChangedError     a file changed between adopt's read and its write
+#
+# A failure both audiences meet keeps one fact and each layer phrases it: NoEngineError
+# carries .problems, which the model reads with "call run_python again" and the command
+# line with "run this command again" (engine_problem); a ConfigError reaches the model
+# through misconfigured_message; a MemoryStoreError's facts suit both as they are.
+
+
+class BridgeError(Exception):
+    """Root of the errors the model reads. The message is written for the model: what
+    happened and what to do next. Rendered once, at the tool boundary."""
+
+
+class EngineUnavailableError(BridgeError):
+    """No container runtime answers."""
+
+
+class NoEngineError(EngineUnavailableError):
+    """None of the engines tried answers. The message is the model's; ``problems`` (why
+    each engine failed) lets the command line say the same in its own words."""
+
+    def __init__(self, message: str, problems: Sequence[str]) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
+
+
+class SandboxStartError(BridgeError):
+    """The container did not start or the kernel did not say hello in time."""
+
+
+class SandboxImageMissingError(SandboxStartError):
+    """The container did not start, and its image is not on this machine (not found, or
+    the pull failed): the one start failure that is not retried at once."""
+
+
+class InvalidRequestError(BridgeError):
+    """The model's arguments to run_python are unusable."""
+
+
+class ConfigurationUnusableError(BridgeError):
+    """The bridge's own settings are invalid: run_python cannot run anything (see main())."""
+
+
+class ShuttingDownError(BridgeError):
+    """The bridge received SIGTERM/SIGINT while the call was in flight."""
+
+
+class ServerUnavailableError(BridgeError):
+    """A configured MCP server could not be started, or died."""
+
+
+class OversizedMessageError(ServerUnavailableError):
+    """A server sent a message over the size cap; it was discarded unread. Handed to the
+    server's ClientSession as a stream item (the connection then restarts), never raised."""
+
+
+class ProxyError(BridgeError):
+    """A request from the sandbox that the bridge refuses or cannot serve."""
+
+
+class MemoryStoreError(BridgeError):
+    """A memory request the store refuses (bad key, value too large) or cannot serve. The
+    memory and tools commands show the same message (its facts suit a terminal too)."""
+
+
+class TooManySessionsError(BridgeError):
+    """A call named a new session while MCP_BRIDGE_MAX_SESSIONS sessions hold sandboxes."""
+
+
+class TooManyCallsError(BridgeError):
+    """An HTTP principal has MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL run_python calls in flight."""
+
+
+class UnauthenticatedError(BridgeError):
+    """An HTTP request reached a handler without the principal the auth middleware sets."""
+
+
+class TooManyMcpSessionsError(BridgeError):
+    """An HTTP principal holds MCP_BRIDGE_MAX_MCP_SESSIONS_PER_PRINCIPAL MCP sessions and sent
+    another initialize."""
+
+
+class CommandError(Exception):
+    """Root of the errors a person at a terminal reads (the subcommands, the server's own
+    start): what to run or set there. main() prints it once, as one line on stderr after
+    the command's name, and exits with ``status`` (1: refused or failed, 2: a bad command
+    line or setting)."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ConfigError(CommandError):
+    """A bad setting; the message names the variable and the accepted values. Exit status 2;
+    over stdio, the model hears of it through misconfigured_message."""
+
+    def __init__(self, message: str, status: int = 2) -> None:
+        super().__init__(message, status)
+
+
+class AdoptError(CommandError):
+    """adopt refuses, having changed nothing (or says what it could not finish)."""
+
+
+class ConfigChangedError(AdoptError):
+    """A file changed between adopt's read and its write: its client may be running."""
+
+
+SHUTTING_DOWN = (
+    "The MCP server is shutting down (it received a stop signal), so this call was not completed. "
+    "If the client restarts the server, call run_python again; earlier state is gone."
+)
+
 
 # =============================================================================
 # configuration
@@ -959,149 +1159,22 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> BridgeConfig
     return config
 
 
-# =============================================================================
-# errors
-# =============================================================================
+def _matches(name: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
-# Every exception class of the bridge, by the audience that reads its message:
-#
-#   Exception
-#    +-- BridgeError                      the model reads it: what happened and what to do in the
-#    |    |                               next run_python call (render_error, at the tool boundary)
-#    |    +-- EngineUnavailableError     the container engine does not answer
-#    |    |    +-- NoEngineError          none of the engines tried answers (.problems: why each)
-#    |    +-- SandboxStartError           the container or its kernel did not start
-#    |    |    +-- SandboxImageMissingError   ... and its image is not here (not retried at once)
-#    |    +-- InvalidRequestError         run_python's arguments are unusable
-#    |    +-- ConfigurationUnusableError  a bad setting: run_python cannot run anything
-#    |    +-- ShuttingDownError           a stop signal arrived during the call
-#    |    +-- ServerUnavailableError      a configured MCP server did not start, or died
-#    |    |    +-- OversizedMessageError  it sent a message over the cap (handed to its client
-#    |    |                               session as a stream item, never raised)
-#    |    +-- ProxyError                  a request from the sandbox the bridge refuses or cannot serve
-#    |    +-- MemoryStoreError            the memory store refuses or cannot serve a request
-#    |    +-- TooManySessionsError        a new session while MCP_BRIDGE_MAX_SESSIONS hold sandboxes
-#    |    +-- TooManyCallsError           a principal's run_python calls in flight are at their cap
-#    |    +-- UnauthenticatedError        an HTTP request without the principal auth sets
-#    |    +-- TooManyMcpSessionsError     a principal's MCP sessions are at their cap
-#    +-- CommandError (.status)           a person at a terminal reads it: what to run or set there;
-#         |                               main() prints it once and exits with its status
-#         +-- ConfigError (status 2)      a bad setting: the flag or variable and what it accepts
-#         +-- AdoptError                  adopt refuses, having changed nothing
-#              +-- ConfigChangedError     a file changed between adopt's read and its write
-#
-# A failure both audiences meet keeps one fact and each layer phrases it: NoEngineError
-# carries .problems, which the model reads with "call run_python again" and the command
-# line with "run this command again" (engine_problem); a ConfigError reaches the model
-# through misconfigured_message; a MemoryStoreError's facts suit both as they are.
+def server_allowed(name: str, config: BridgeConfig) -> bool:
+    if config.allow_servers and not _matches(name, config.allow_servers):
+        return False
+    return not _matches(name, config.deny_servers)
 
 
-class BridgeError(Exception):
-    """Root of the errors the model reads. The message is written for the model: what
-    happened and what to do next. Rendered once, at the tool boundary."""
-
-
-class EngineUnavailableError(BridgeError):
-    """No container runtime answers."""
-
-
-class NoEngineError(EngineUnavailableError):
-    """None of the engines tried answers. The message is the model's; ``problems`` (why
-    each engine failed) lets the command line say the same in its own words."""
-
-    def __init__(self, message: str, problems: Sequence[str]) -> None:
-        super().__init__(message)
-        self.problems = tuple(problems)
-
-
-class SandboxStartError(BridgeError):
-    """The container did not start or the kernel did not say hello in time."""
-
-
-class SandboxImageMissingError(SandboxStartError):
-    """The container did not start, and its image is not on this machine (not found, or
-    the pull failed): the one start failure that is not retried at once."""
-
-
-class InvalidRequestError(BridgeError):
-    """The model's arguments to run_python are unusable."""
-
-
-class ConfigurationUnusableError(BridgeError):
-    """The bridge's own settings are invalid: run_python cannot run anything (see main())."""
-
-
-class ShuttingDownError(BridgeError):
-    """The bridge received SIGTERM/SIGINT while the call was in flight."""
-
-
-class ServerUnavailableError(BridgeError):
-    """A configured MCP server could not be started, or died."""
-
-
-class OversizedMessageError(ServerUnavailableError):
-    """A server sent a message over the size cap; it was discarded unread. Handed to the
-    server's ClientSession as a stream item (the connection then restarts), never raised."""
-
-
-class ProxyError(BridgeError):
-    """A request from the sandbox that the bridge refuses or cannot serve."""
-
-
-class MemoryStoreError(BridgeError):
-    """A memory request the store refuses (bad key, value too large) or cannot serve. The
-    memory and tools commands show the same message (its facts suit a terminal too)."""
-
-
-class TooManySessionsError(BridgeError):
-    """A call named a new session while MCP_BRIDGE_MAX_SESSIONS sessions hold sandboxes."""
-
-
-class TooManyCallsError(BridgeError):
-    """An HTTP principal has MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL run_python calls in flight."""
-
-
-class UnauthenticatedError(BridgeError):
-    """An HTTP request reached a handler without the principal the auth middleware sets."""
-
-
-class TooManyMcpSessionsError(BridgeError):
-    """An HTTP principal holds MCP_BRIDGE_MAX_MCP_SESSIONS_PER_PRINCIPAL MCP sessions and sent
-    another initialize."""
-
-
-class CommandError(Exception):
-    """Root of the errors a person at a terminal reads (the subcommands, the server's own
-    start): what to run or set there. main() prints it once, as one line on stderr after
-    the command's name, and exits with ``status`` (1: refused or failed, 2: a bad command
-    line or setting)."""
-
-    def __init__(self, message: str, status: int = 1) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class ConfigError(CommandError):
-    """A bad setting; the message names the variable and the accepted values. Exit status 2;
-    over stdio, the model hears of it through misconfigured_message."""
-
-    def __init__(self, message: str, status: int = 2) -> None:
-        super().__init__(message, status)
-
-
-class AdoptError(CommandError):
-    """adopt refuses, having changed nothing (or says what it could not finish)."""
-
-
-class ConfigChangedError(AdoptError):
-    """A file changed between adopt's read and its write: its client may be running."""
-
-
-SHUTTING_DOWN = (
-    "The MCP server is shutting down (it received a stop signal), so this call was not completed. "
-    "If the client restarts the server, call run_python again; earlier state is gone."
-)
+def tool_allowed(server: str, tool: str, config: BridgeConfig) -> bool:
+    """Tool patterns match "server.tool" (e.g. "filesystem.write_*", "*.delete_*")."""
+    qualified = "%s.%s" % (server, tool)
+    if config.allow_tools and not _matches(qualified, config.allow_tools):
+        return False
+    return not _matches(qualified, config.deny_tools)
 
 
 # =============================================================================
@@ -2174,6 +2247,69 @@ async def sweep_orphans(
             if host == owner.host_key and entry.is_dir() and not entry.is_symlink() and orphaned(name):
                 shutil.rmtree(entry, ignore_errors=True)
     return orphans
+
+
+class SharedEngine:
+    """The container runtime every session uses: found (and this host's leftover
+    sandboxes swept) once, on first use, and released once at the end."""
+
+    def __init__(self, config: BridgeConfig, locate_engine: EngineLocator = detect_engine) -> None:
+        self.config = config
+        self.locate_engine = locate_engine
+        self.engine: ContainerEngine | None = None
+        self._lock = anyio.Lock()  # two sessions starting at once find it once
+
+    async def get(self) -> ContainerEngine:
+        async with self._lock:
+            if self.engine is None:
+                if self.config.runtime == "kubernetes":  # needs its target, not just a name
+                    engine: ContainerEngine = await locate_kubernetes(self.config)
+                else:
+                    engine = await self.locate_engine(self.config.runtime)
+                    await engine.use_oci_runtime(self.config.oci_runtime)
+                ipc_root = self.config.state_dir / "ipc"
+                try:
+                    await sweep_orphans(engine, ipc_root, await anyio.to_thread.run_sync(bridge_owner))
+                except (TimeoutError, OSError) as exc:  # leftovers stay for the next start to sweep
+                    logger.warning("could not sweep leftover sandboxes: %s", exc)
+                self.engine = engine
+            return self.engine
+
+    async def release(self) -> None:
+        if self.engine is not None:
+            await self.engine.release()
+
+
+BUILD_IMAGE_COMMAND = "build-image"
+
+
+BATTERIES = ("numpy", "pandas", "matplotlib")
+
+
+BATTERIES_TAG = "localhost/mcp-sandbox-python:batteries"
+
+
+def workspace_warning(config: BridgeConfig) -> str | None:
+    """What the user (log) and the model (the first result of each session) should know
+    about a workspace folder of root's: the sandbox, never root, may not be able to use it."""
+    if config.workspace is None:
+        return None
+    try:
+        info = config.workspace.path.stat()
+    except OSError:
+        return None  # the sandbox's start says so
+    if info.st_uid != 0 and info.st_gid != 0:
+        return None
+    return (
+        "The workspace folder MCP_BRIDGE_WORKSPACE=%s belongs to root (user or group), so the sandbox "
+        "runs as %s, never as root: that user must be able to %s it, or the user should give the folder "
+        "to their own account (chown)."
+        % (
+            config.workspace.path,
+            config.container_user,
+            "read" if config.workspace.read_only else "read and write",
+        )
+    )
 
 
 # =============================================================================
@@ -3749,16 +3885,6 @@ class ClientPool:
                         group.start_soon(client.aclose)
 
 
-def _matches(name: str, patterns: Sequence[str]) -> bool:
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
-
-
-def server_allowed(name: str, config: BridgeConfig) -> bool:
-    if config.allow_servers and not _matches(name, config.allow_servers):
-        return False
-    return not _matches(name, config.deny_servers)
-
-
 def policy_problems(config: BridgeConfig, servers: Iterable[ServerSpec]) -> list[str]:
     """Patterns that match no configured server: a policy that silently does nothing (a
     typo in a deny list) is reported, in the log and in discovered_servers(detailed=True)."""
@@ -3795,14 +3921,6 @@ def tool_pattern_problems(
             if not any(fnmatch.fnmatchcase(name, pattern) for name in qualified):
                 problems.append("%s: %r matches no tool of %s" % (variable, pattern, ", ".join(covered)))
     return problems
-
-
-def tool_allowed(server: str, tool: str, config: BridgeConfig) -> bool:
-    """Tool patterns match "server.tool" (e.g. "filesystem.write_*", "*.delete_*")."""
-    qualified = "%s.%s" % (server, tool)
-    if config.allow_tools and not _matches(qualified, config.allow_tools):
-        return False
-    return not _matches(qualified, config.deny_tools)
 
 
 # =============================================================================
@@ -5638,16 +5756,6 @@ HOST_METHODS: dict[str, HostMethod] = {
 }
 
 
-async def report_progress(execute: PendingExecute | None, params: Mapping[str, object]) -> None:
-    """runtime.progress() (a PROGRESS request): heard by the progress listener of the call
-    waiting for ``execute``, if that call's client asked. The request is about the asking
-    sandbox's own call, so its sandbox session answers it, not the SandboxAPI that all the
-    sandboxes of a principal share."""
-    arguments = parse_params(mcp_sandbox_kernel.PROGRESS, ProgressParams, params)
-    if execute is not None and execute.progress is not None:
-        await execute.progress.from_code(arguments.done, arguments.total, arguments.message)
-
-
 def result_payload(result: types.CallToolResult) -> tuple[dict[str, Any], int]:
     """A proxied tool's result as JSON data, and its size in bytes."""
     payload: dict[str, Any] = result.model_dump(by_alias=True, exclude_none=True, mode="json")
@@ -6798,37 +6906,6 @@ BUSY = (
 )
 
 
-class SharedEngine:
-    """The container runtime every session uses: found (and this host's leftover
-    sandboxes swept) once, on first use, and released once at the end."""
-
-    def __init__(self, config: BridgeConfig, locate_engine: EngineLocator = detect_engine) -> None:
-        self.config = config
-        self.locate_engine = locate_engine
-        self.engine: ContainerEngine | None = None
-        self._lock = anyio.Lock()  # two sessions starting at once find it once
-
-    async def get(self) -> ContainerEngine:
-        async with self._lock:
-            if self.engine is None:
-                if self.config.runtime == "kubernetes":  # needs its target, not just a name
-                    engine: ContainerEngine = await locate_kubernetes(self.config)
-                else:
-                    engine = await self.locate_engine(self.config.runtime)
-                    await engine.use_oci_runtime(self.config.oci_runtime)
-                ipc_root = self.config.state_dir / "ipc"
-                try:
-                    await sweep_orphans(engine, ipc_root, await anyio.to_thread.run_sync(bridge_owner))
-                except (TimeoutError, OSError) as exc:  # leftovers stay for the next start to sweep
-                    logger.warning("could not sweep leftover sandboxes: %s", exc)
-                self.engine = engine
-            return self.engine
-
-    async def release(self) -> None:
-        if self.engine is not None:
-            await self.engine.release()
-
-
 class SandboxKeeper:
     """One sandbox of one principal (``Sandboxes`` holds them by principal and session name):
     serializes the calls to it, pre-warms it, replaces it after a crash, a kill, a reset or
@@ -7284,6 +7361,16 @@ class Sandboxes:
             await self.engine.release()
 
 
+async def report_progress(execute: PendingExecute | None, params: Mapping[str, object]) -> None:
+    """runtime.progress() (a PROGRESS request): heard by the progress listener of the call
+    waiting for ``execute``, if that call's client asked. The request is about the asking
+    sandbox's own call, so its sandbox session answers it, not the SandboxAPI that all the
+    sandboxes of a principal share."""
+    arguments = parse_params(mcp_sandbox_kernel.PROGRESS, ProgressParams, params)
+    if execute is not None and execute.progress is not None:
+        await execute.progress.from_code(arguments.done, arguments.total, arguments.message)
+
+
 # =============================================================================
 # rendering
 # =============================================================================
@@ -7514,48 +7601,6 @@ def render_toon(outcome: ExecutionOutcome, fitted: FittedOutput) -> str:
     import toon_format  # the TOON response format only
 
     return str(toon_format.encode(structured_result(outcome, fitted)))
-
-
-# What a terminal would act on rather than show: escape sequences (colours, cursor moves,
-# window titles, hyperlinks, DCS/APC strings) and other control characters (NUL, BEL,
-# backspace). A client may show results in a terminal, and the code must not be able to
-# repaint or hide what the user reads there.
-_CONTROL_CHARS = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"  # C0 and C1 controls but tab, newline, CR
-_TERMINAL_CONTROL = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI
-    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC, ended by BEL or ST
-    r"|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"  # DCS, SOS, PM, APC
-    r"|\x1b[@-_]?"  # any other escape, or a lone ESC
-    r"|" + _CONTROL_CHARS
-)
-_CONTROL_CHAR = re.compile(_CONTROL_CHARS)
-
-
-def clean_text(text: str) -> str:
-    """``text`` as the model and the client should see it: valid Unicode (lone
-    surrogates, from a ``repr`` or a non-UTF-8 file name, become ``\\udcff``; JSON cannot
-    carry them and the SDK's writer would fail on them and end the server), line
-    breaks as ``\\n`` (a lone ``\\r`` could overwrite a line on a terminal), and no
-    terminal control sequences."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    if "\r" in text:
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-    return _TERMINAL_CONTROL.sub("", text)
-
-
-def escape_controls(text: str, escape: Callable[[str], str]) -> str:
-    """``text`` with each control character clean_text would drop replaced by
-    ``escape(char)``, where dropping would change what the text means (a URI, JSON)."""
-    return _CONTROL_CHAR.sub(lambda match: escape(match.group()), text)
-
-
-def terminal_json(text: str) -> str:
-    """JSON text (json.dumps escapes C0 itself) with DEL and C1 escaped too: the same
-    value, nothing a terminal acts on."""
-    return escape_controls(text, lambda char: "\\u%04x" % ord(char))
 
 
 def clean_attachment(attachment: types.EmbeddedResource) -> types.EmbeddedResource:
@@ -10702,9 +10747,6 @@ def doctor_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
 # where none does (as root; scripts/setup.sh builds the test image the same way). The
 # result is checked by importing every package in it, with the sandbox's network off.
 
-BUILD_IMAGE_COMMAND = "build-image"
-BATTERIES = ("numpy", "pandas", "matplotlib")
-BATTERIES_TAG = "localhost/mcp-sandbox-python:batteries"
 DEBIAN_SUITE = "bookworm"
 # matplotlib writes its cache and config under $HOME, which the read-only sandbox lacks.
 IMAGE_ENVIRONMENT = ("MPLCONFIGDIR=/tmp/matplotlib",)
@@ -10977,29 +11019,6 @@ def log_workspace(config: BridgeConfig) -> None:
     warning = workspace_warning(config)
     if warning:
         logger.warning(warning)
-
-
-def workspace_warning(config: BridgeConfig) -> str | None:
-    """What the user (log) and the model (the first result of each session) should know
-    about a workspace folder of root's: the sandbox, never root, may not be able to use it."""
-    if config.workspace is None:
-        return None
-    try:
-        info = config.workspace.path.stat()
-    except OSError:
-        return None  # the sandbox's start says so
-    if info.st_uid != 0 and info.st_gid != 0:
-        return None
-    return (
-        "The workspace folder MCP_BRIDGE_WORKSPACE=%s belongs to root (user or group), so the sandbox "
-        "runs as %s, never as root: that user must be able to %s it, or the user should give the folder "
-        "to their own account (chown)."
-        % (
-            config.workspace.path,
-            config.container_user,
-            "read" if config.workspace.read_only else "read and write",
-        )
-    )
 
 
 def configured_servers(config: BridgeConfig, environ: Mapping[str, str]) -> DiscoveryResult:
