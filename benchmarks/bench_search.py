@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,6 +198,17 @@ def rank_catalogue(indexed: Sequence[IndexedTool], queries: Sequence[CatalogueQu
     return outcomes
 
 
+def search_times(indexed: Sequence[IndexedTool], queries: Sequence[CatalogueQuery]) -> list[float]:
+    """Seconds each query's search takes over the whole catalogue (tests only guard
+    against a blow-up; the time per search is measured here)."""
+    times = []
+    for query in queries:
+        started = time.perf_counter()
+        rank_tools(query.text, indexed, MAX_SEARCH_LIMIT)
+        times.append(time.perf_counter() - started)
+    return times
+
+
 def print_catalogue(sets: Sequence[str], counts_only: bool) -> None:
     indexed, queries = load_catalogue()
     servers = len({entry.alias for entry in indexed})
@@ -207,6 +220,13 @@ def print_catalogue(sets: Sequence[str], counts_only: bool) -> None:
             print("%s:\n%s\n" % (name, render_table(outcomes)))
         total = len(outcomes)
         print("%s: ranked first %d/%d, in the top 3 %d/%d\n" % (name, first, total, top3, total))
+    times = sorted(search_times(indexed, [query for name in sets for query in queries[name]]))
+    if times:
+        p95 = times[int(0.95 * (len(times) - 1))]
+        print(
+            "time per search over %d tools: median %.1f ms, p95 %.1f ms (%d searches)"
+            % (len(indexed), 1000 * statistics.median(times), 1000 * p95, len(times))
+        )
 
 
 def render_table(outcomes: Sequence[Outcome]) -> str:
