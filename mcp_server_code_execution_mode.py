@@ -6024,14 +6024,14 @@ class SandboxContainer:
         engine: ContainerEngine,
         config: BridgeConfig,
         ipc_root: Path,
-        host: ServerDirectory,
-        owner: OwnerIdentity,
+        api: ServerDirectory,
+        owner: OwnerIdentity | None,
         session_name: str,
     ) -> None:
         self.engine = engine
         self.config = config
-        self.api = host
-        self.owner = owner
+        self.api = api
+        self.owner = owner = owner or bridge_owner()
         self.session_name = session_name
         self.name = container_name(owner)
         self.ipc_dir = ipc_root / session_dir_name(owner, self.name) / "ipc"
@@ -6483,9 +6483,7 @@ class Sandbox:
         self.config = config
         self.api = api
         self.session_name = session_name  # run_python's name for it (runtime.session inside)
-        self.container = SandboxContainer(
-            engine, config, ipc_root, api, owner or bridge_owner(), session_name
-        )
+        self.container = SandboxContainer(engine, config, ipc_root, api, owner, session_name)
         self.name = self.container.name
         self.process: anyio.abc.Process | None = None
         self.hello: HelloFrame | None = None
@@ -6496,10 +6494,8 @@ class Sandbox:
         self.malformed_frames = 0
         self.first_malformed: str | None = None
         # Shared by the bridge's sessions: a sandbox restarted again and again logs once.
-        self.problems = problems or ProblemLog()
-        self.desk = RequestDesk(
-            self.name, self._serve, self.send, config.max_tool_result_bytes, self.problems
-        )
+        self.problems = problems = problems or ProblemLog()
+        self.desk = RequestDesk(self.name, self._serve, self.send, config.max_tool_result_bytes, problems)
         self.frame_key = secrets.token_bytes(32)  # signs what the supervisor sends (see the kernel)
         self._write_lock = anyio.Lock()
         self._reader_scopes: list[anyio.CancelScope] = []
