@@ -178,8 +178,8 @@ def lazy_module(name: str) -> ModuleType:
 
 # The MCP protocol's types: a third of a second to import (pydantic models of two protocol
 # versions), which the terminal commands never need. (Python 3.11's LazyLoader is not
-# thread-safe on the first access: the servers make theirs in build_server, before any
-# worker thread runs.)
+# thread-safe on the first access: the servers make theirs as the bridge opens (Bridge's
+# run_python tool) or in build_misconfigured_server, before any worker thread runs.)
 if not TYPE_CHECKING:
     types = lazy_module("mcp_types")
 
@@ -1812,7 +1812,7 @@ async def locate_kubernetes(
     return engine
 
 
-RUNTIME_CLASSES: dict[EngineName, type[ContainerEngine]] = {
+ENGINE_CLASSES: dict[EngineName, type[ContainerEngine]] = {
     "podman": PodmanEngine,
     "docker": DockerEngine,
 }
@@ -1855,7 +1855,7 @@ async def detect_engine(
         if executable is None:
             problems.append("%s is not installed (not on PATH)" % name)
             continue
-        engine = RUNTIME_CLASSES[name](executable)
+        engine = ENGINE_CLASSES[name](executable)
         try:
             await engine.check_ready()
         except EngineUnavailableError as exc:
@@ -2250,7 +2250,7 @@ async def sweep_orphans(
 
 
 class SharedEngine:
-    """The container runtime every session uses: found (and this host's leftover
+    """The container engine every sandbox uses: found (and this host's leftover
     sandboxes swept) once, on first use, and released once at the end."""
 
     def __init__(self, config: BridgeConfig, locate_engine: EngineLocator = detect_engine) -> None:
@@ -5859,12 +5859,12 @@ class CallProgress:
             await self.report(value, total, message)
 
 
-def checked_images(
-    images: Sequence[Image], config: BridgeConfig, notices: list[str]
-) -> list[tuple[str, str]]:
+def checked_images(images: Sequence[Image], config: BridgeConfig) -> tuple[list[tuple[str, str]], list[str]]:
     """The kernel caps images already; the host checks again (the frame came from the
-    sandbox): a known image type, valid base64, within both caps. (mime type, base64) each."""
+    sandbox): a known image type, valid base64, within both caps. (mime type, base64)
+    each, and a notice for each one dropped."""
     kept: list[tuple[str, str]] = []
+    notices: list[str] = []
     for number, image in enumerate(images, 1):
         data = image["data"]
         try:
@@ -5877,7 +5877,7 @@ def checked_images(
             notices.append("Image %d was dropped: at most %d images per call." % (number, config.max_images))
         else:
             kept.append((image["mime_type"], data))
-    return kept
+    return kept, notices
 
 
 def _strict_utf8(*texts: str) -> bool:
@@ -5891,11 +5891,13 @@ def _strict_utf8(*texts: str) -> bool:
 
 
 def checked_attachments(
-    files: Sequence[Attachment], config: BridgeConfig, notices: list[str]
-) -> list[types.EmbeddedResource]:
+    files: Sequence[Attachment], config: BridgeConfig
+) -> tuple[list[types.EmbeddedResource], list[str]]:
     """Files from runtime.attach() as embedded resources, checked again on the host: a
-    file:// URI, valid base64, within the size cap, at most MAX_ATTACHMENTS."""
+    file:// URI, valid base64, within the size cap, at most MAX_ATTACHMENTS; and a notice
+    for each one dropped."""
     kept: list[types.EmbeddedResource] = []
+    notices: list[str] = []
     for number, entry in enumerate(files, 1):
         uri, kind = entry["uri"], entry["mime_type"]
         contents: types.TextResourceContents | types.BlobResourceContents
@@ -5916,7 +5918,7 @@ def checked_attachments(
             notices.append("File %d was dropped: at most %d files per call." % (number, MAX_ATTACHMENTS))
         else:
             kept.append(types.EmbeddedResource(resource=contents))
-    return kept
+    return kept, notices
 
 
 def sandbox_error_result(execute_id: FrameId, kind: str, message: str) -> ResultFrame:
@@ -6410,6 +6412,8 @@ def outcome_of_execute(
     for name, count in pending.cut.items():  # the host's own cap cut the head
         if count:
             cuts.setdefault(name, OutputCut()).count += count
+    images, dropped_images = checked_images(result.get("images") or [], config)
+    attachments, dropped_files = checked_attachments(result.get("attachments") or [], config)
     outcome = ExecutionOutcome(
         status="ok",
         stdout="".join(pending.streams["stdout"]),
@@ -6418,10 +6422,10 @@ def outcome_of_execute(
         value_json=result.get("json"),
         error=result.get("error"),
         cuts=cuts,
-        notices=list(result.get("notices") or []),
+        notices=[*(result.get("notices") or []), *dropped_images, *dropped_files],
+        images=images,
+        attachments=attachments,
     )
-    outcome.images = checked_images(result.get("images") or [], config, outcome.notices)
-    outcome.attachments = checked_attachments(result.get("attachments") or [], config, outcome.notices)
     if timed_out and status == "ok":
         timed_out = False  # it finished during the grace period: an ordinary success
     if timed_out and status == "killed":
@@ -6493,7 +6497,7 @@ class Sandbox:
         self.pending: PendingExecute | None = None
         self.malformed_frames = 0
         self.first_malformed: str | None = None
-        # Shared by the bridge's sessions: a sandbox restarted again and again logs once.
+        # Shared by a principal's sandboxes: one restarted again and again logs once.
         self.problems = problems = problems or ProblemLog()
         self.desk = RequestDesk(self.name, self._serve, self.send, config.max_tool_result_bytes, problems)
         self.frame_key = secrets.token_bytes(32)  # signs what the supervisor sends (see the kernel)
@@ -6696,19 +6700,24 @@ class Sandbox:
         )
         result = pending.result or NO_RESULT
         defined = result.get("defined_tools")
-        notice = self.api.defined_tools_notice(defined) if defined is not None else None
-        if notice is not None:
-            outcome.notices.insert(0, notice)
+        defined_notice = self.api.defined_tools_notice(defined) if defined is not None else None
         failed = result.get("failed_tools")
-        if failed:
-            outcome.notices.extend(await self.api.quarantine_tools(failed))
-        outcome.duration = time.monotonic() - started
-        if self.malformed_frames > malformed_before:
-            outcome.notices.append(
-                "The sandbox sent %d malformed frame(s) to the bridge, which ignored them (first: %s)."
-                % (self.malformed_frames - malformed_before, self.first_malformed)
-            )
-        return outcome
+        quarantined = await self.api.quarantine_tools(failed) if failed else []
+        malformed = self.malformed_frames - malformed_before
+        notices = [
+            *([defined_notice] if defined_notice is not None else []),
+            *outcome.notices,
+            *quarantined,
+            *(
+                [
+                    "The sandbox sent %d malformed frame(s) to the bridge, which ignored them (first: %s)."
+                    % (malformed, self.first_malformed)
+                ]
+                if malformed
+                else []
+            ),
+        ]
+        return replace(outcome, notices=notices, duration=time.monotonic() - started)
 
     def abandon(self, reason: str) -> None:
         """End the running execute now, without its result (the bridge is shutting down);
@@ -6769,7 +6778,7 @@ START_RETRY_SECONDS = 300
 @dataclass(frozen=True)
 class Principal:
     """Who calls: stdio's one client, or an HTTP bearer token's principal. Its memory store
-    and saved tools are its own (``host``); its sandboxes are Sandboxes', keyed by its name."""
+    and saved tools are its own (``api``); its sandboxes are Sandboxes', keyed by its name."""
 
     name: str
     api: SandboxAPI  # its memory store and saved tools
@@ -6804,7 +6813,7 @@ class Reply:
 
 
 class RunningCode:
-    """One execute running in the manager's task group, so a call can answer "still running"
+    """One execute running in the keeper's task group, so a call can answer "still running"
     after respond_after seconds and a later call can wait for the rest. Its own timeout
     still ends it; cancelling its scope stops the code (the client gave up)."""
 
@@ -6914,9 +6923,9 @@ class SandboxKeeper:
         task_group: anyio.abc.TaskGroup,
         api: SandboxAPI,
         engine: SharedEngine,
-        name: str = DEFAULT_SESSION,
-        problems: ProblemLog | None = None,
-        closing: anyio.Event | None = None,
+        name: str,
+        problems: ProblemLog,
+        closing: anyio.Event,
     ) -> None:
         self.config = config
         self.task_group = task_group
@@ -6929,8 +6938,8 @@ class SandboxKeeper:
         self.last_used = time.monotonic()
         self._lock = anyio.Lock()
         # Shared by the principal's sessions: a sandbox restarted again and again logs once.
-        self.problems = problems or ProblemLog()
-        self.closing = closing or anyio.Event()
+        self.problems = problems
+        self.closing = closing  # Sandboxes' event, set when the bridge begins to stop
         self.active_calls = 0
         # The last start failure for want of the image, and when it happened: explained in
         # full once, then answered at once, not retried (a pull that cannot work takes long
@@ -6950,17 +6959,17 @@ class SandboxKeeper:
             return self.sandbox, []
         engine = await self.shared_engine.get()
         await self._check_earlier_start_failure(engine)
-        session = Sandbox(
+        sandbox = Sandbox(
             engine, self.config, self.ipc_root, self.api, problems=self.problems, session_name=self.name
         )
         try:
-            await session.start(self.task_group)
+            await sandbox.start(self.task_group)
         except SandboxStartError as exc:
             missing = isinstance(exc, SandboxImageMissingError)  # other failures: retried at once
             self.start_failure = (str(exc), time.monotonic()) if missing else None
             raise
         self.start_failure = None
-        self.sandbox = session
+        self.sandbox = sandbox
         notices = []
         if self.lost_reason:
             notices.append(
@@ -6973,7 +6982,7 @@ class SandboxKeeper:
         warning = workspace_warning(self.config)
         if warning:
             notices.append(warning)
-        return session, notices
+        return sandbox, notices
 
     async def _check_earlier_start_failure(self, engine: ContainerEngine) -> None:
         if self.start_failure is None:
@@ -7079,9 +7088,9 @@ class SandboxKeeper:
             notices.append("Reset: started a fresh session with an empty namespace.")
         elif request.reset:
             self.lost_reason = None
-        session, started = await self._ensure_sandbox()
+        sandbox, started = await self._ensure_sandbox()
         notices += started
-        running = RunningCode(session, request)
+        running = RunningCode(sandbox, request)
         self.running = running
         self.task_group.start_soon(running.run)
         if await running.wait(self._left(request.arrived), request.progress):
@@ -7116,12 +7125,12 @@ class SandboxKeeper:
         if running.outcome is None:
             return None
         outcome = running.rest(self.api.pool.drain_notices())
-        session = running.sandbox
-        if not session.alive:
-            await session.stop()
-            if self.sandbox is session:
+        sandbox = running.sandbox
+        if not sandbox.alive:
+            await sandbox.stop()
+            if self.sandbox is sandbox:
                 self.sandbox = None
-            self.lost_reason = "the previous sandbox %s." % session.death_reason
+            self.lost_reason = "the previous sandbox %s." % sandbox.death_reason
         self.last_used = time.monotonic()
         return outcome
 
@@ -7163,7 +7172,7 @@ class SandboxKeeper:
         )
 
     async def aclose(self) -> None:
-        """Remove this session's sandbox (the shared runtime is Sandboxes' to release)."""
+        """Remove this session's sandbox (the shared engine is Sandboxes' to release)."""
         with anyio.CancelScope(shield=True):
             if self.sandbox is not None:
                 await self.sandbox.stop()
@@ -7191,7 +7200,7 @@ class Sandboxes:
     when a call names none): one SandboxKeeper each, created on first use. The one owner
     of their lifetimes: the caps (MCP_BRIDGE_MAX_SESSIONS per principal; with ``shared``,
     i.e. over HTTP, MCP_BRIDGE_MAX_TOTAL_SESSIONS in all and MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL
-    calls in flight), idle forgetting, the shutdown fan-out and the shared runtime's release.
+    calls in flight), idle forgetting, the shutdown fan-out and the shared engine's release.
     Each session has its own sandbox, state, limits (the configured ones) and idle timer;
     calls to different sessions run side by side, calls to one session one at a time (its
     keeper's lock). A session stopped for idleness keeps its name (its next call starts
@@ -7348,7 +7357,7 @@ class Sandboxes:
             await self._no_calls.wait()
 
     async def aclose(self) -> None:
-        """Remove every session's sandbox, side by side, then release the runtime."""
+        """Remove every session's sandbox, side by side, then release the engine."""
         self.closing.set()
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as group:
@@ -8039,7 +8048,7 @@ def page_start(cursor: str | None) -> int:
 # its own memory store and saved tools (STATE_DIR/principals/<name>/user_tools) and its own
 # limits. A call reaches only its principal's sessions and store, so a session name, a
 # memory key or a resource URI of another principal names nothing. The pool of proxied MCP
-# servers and the container runtime are shared: they hold no caller's state.
+# servers and the container engine are shared: they hold no caller's state.
 
 LOCAL_PRINCIPAL = "local"  # stdio's one client; over HTTP without tokens, every caller
 PRINCIPALS_DIRNAME = "principals"
@@ -8050,10 +8059,13 @@ class Principals:
     its memory store and saved tools. ``http`` turns on per-principal stores (when tokens
     name principals) and refuses a request the auth middleware left without one."""
 
-    def __init__(self, config: BridgeConfig, pool: ClientPool, http: bool = False) -> None:
+    def __init__(
+        self, config: BridgeConfig, pool: ClientPool, http: bool = False, closing: anyio.Event | None = None
+    ) -> None:
         self.config = config
         self.pool = pool
         self.http = http
+        self.closing = closing or anyio.Event()  # Sandboxes' event: no new principal once it is set
         self.by_name: dict[str, Principal] = {}
 
     def store_dir(self, name: str) -> Path:
@@ -8067,6 +8079,8 @@ class Principals:
         found = self.by_name.get(name)
         if found is not None:
             return found
+        if self.closing.is_set():  # no store is created for a principal first seen while stopping
+            raise ShuttingDownError(SHUTTING_DOWN)
         # Defense in depth: the token file's parser checks names too; one becomes a directory.
         if not PRINCIPAL_NAME_PATTERN.fullmatch(name):
             raise UnauthenticatedError("Refused: %s is not a valid principal name." % ascii(name[:70]))
@@ -8100,13 +8114,13 @@ def client_of(request: Any) -> str | None:
 class Bridge:
     """The bridge's world, opened by serve() and serve_http() (open_bridge) and handed to
     the handlers by the SDK's lifespan: the config and its run_python tool, the pool of
-    proxied MCP servers, who calls (principals) and every sandbox (sessions)."""
+    proxied MCP servers, who calls (principals) and every sandbox (sandboxes)."""
 
     def __init__(self, config: BridgeConfig, pool: ClientPool, sandboxes: Sandboxes) -> None:
         self.config = config
         self.pool = pool
         self.sandboxes = sandboxes
-        self.principals = Principals(config, pool, http=config.transport == "http")
+        self.principals = Principals(config, pool, config.transport == "http", sandboxes.closing)
         self.input_model = run_python_input_model(config)
         self.tool = run_python_tool(config)
 
@@ -8122,10 +8136,10 @@ async def open_bridge(
     (config.prewarm; a principal of a token is known only when it calls)."""
     async with anyio.create_task_group() as group:
         http = config.transport == "http"
-        sessions = Sandboxes(config, group, SharedEngine(config, locate_engine), shared=http)
-        bridge = Bridge(config, ClientPool(discovery, config, group), sessions)
+        sandboxes = Sandboxes(config, group, SharedEngine(config, locate_engine), shared=http)
+        bridge = Bridge(config, ClientPool(discovery, config, group), sandboxes)
         if config.prewarm and (not http or config.auth_tokens is None):
-            group.start_soon(sessions.prewarm, bridge.principals.get(LOCAL_PRINCIPAL))
+            group.start_soon(sandboxes.prewarm, bridge.principals.get(LOCAL_PRINCIPAL))
         try:
             yield bridge
         finally:
@@ -8133,7 +8147,7 @@ async def open_bridge(
             # take up to 2 s each to stop, and the bridge exits within 2 s in all.
             with anyio.CancelScope(shield=True):
                 async with anyio.create_task_group() as closing:
-                    closing.start_soon(sessions.aclose)
+                    closing.start_soon(sandboxes.aclose)
                     closing.start_soon(bridge.pool.aclose)
             group.cancel_scope.cancel()
 
@@ -8227,10 +8241,10 @@ async def on_list_resources(
     ctx: ServerRequestContext[Bridge], params: types.PaginatedRequestParams | None
 ) -> types.ListResourcesResult:
     start = page_start(params.cursor if params is not None else None)
-    host = _resource_owner(ctx).api
+    api = _resource_owner(ctx).api
     # In the principal's store thread (one at a time): listing stats the files and reads
     # their index, and one principal's listings must not crowd out the others.
-    saved = await host._in_store(user_resources, host.memory, host.saved_tools)
+    saved = await api._in_store(user_resources, api.memory, api.saved_tools)
     resources = [capabilities_resource(), *saved]
     end = start + RESOURCES_PAGE_SIZE
     return types.ListResourcesResult(
@@ -8933,8 +8947,8 @@ def local_principal_backend() -> AuthenticationBackend:
 
 
 def http_app(server: Server[Bridge], bridge: Bridge) -> tuple[Starlette, PrincipalSessionManager]:
-    """The ASGI app (/mcp behind bearer auth, /health open) and the session manager whose
-    run() holds the server's lifespan."""
+    """The ASGI app (/mcp behind bearer auth, /health open) and the SDK's session manager,
+    whose run() serves the MCP sessions inside the open bridge."""
     from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
     from mcp.server.transport_security import TransportSecuritySettings
     from starlette.applications import Starlette
@@ -9005,6 +9019,7 @@ def token_file_warning(tokens: AuthTokens) -> str | None:
 async def serve_http(config: BridgeConfig, discovery: DiscoveryResult, listener: socket.socket) -> None:
     """Serve MCP over streamable HTTP on ``listener`` until SIGTERM/SIGINT: calls in
     flight are answered, then every principal's sandboxes are removed (leaving the bridge)."""
+    warn_about_tokens(config)
     async with anyio.create_task_group() as group:
         async with open_bridge(config, discovery) as bridge:
             app, manager = http_app(build_server(bridge), bridge)
@@ -9018,7 +9033,7 @@ async def serve_http(config: BridgeConfig, discovery: DiscoveryResult, listener:
 
 
 def http_server_for(app: Starlette, config: BridgeConfig) -> uvicorn.Server:
-    """uvicorn serving ``app`` (its warnings about the token file logged first)."""
+    """uvicorn serving ``app``, with the bridge's own signal handling and connection guard."""
     import uvicorn
 
     _UvicornServer = uvicorn_server_class()
@@ -9030,7 +9045,11 @@ def http_server_for(app: Starlette, config: BridgeConfig) -> uvicorn.Server:
         timeout_graceful_shutdown=HTTP_GRACEFUL_SECONDS,
         http=GuardedH11Protocol.configured(config),
     )
-    http_server = _UvicornServer(uvicorn_config)
+    return _UvicornServer(uvicorn_config)
+
+
+def warn_about_tokens(config: BridgeConfig) -> None:
+    """Said before anything starts: no token file, or one that others can read."""
     if config.auth_tokens is None:
         logger.warning(
             "HTTP without MCP_BRIDGE_AUTH_TOKENS: every process that can reach %s:%d is the one principal "
@@ -9041,7 +9060,6 @@ def http_server_for(app: Starlette, config: BridgeConfig) -> uvicorn.Server:
         )
     elif (warning := token_file_warning(config.auth_tokens)) is not None:
         logger.warning(warning)
-    return http_server
 
 
 async def stop_http_on_signal(http_server: uvicorn.Server, bridge: Bridge) -> None:
@@ -10398,18 +10416,18 @@ async def _doctor_image(engine: ContainerEngine, config: BridgeConfig) -> Doctor
 async def _check_sandbox_start(engine: ContainerEngine, config: BridgeConfig) -> DoctorCheck:
     """A real sandbox, started as the bridge starts it (hardening, seccomp, kernel), then stopped."""
     async with anyio.create_task_group() as group:
-        host = SandboxAPI(ClientPool(DiscoveryResult((), (), ()), config, group), config)
-        session = Sandbox(engine, config, config.state_dir / "ipc", host)
+        api = SandboxAPI(ClientPool(DiscoveryResult((), (), ()), config, group), config)
+        sandbox = Sandbox(engine, config, config.state_dir / "ipc", api)
         started = time.monotonic()
         try:
-            await session.start(group)
+            await sandbox.start(group)
         except SandboxStartError as exc:
             return DoctorCheck("sandbox", "start", "fail", str(exc), {"image": config.image})
         finally:
-            await session.stop()
+            await sandbox.stop()
             group.cancel_scope.cancel()
         seconds = time.monotonic() - started
-        python = session.hello["python"] if session.hello is not None else "unknown"
+        python = sandbox.hello["python"] if sandbox.hello is not None else "unknown"
     return DoctorCheck(
         "sandbox",
         "start",

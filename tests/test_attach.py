@@ -79,9 +79,8 @@ async def test_a_file_over_the_cap_or_the_eleventh_is_refused_clearly(
 
 def test_the_host_drops_attachments_that_are_not_within_the_cap() -> None:
     config = bridge.BridgeConfig(max_attachment_bytes=4)
-    notices: list[str] = []
     blob: Attachment = {"uri": "file:///tmp/d", "mime_type": "application/zip", "blob": "AA=="}
-    kept = bridge.checked_attachments(
+    kept, notices = bridge.checked_attachments(
         [
             {"uri": "file:///tmp/a", "mime_type": "text/plain", "text": "abcd"},
             {"uri": "http://evil/a", "mime_type": "text/plain", "text": "x"},
@@ -91,7 +90,6 @@ def test_the_host_drops_attachments_that_are_not_within_the_cap() -> None:
             *[blob] * 10,
         ],
         config,
-        notices,
     )
     assert len(kept) == 10 and kept[0].resource.text == "abcd"  # type: ignore[union-attr]
     assert notices == [
@@ -125,11 +123,9 @@ async def test_escape_sequences_in_an_attachment_reach_no_client_raw(engine: Eng
 
 
 def test_a_forged_attachment_uri_has_its_control_characters_percent_encoded() -> None:
-    notices: list[str] = []
-    kept = bridge.checked_attachments(
+    kept, _ = bridge.checked_attachments(
         [{"uri": "file:///tmp/a\x1b]0;x\x07\x9b", "mime_type": "text/\x1b[31mcsv", "text": "a,b\r\n1,2\r\n"}],
         bridge.BridgeConfig(),
-        notices,
     )
     (block,) = bridge.tool_result(["ok"], None, False, attachments=kept).content[1:]
     assert isinstance(block, types.EmbeddedResource) and isinstance(

@@ -249,7 +249,7 @@ def test_kill_and_list_argv_target_only_this_hosts_labelled_containers() -> None
 
 
 def test_runtime_classes_map_names_to_strategies() -> None:
-    assert dict(bridge.RUNTIME_CLASSES) == {"podman": PodmanEngine, "docker": DockerEngine}
+    assert dict(bridge.ENGINE_CLASSES) == {"podman": PodmanEngine, "docker": DockerEngine}
     assert PodmanEngine.name == "podman"
     assert DockerEngine.name == "docker"
 

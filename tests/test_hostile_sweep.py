@@ -126,7 +126,7 @@ def exists(engine: Engine, name: str) -> bool:
 def real_runtime(engine: Engine) -> bridge.ContainerEngine:
     executable = shutil.which(engine.name)
     assert executable is not None
-    return bridge.RUNTIME_CLASSES[engine.name](executable)  # type: ignore[index]
+    return bridge.ENGINE_CLASSES[engine.name](executable)  # type: ignore[index]
 
 
 def ipc_dir_of(ipc_root: Path, owner: OwnerIdentity, name: str) -> Path:

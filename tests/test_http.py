@@ -202,6 +202,22 @@ async def test_a_request_without_an_authenticated_principal_is_refused(tmp_path:
         group.cancel_scope.cancel()
 
 
+async def test_a_principal_first_seen_while_the_bridge_stops_is_refused_and_gets_no_store(
+    tmp_path: Path,
+) -> None:
+    async with anyio.create_task_group() as group:
+        opened = bridge_for(group, tmp_path)
+        principals = opened.principals
+        alice = principals.of_request(request_of("alice"))
+        opened.sandboxes.closing.set()  # as begin_shutdown sets it
+        assert principals.of_request(request_of("alice")) is alice  # a known one keeps its store
+        with pytest.raises(bridge.ShuttingDownError):
+            principals.of_request(request_of("bob"))
+        assert list(principals.by_name) == ["alice"]
+        assert not (tmp_path / "principals" / "bob").exists()
+        group.cancel_scope.cancel()
+
+
 async def test_stdio_keeps_one_principal_and_todays_store(tmp_path: Path) -> None:
     async with anyio.create_task_group() as group:
         pool: Any = SimpleNamespace(drain_notices=list)

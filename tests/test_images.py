@@ -116,8 +116,7 @@ async def test_display_and_show_image_work_without_matplotlib(engine: Engine, st
 def test_the_host_drops_images_that_are_not_within_the_caps() -> None:
     config = bridge.BridgeConfig(max_images=2, max_image_bytes=10)
     good: Image = {"mime_type": "image/png", "data": base64.b64encode(b"12345").decode()}
-    notices: list[str] = []
-    kept = bridge.checked_images(
+    kept, notices = bridge.checked_images(
         [
             good,
             {"mime_type": "image/svg+xml", "data": good["data"]},
@@ -127,7 +126,6 @@ def test_the_host_drops_images_that_are_not_within_the_caps() -> None:
             good,
         ],
         config,
-        notices,
     )
     assert kept == [("image/png", good["data"])] * 2
     assert notices == [

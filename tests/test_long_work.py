@@ -186,7 +186,15 @@ async def test_the_end_of_earlier_code_is_kept_when_the_call_collecting_it_fails
     host: Any = SimpleNamespace(pool=SimpleNamespace(drain_notices=list))
     async with anyio.create_task_group() as group:
         config = bridge.BridgeConfig(respond_after=1.0)
-        manager = bridge.SandboxKeeper(config, group, host, bridge.SharedEngine(config))
+        manager = bridge.SandboxKeeper(
+            config,
+            group,
+            host,
+            bridge.SharedEngine(config),
+            bridge.DEFAULT_SESSION,
+            bridge.ProblemLog(),
+            anyio.Event(),
+        )
         manager._ensure_sandbox = ensure_session  # type: ignore[method-assign]
         assert (await run(manager, "slow")).status == "running"
         with pytest.raises(bridge.SandboxStartError):
@@ -207,7 +215,15 @@ async def test_a_reset_says_what_became_of_code_an_earlier_call_left_running() -
     host: Any = SimpleNamespace(pool=SimpleNamespace(drain_notices=list))
     async with anyio.create_task_group() as group:
         config = bridge.BridgeConfig(respond_after=1.0)
-        manager = bridge.SandboxKeeper(config, group, host, bridge.SharedEngine(config))
+        manager = bridge.SandboxKeeper(
+            config,
+            group,
+            host,
+            bridge.SharedEngine(config),
+            bridge.DEFAULT_SESSION,
+            bridge.ProblemLog(),
+            anyio.Event(),
+        )
         manager._ensure_sandbox = ensure_session  # type: ignore[method-assign]
         first = await run(manager, "forever")
         assert first.status == "running" and first.duration >= 0.9, first
