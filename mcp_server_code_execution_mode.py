@@ -563,7 +563,7 @@ class BridgeConfig:
     max_images: int = 10
     max_image_bytes: int = 2 * 1024 * 1024
     max_attachment_bytes: int = 5_000_000
-    respond_after: float = 45.0
+    respond_after: float | None = None  # None: what the calling client can wait (respond_after_for)
     workspace: Workspace | None = None
     transport: ServeTransport = "stdio"
     host: str = "127.0.0.1"
@@ -940,8 +940,9 @@ OPTIONS: tuple[Option, ...] = (
         "respond_after",
         "MCP_BRIDGE_RESPOND_AFTER",
         _non_negative_float,
-        "answer with 'still running' after this many seconds (clients give up at about 60); "
-        "the code goes on; 0 = wait for the end",
+        "answer with 'still running' after this many seconds (Claude Desktop gives up at about 60); "
+        "the code goes on; 0 = wait for the end; unset: 0 for Claude Code, which waits hours, else 45",
+        default_text="45 (Claude Code: 0)",
     ),
     Option(
         "max_attachment_bytes",
@@ -1157,6 +1158,23 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> BridgeConfig
                 "outside it" % (config.workspace.path, state_dir)
             )
     return config
+
+
+# When a call answers "still running" (the code goes on; the next call collects the rest),
+# by the calling client's clientInfo.name, unless MCP_BRIDGE_RESPOND_AFTER says otherwise.
+# Claude Code waits about 27.8 hours for a tool over stdio (MCP_TOOL_TIMEOUT lowers it) and
+# loses nothing by waiting, while an early answer costs its model a turn: it gets the end.
+# Claude Desktop gives up at about 60 s: 45 s for it and for any client not named here
+# (Codex waits 300 s, but its clientInfo name has not been measured here).
+CLIENT_RESPOND_AFTER: Mapping[str, float] = MappingProxyType({"claude-code": 0.0})
+DEFAULT_RESPOND_AFTER = 45.0
+
+
+def respond_after_for(config: BridgeConfig, client: str | None) -> float:
+    """Seconds after which a call of ``client`` answers "still running" (0: at the end)."""
+    if config.respond_after is not None:
+        return config.respond_after
+    return CLIENT_RESPOND_AFTER.get(client or "", DEFAULT_RESPOND_AFTER)
 
 
 def _matches(name: str, patterns: Sequence[str]) -> bool:
@@ -6796,7 +6814,7 @@ class RunRequest:
     session_name: str  # run_python's session name
     principal: Principal
     saved_tools: bool = True
-    client: str | None = None  # the caller's MCP session over HTTP (Mcp-Session-Id); None over stdio
+    client_name: str | None = None  # clientInfo.name from the client's initialize, if it said one
     progress: CallProgress | None = None  # None: the client asked for no progress
     arrived: float = field(default_factory=time.monotonic)  # the client's clock runs from here
 
@@ -7047,7 +7065,7 @@ class SandboxKeeper:
     async def take_turn(self, request: RunRequest) -> Reply:
         # The client's clock runs from the call's arrival, also while it waits its turn.
         acquired = False
-        with anyio.move_on_after(self._left(request.arrived) or math.inf):
+        with anyio.move_on_after(self._left(request) or math.inf):
             await self._lock.acquire()
             acquired = True
         if not acquired:
@@ -7060,11 +7078,12 @@ class SandboxKeeper:
         finally:
             self._lock.release()
 
-    def _left(self, arrived: float) -> float:
-        """Seconds until a call that arrived at ``arrived`` must answer (0: no limit)."""
-        if not self.config.respond_after:
+    def _left(self, request: RunRequest) -> float:
+        """Seconds until ``request`` must answer (0: no limit)."""
+        respond_after = respond_after_for(self.config, request.client_name)
+        if not respond_after:
             return 0
-        return max(0.01, arrived + self.config.respond_after - time.monotonic())
+        return max(0.01, request.arrived + respond_after - time.monotonic())
 
     async def _take_turn_locked(self, request: RunRequest) -> Reply:
         if self.closing.is_set():
@@ -7073,7 +7092,7 @@ class SandboxKeeper:
         if self.running is not None and request.reset:  # a reset stops the earlier code too
             notices += await self._stop_for_reset(self.running)
         elif self.running is not None:
-            if not await self.running.wait(self._left(request.arrived), request.progress):
+            if not await self.running.wait(self._left(request), request.progress):
                 return Reply(self.running.still_running(waited_for_earlier=True))
             # Kept on the keeper until a call returns it: a failure of this call's own
             # code (a sandbox that cannot start) must not lose it.
@@ -7093,7 +7112,7 @@ class SandboxKeeper:
         running = RunningCode(sandbox, request)
         self.running = running
         self.task_group.start_soon(running.run)
-        if await running.wait(self._left(request.arrived), request.progress):
+        if await running.wait(self._left(request), request.progress):
             outcome = await self._finish(running)
             assert outcome is not None  # only a cancelled wait stops it, and that raised
         else:
@@ -8102,10 +8121,10 @@ class Principals:
         return self.get(user.access_token.client_id)
 
 
-def client_of(request: Any) -> str | None:
-    """The MCP session an HTTP request belongs to (its Mcp-Session-Id); None over stdio."""
-    headers = getattr(request, "headers", None)
-    return None if headers is None else headers.get("mcp-session-id")
+def client_name(ctx: ServerRequestContext[Bridge]) -> str | None:
+    """The calling client's name as its initialize said it (clientInfo.name), if it did."""
+    params = ctx.session.client_params
+    return None if params is None else params.client_info.name
 
 
 # --- the bridge: its world opened once, and the handlers that serve it ------------------
@@ -8219,7 +8238,7 @@ async def on_call_tool(
             session_name=arguments.session,
             principal=bridge.principals.of_request(ctx.request),
             saved_tools=arguments.saved_tools,
-            client=client_of(ctx.request),
+            client_name=client_name(ctx),
             progress=progress,
         )
         outcome = await bridge.sandboxes.run(request)

@@ -97,7 +97,7 @@ def test_no_flags_and_no_environment_gives_the_defaults() -> None:
     assert config.image == "python:3.14-slim"
     assert config.timeout == 30.0
     assert config.max_timeout == 3600.0
-    assert config.respond_after == 45.0
+    assert config.respond_after is None  # by the client: respond_after_for
     assert config.output_mode == "compact"
     assert config.memory == "512m"
     assert config.container_user == "65534:65534"

@@ -66,3 +66,30 @@ async def test_listings_answer_as_the_protocol_has_them(tmp_path: Path) -> None:
             assert refused.value.error.code == types.INVALID_PARAMS
             assert refused.value.error.message == "Invalid cursor 'zz'; list again without one."
         assert [tool.name for tool in (await client.list_tools(cursor="0")).tools] == ["run_python"]
+
+
+async def test_the_calling_clients_name_decides_when_a_long_call_answers_still_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = bridge.BridgeConfig(state_dir=tmp_path, prewarm=False)
+    seen: list[bridge.RunRequest] = []
+
+    async def run(request: bridge.RunRequest) -> bridge.ExecutionOutcome:
+        seen.append(request)
+        return bridge.ExecutionOutcome(status="ok", stdout="ran\n")
+
+    async with bridge.open_bridge(config, no_servers()) as world:
+        monkeypatch.setattr(world.sandboxes, "run", run)
+        for name in ("claude-code", "claude-ai"):
+            info = types.Implementation(name=name, version="1.0")
+            async with Client(bridge.build_server(world), client_info=info) as client:
+                assert not (await client.call_tool("run_python", {"code": "print('ran')"})).is_error
+    assert [request.client_name for request in seen] == ["claude-code", "claude-ai"]
+    # Claude Code waits hours for a tool: it gets the end; Claude Desktop gives up at ~60 s.
+    assert [bridge.respond_after_for(config, request.client_name) for request in seen] == [0.0, 45.0]
+    # The user's setting wins for every client, 0 included.
+    for setting in (0.0, 10.0):
+        chosen = bridge.BridgeConfig(respond_after=setting)
+        assert {bridge.respond_after_for(chosen, name) for name in ("claude-code", "claude-ai", None)} == {
+            setting
+        }
