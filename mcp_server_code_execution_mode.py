@@ -941,8 +941,8 @@ OPTIONS: tuple[Option, ...] = (
         "MCP_BRIDGE_RESPOND_AFTER",
         _non_negative_float,
         "answer with 'still running' after this many seconds (Claude Desktop gives up at about 60); "
-        "the code goes on; 0 = wait for the end; unset: 0 for Claude Code, which waits hours, else 45",
-        default_text="45 (Claude Code: 0)",
+        "the code goes on; 0 = wait for the end; unset: by the client (Claude Code 0, Codex 240, else 45)",
+        default_text="45 (Claude Code: 0, Codex: 240)",
     ),
     Option(
         "max_attachment_bytes",
@@ -1162,11 +1162,12 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> BridgeConfig
 
 # When a call answers "still running" (the code goes on; the next call collects the rest),
 # by the calling client's clientInfo.name, unless MCP_BRIDGE_RESPOND_AFTER says otherwise.
-# Claude Code waits about 27.8 hours for a tool over stdio (MCP_TOOL_TIMEOUT lowers it) and
-# loses nothing by waiting, while an early answer costs its model a turn: it gets the end.
-# Claude Desktop gives up at about 60 s: 45 s for it and for any client not named here
-# (Codex waits 300 s, but its clientInfo name has not been measured here).
-CLIENT_RESPOND_AFTER: Mapping[str, float] = MappingProxyType({"claude-code": 0.0})
+# Measured through the real CLIs (../shared/clients): Claude Code waits about 27.8 hours for
+# a tool over stdio (MCP_TOOL_TIMEOUT lowers it), and an early answer only costs its model a
+# turn: it gets the end. Codex waits 300 s (tool_timeout_sec): it gets 240. Claude Desktop
+# gives up at about 60 s: 45 for it and for any client not named here. A user who lowered
+# the client's own timeout sets MCP_BRIDGE_RESPOND_AFTER below it.
+CLIENT_RESPOND_AFTER: Mapping[str, float] = MappingProxyType({"claude-code": 0.0, "codex-mcp-client": 240.0})
 DEFAULT_RESPOND_AFTER = 45.0
 
 

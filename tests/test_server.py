@@ -80,13 +80,13 @@ async def test_the_calling_clients_name_decides_when_a_long_call_answers_still_r
 
     async with bridge.open_bridge(config, no_servers()) as world:
         monkeypatch.setattr(world.sandboxes, "run", run)
-        for name in ("claude-code", "claude-ai"):
+        for name in ("claude-code", "codex-mcp-client", "claude-ai"):
             info = types.Implementation(name=name, version="1.0")
             async with Client(bridge.build_server(world), client_info=info) as client:
                 assert not (await client.call_tool("run_python", {"code": "print('ran')"})).is_error
-    assert [request.client_name for request in seen] == ["claude-code", "claude-ai"]
-    # Claude Code waits hours for a tool: it gets the end; Claude Desktop gives up at ~60 s.
-    assert [bridge.respond_after_for(config, request.client_name) for request in seen] == [0.0, 45.0]
+    assert [request.client_name for request in seen] == ["claude-code", "codex-mcp-client", "claude-ai"]
+    # Claude Code waits hours for a tool: it gets the end; Codex waits 300 s; Claude Desktop ~60 s.
+    assert [bridge.respond_after_for(config, request.client_name) for request in seen] == [0.0, 240.0, 45.0]
     # The user's setting wins for every client, 0 included.
     for setting in (0.0, 10.0):
         chosen = bridge.BridgeConfig(respond_after=setting)
