@@ -171,6 +171,16 @@ async def run(manager: bridge.SandboxKeeper, code: str, reset: bool = False) -> 
     return await manager.answer(bridge.RunRequest(code, 10, reset, bridge.DEFAULT_SESSION, principal))
 
 
+def keeper_with_fake_sandbox(group: anyio.abc.TaskGroup) -> bridge.SandboxKeeper:
+    """A keeper answering "still running" after 1 s; the test replaces its _ensure_sandbox."""
+    config = bridge.BridgeConfig(respond_after=1.0)
+    api: Any = SimpleNamespace(pool=SimpleNamespace(drain_notices=list))
+    engine = bridge.SharedEngine(config)
+    return bridge.SandboxKeeper(
+        config, group, api, engine, bridge.DEFAULT_SESSION, bridge.ProblemLog(), anyio.Event()
+    )
+
+
 async def test_the_end_of_earlier_code_is_kept_when_the_call_collecting_it_fails() -> None:
     # Unit test of the manager with a fake sandbox: the call that collects the earlier
     # code's end fails to start its own sandbox; the next call still gets that end.
@@ -183,18 +193,8 @@ async def test_the_end_of_earlier_code_is_kept_when_the_call_collecting_it_fails
             raise start
         return start, []
 
-    host: Any = SimpleNamespace(pool=SimpleNamespace(drain_notices=list))
     async with anyio.create_task_group() as group:
-        config = bridge.BridgeConfig(respond_after=1.0)
-        manager = bridge.SandboxKeeper(
-            config,
-            group,
-            host,
-            bridge.SharedEngine(config),
-            bridge.DEFAULT_SESSION,
-            bridge.ProblemLog(),
-            anyio.Event(),
-        )
+        manager = keeper_with_fake_sandbox(group)
         manager._ensure_sandbox = ensure_session  # type: ignore[method-assign]
         assert (await run(manager, "slow")).status == "running"
         with pytest.raises(bridge.SandboxStartError):
@@ -212,18 +212,8 @@ async def test_a_reset_says_what_became_of_code_an_earlier_call_left_running() -
     async def ensure_session() -> tuple[Any, list[str]]:
         return FakeSession({"forever": 600, "short": 1.5}), []
 
-    host: Any = SimpleNamespace(pool=SimpleNamespace(drain_notices=list))
     async with anyio.create_task_group() as group:
-        config = bridge.BridgeConfig(respond_after=1.0)
-        manager = bridge.SandboxKeeper(
-            config,
-            group,
-            host,
-            bridge.SharedEngine(config),
-            bridge.DEFAULT_SESSION,
-            bridge.ProblemLog(),
-            anyio.Event(),
-        )
+        manager = keeper_with_fake_sandbox(group)
         manager._ensure_sandbox = ensure_session  # type: ignore[method-assign]
         first = await run(manager, "forever")
         assert first.status == "running" and first.duration >= 0.9, first
