@@ -207,8 +207,6 @@ SDK_INTERNALS = (
 # backspace). A client may show results in a terminal, and the code must not be able to
 # repaint or hide what the user reads there.
 _CONTROL_CHARS = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"  # C0 and C1 controls but tab, newline, CR
-
-
 _TERMINAL_CONTROL = re.compile(
     r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI
     r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC, ended by BEL or ST
@@ -216,8 +214,6 @@ _TERMINAL_CONTROL = re.compile(
     r"|\x1b[@-_]?"  # any other escape, or a lone ESC
     r"|" + _CONTROL_CHARS
 )
-
-
 _CONTROL_CHAR = re.compile(_CONTROL_CHARS)
 
 
@@ -1857,6 +1853,14 @@ async def _answer(engine: ContainerEngine, argv: list[str]) -> subprocess.Comple
 EngineLocator: TypeAlias = Callable[[EngineName | None], Awaitable[ContainerEngine]]
 
 
+async def configured_engine(config: BridgeConfig, locate: EngineLocator) -> ContainerEngine:
+    """The engine the settings name: Kubernetes (it needs its target, not just a name), else
+    what ``locate`` finds for MCP_BRIDGE_RUNTIME (detect_engine: the first that answers)."""
+    if config.runtime == "kubernetes":
+        return await locate_kubernetes(config)
+    return await locate(config.runtime)
+
+
 async def detect_engine(
     preferred: EngineName | None, which: Callable[[str], str | None] = shutil.which
 ) -> ContainerEngine:
@@ -2281,10 +2285,8 @@ class SharedEngine:
     async def get(self) -> ContainerEngine:
         async with self._lock:
             if self.engine is None:
-                if self.config.runtime == "kubernetes":  # needs its target, not just a name
-                    engine: ContainerEngine = await locate_kubernetes(self.config)
-                else:
-                    engine = await self.locate_engine(self.config.runtime)
+                engine = await configured_engine(self.config, self.locate_engine)
+                if self.config.runtime != "kubernetes":  # a Pod's runtime is its RuntimeClass
                     await engine.use_oci_runtime(self.config.oci_runtime)
                 ipc_root = self.config.state_dir / "ipc"
                 try:
@@ -2299,12 +2301,10 @@ class SharedEngine:
             await self.engine.release()
 
 
+# The image for data work that `build-image` builds (see the command line), named here:
+# a sandbox's missing-package hint tells the model of it.
 BUILD_IMAGE_COMMAND = "build-image"
-
-
 BATTERIES = ("numpy", "pandas", "matplotlib")
-
-
 BATTERIES_TAG = "localhost/mcp-sandbox-python:batteries"
 
 
@@ -6502,10 +6502,9 @@ class Sandbox:
         problems: ProblemLog | None = None,
         session_name: str = DEFAULT_SESSION,
     ) -> None:
-        self.engine = engine
         self.config = config
         self.api = api
-        self.session_name = session_name  # run_python's name for it (runtime.session inside)
+        # The engine, the owner and run_python's name for it (runtime.session inside) are its container's.
         self.container = SandboxContainer(engine, config, ipc_root, api, owner, session_name)
         self.name = self.container.name
         self.process: anyio.abc.Process | None = None
@@ -6806,8 +6805,8 @@ class Principal:
 @dataclass(frozen=True)
 class RunRequest:
     """One run_python call, built once at the tool boundary and passed whole down to the
-    sandbox: what the caller asked, who asked (and from which MCP session), when the call
-    arrived and how to report its progress."""
+    sandbox: what the caller asked, who asked (the principal, and the client it calls
+    through), when the call arrived and how to report its progress."""
 
     code: str
     timeout: float
@@ -8079,13 +8078,11 @@ class Principals:
     its memory store and saved tools. ``http`` turns on per-principal stores (when tokens
     name principals) and refuses a request the auth middleware left without one."""
 
-    def __init__(
-        self, config: BridgeConfig, pool: ClientPool, http: bool = False, closing: anyio.Event | None = None
-    ) -> None:
+    def __init__(self, config: BridgeConfig, pool: ClientPool, http: bool, closing: anyio.Event) -> None:
         self.config = config
         self.pool = pool
         self.http = http
-        self.closing = closing or anyio.Event()  # Sandboxes' event: no new principal once it is set
+        self.closing = closing  # Sandboxes' event: no new principal once it is set
         self.by_name: dict[str, Principal] = {}
 
     def store_dir(self, name: str) -> Path:
@@ -9545,10 +9542,7 @@ def _write_atomically(path: Path, data: bytes | None, expect: FileChange | None 
 def _table_keys(document: Any, source: ConfigSource) -> tuple[str, ...]:
     """The key path of the servers table _server_table() reads: the first present one."""
     for keys in source.keys:
-        node = document
-        for key in keys:
-            node = node.get(key) if isinstance(node, dict) else None
-        if node is not None:
+        if json_field(document, *keys) is not None:
             return keys
     return source.keys[0]
 
@@ -10393,12 +10387,6 @@ def tool_problems(tools: Sequence[Mapping[str, Any]]) -> list[str]:
     return problems
 
 
-async def _locate_engine(config: BridgeConfig) -> ContainerEngine:
-    if config.runtime == "kubernetes":
-        return await locate_kubernetes(config)
-    return await detect_engine(config.runtime)
-
-
 async def _doctor_image(engine: ContainerEngine, config: BridgeConfig) -> DoctorCheck:
     """The image on this machine, or pulled now (as the bridge's first start would)."""
     image = config.image
@@ -10512,7 +10500,7 @@ def _gvisor_check(engine: ContainerEngine, facts: EngineFacts | None, config: Br
 async def check_sandbox(config: BridgeConfig) -> list[DoctorCheck]:
     """The engine, its limits, gVisor, the image and a real sandbox start."""
     try:
-        engine = await _locate_engine(config)
+        engine = await configured_engine(config, detect_engine)
     except EngineUnavailableError as exc:
         return [DoctorCheck("sandbox", "engine", "fail", engine_problem(exc))]
     checks: list[DoctorCheck] = []
