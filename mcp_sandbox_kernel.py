@@ -157,13 +157,13 @@ def _is_cuts(value: Any) -> bool:
 
 
 def _is_error_info(value: Any) -> bool:
-    """{"type": name, "message": text, "traceback": text (optional), "module": text (optional)}"""
+    """{"type": name, "message": text, and optional texts: "traceback", "module", and
+    "server" and "tool" (those of a refused tool call)}"""
     return (
         isinstance(value, dict)
         and _is_name(value.get("type"))
         and _is_text(value.get("message"))
-        and _is_optional_text(value.get("traceback"))
-        and _is_optional_text(value.get("module"))
+        and all(_is_optional_text(value.get(key)) for key in ("traceback", "module", "server", "tool"))
     )
 
 
@@ -220,7 +220,7 @@ def _one_of(*choices: str) -> Callable[[Any], bool]:
 
 
 _ID = FieldRule(is_frame_id, "a string of 1-%d characters or an integer" % MAX_ID_CHARS)
-_ERROR_INFO = "null or an object with string fields type, message (and traceback, module)"
+_ERROR_INFO = "null or an object with string fields type, message (and traceback, module, server, tool)"
 
 FRAME_SCHEMAS: dict[str, dict[str, FieldRule]] = {
     # bridge -> kernel ("key" only as the very first line; see frame authentication)
@@ -347,6 +347,8 @@ class ErrorInfo(TypedDict):
     message: str
     traceback: NotRequired[str | None]
     module: NotRequired[str | None]
+    server: NotRequired[str]  # a refused tool call's (ApprovalDenied)
+    tool: NotRequired[str]
 
 
 class ResponseFrame(TypedDict):
@@ -445,6 +447,10 @@ LIST_TOOLS = "list_tools"
 QUERY_TOOL_DOCS = "query_tool_docs"
 SEARCH_TOOL_DOCS = "search_tool_docs"
 CALL_TOOL = "call_tool"
+LIST_RESOURCES = "list_resources"
+READ_RESOURCE = "read_resource"
+LIST_PROMPTS = "list_prompts"
+GET_PROMPT = "get_prompt"
 CAPABILITY_SUMMARY = "capability_summary"
 MEMORY_SAVE = "memory_save"
 MEMORY_LOAD = "memory_load"
@@ -464,6 +470,10 @@ REQUEST_METHODS: dict[str, dict[str, str]] = {
     QUERY_TOOL_DOCS: {"server": "string", "tool": "string or null", "detail": "string"},
     SEARCH_TOOL_DOCS: {"query": "string", "limit": "integer", "detail": "string"},
     CALL_TOOL: {"server": "string", "tool": "string", "arguments": "object or null"},
+    LIST_RESOURCES: {"server": "string"},
+    READ_RESOURCE: {"server": "string", "uri": "string"},
+    LIST_PROMPTS: {"server": "string"},
+    GET_PROMPT: {"server": "string", "name": "string", "arguments": "object or null"},
     CAPABILITY_SUMMARY: {},
     MEMORY_SAVE: {"key": "string", "value": "JSON", "metadata": "object or null"},
     MEMORY_LOAD: {"key": "string"},
@@ -1647,7 +1657,17 @@ class MCPToolError(MCPError):
         self.result = result
 
 
-ERROR_TYPES = {"MCPError": MCPError, "MCPToolError": MCPToolError}
+class ApprovalDenied(MCPToolError):
+    """The user did not approve this tool call (denied it, or did not answer in time, or
+    could not be asked): the tool was not called. Catch it to go on without the call."""
+
+
+APPROVAL_DENIED = "ApprovalDenied"  # the bridge's name for it in a response's error
+ERROR_TYPES: dict[str, type[MCPError]] = {
+    "MCPError": MCPError,
+    "MCPToolError": MCPToolError,
+    APPROVAL_DENIED: ApprovalDenied,
+}
 
 
 # The execute whose code is running here: set by the executor around each cell and
@@ -1779,6 +1799,8 @@ def _response_value(frame: Frame) -> Any:
     error = frame.get("error")
     if error:
         kind = ERROR_TYPES.get(str(error.get("type")), MCPError)
+        if issubclass(kind, MCPToolError):  # the bridge names the call it refused
+            raise kind(str(error.get("message")), str(error.get("server", "")), str(error.get("tool", "")))
         raise kind(str(error.get("message")))
     return frame.get("result")
 
@@ -1804,6 +1826,16 @@ def unwrap_tool_result(server: str, tool: str, result: dict[str, Any], raw: bool
     if isinstance(structured, dict) and list(structured) == ["result"] and structured["result"] == content:
         return content
     return structured
+
+
+def _resource_value(result: dict[str, Any]) -> Any:
+    """A read resource as plain Python: each part's text, or its bytes (a blob); one part
+    alone, several as a list."""
+    parts = [
+        base64.b64decode(part["blob"]) if "blob" in part else part.get("text", "")
+        for part in result.get("contents") or []
+    ]
+    return parts[0] if len(parts) == 1 else parts
 
 
 def _unwrap_block(block: dict[str, Any]) -> Any:
@@ -1834,6 +1866,7 @@ class SandboxRuntime:
 
     MCPError = MCPError
     MCPToolError = MCPToolError
+    ApprovalDenied = ApprovalDenied
     ToolImage = ToolImage
 
     def __init__(
@@ -1953,6 +1986,34 @@ class SandboxRuntime:
         return self._host(
             CALL_TOOL, params, label, lambda result: unwrap_tool_result(server, tool, result, raw)
         )
+
+    # --- what else a server offers: resources and prompts -----------------------------------
+    @deferrable
+    def list_resources(self, server: str) -> Any:
+        """A server's resources (dicts: uri, name, description, mimeType) and templates."""
+        return self._host(LIST_RESOURCES, {"server": server}, "runtime.list_resources(%r)" % (server,))
+
+    @deferrable
+    def read_resource(self, server: str, uri: str) -> Any:
+        """A server's resource at ``uri``: its text (a str) or its bytes (a blob); a list
+        of them when the resource has several parts."""
+        return self._host(
+            READ_RESOURCE,
+            {"server": server, "uri": uri},
+            "runtime.read_resource(%r, %r)" % (server, uri),
+            _resource_value,
+        )
+
+    @deferrable
+    def list_prompts(self, server: str) -> Any:
+        """A server's prompts (dicts: name, description, arguments)."""
+        return self._host(LIST_PROMPTS, {"server": server}, "runtime.list_prompts(%r)" % (server,))
+
+    @deferrable
+    def get_prompt(self, server: str, name: str, arguments: dict[str, str] | None = None) -> Any:
+        """A server's prompt filled in with ``arguments``: {description, messages}."""
+        params = {"server": server, "name": name, "arguments": arguments}
+        return self._host(GET_PROMPT, params, "runtime.get_prompt(%r, %r)" % (server, name))
 
     @deferrable
     def progress(self, done: float, total: float | None = None, message: str | None = None) -> Any:

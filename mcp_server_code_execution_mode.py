@@ -73,9 +73,9 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from difflib import SequenceMatcher
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from types import MappingProxyType, ModuleType
 from typing import (
@@ -265,6 +265,8 @@ def terminal_json(text: str) -> str:
 #    |    |    +-- OversizedMessageError  it sent a message over the cap (handed to its client
 #    |    |                               session as a stream item, never raised)
 #    |    +-- ProxyError                  a request from the sandbox the bridge refuses or cannot serve
+#    |    |    +-- ApprovalDeniedError    the user denied a call, or was not asked (runtime.ApprovalDenied)
+#    |    |    +-- ToolCallCapError       a run_python call made MCP_BRIDGE_MAX_TOOL_CALLS proxied calls
 #    |    +-- MemoryStoreError            the memory store refuses or cannot serve a request
 #    |    +-- TooManySessionsError        a new session while MCP_BRIDGE_MAX_SESSIONS hold sandboxes
 #    |    +-- TooManyCallsError           a principal's run_python calls in flight are at their cap
@@ -284,7 +286,14 @@ def terminal_json(text: str) -> str:
 
 class BridgeError(Exception):
     """Root of the errors the model reads. The message is written for the model: what
-    happened and what to do next. Rendered once, at the tool boundary."""
+    happened and what to do next. Rendered once, at the tool boundary, or raised in the
+    sandbox's code as the kernel's ``sandbox_error`` class (one of its ERROR_TYPES)."""
+
+    sandbox_error: ClassVar[str] = "MCPError"
+
+    def for_sandbox(self) -> ErrorInfo:
+        """The error of a response frame that raises it in the sandbox's code."""
+        return {"type": self.sandbox_error, "message": str(self)}
 
 
 class EngineUnavailableError(BridgeError):
@@ -332,6 +341,26 @@ class OversizedMessageError(ServerUnavailableError):
 
 class ProxyError(BridgeError):
     """A request from the sandbox that the bridge refuses or cannot serve."""
+
+
+class ApprovalDeniedError(ProxyError):
+    """A proxied call that needed the user's approval did not get it (denied, declined,
+    unanswered, or no one could be asked): the tool was not called. The code can catch it
+    as runtime.ApprovalDenied, which names the server (its alias) and the tool."""
+
+    sandbox_error = mcp_sandbox_kernel.APPROVAL_DENIED
+
+    def __init__(self, message: str, server: str, tool: str) -> None:
+        super().__init__(message)
+        self.server = server
+        self.tool = tool
+
+    def for_sandbox(self) -> ErrorInfo:
+        return {**super().for_sandbox(), "server": self.server, "tool": self.tool}
+
+
+class ToolCallCapError(ProxyError):
+    """A run_python call made MCP_BRIDGE_MAX_TOOL_CALLS proxied calls already."""
 
 
 class MemoryStoreError(BridgeError):
@@ -398,6 +427,9 @@ KernelDelivery = Literal["auto", "mount", "stdin"]
 OutputMode = Literal["compact", "toon"]
 ServeTransport = Literal["stdio", "http"]
 ProjectServers = Literal["trusted", "all", "none"]
+ApprovalMode = Literal["writes", "all", "none"]  # which proxied tool calls ask the user first
+ApprovalFallback = Literal["allow", "deny"]  # what a call that would ask does where no one can be asked
+CallLogMode = Literal["meta", "full", "off"]  # what the call log keeps of each proxied call
 
 # JSON data as json.loads returns it: what config files, engines, MCP servers and the
 # sandbox send until a check or a model narrows it, and what json.dumps sends back out.
@@ -541,6 +573,13 @@ class BridgeConfig:
     deny_servers: tuple[str, ...] = ()
     allow_tools: tuple[str, ...] = ()
     deny_tools: tuple[str, ...] = ()
+    approve: ApprovalMode = "writes"
+    approve_tools: tuple[str, ...] = ()
+    allow_tools_without_asking: tuple[str, ...] = ()
+    approval_timeout: float = 300.0
+    approve_fallback: ApprovalFallback = "allow"
+    max_tool_calls: int = 1000
+    call_log: CallLogMode = "meta"
     server_start_timeout: float = 30.0
     tool_timeout: float = 120.0
     pass_env: tuple[str, ...] = ()
@@ -574,6 +613,8 @@ class BridgeConfig:
 
 
 Number = TypeVar("Number", int, float)
+_Result = TypeVar("_Result")
+_Args = TypeVarTuple("_Args")
 
 
 def _number(
@@ -826,6 +867,53 @@ OPTIONS: tuple[Option, ...] = (
         _tool_patterns,
         "server.tool patterns to hide and refuse, e.g. filesystem.write_*",
         "none",
+    ),
+    Option(
+        "approve",
+        "MCP_BRIDGE_APPROVE",
+        _choice("writes", "all", "none"),
+        "which proxied tool calls wait for the user's approval (asked through the MCP client): writes: "
+        "every tool its server does not mark read-only (readOnlyHint); all: every call; none: no call",
+    ),
+    Option(
+        "approve_tools",
+        "MCP_BRIDGE_APPROVE_TOOLS",
+        _tool_patterns,
+        "server.tool patterns that always ask first, whatever MCP_BRIDGE_APPROVE says",
+        "none",
+    ),
+    Option(
+        "allow_tools_without_asking",
+        "MCP_BRIDGE_ALLOW_TOOLS_WITHOUT_ASKING",
+        _tool_patterns,
+        "server.tool patterns that never ask (MCP_BRIDGE_DENY_TOOLS still wins)",
+        "none",
+    ),
+    Option(
+        "approval_timeout",
+        "MCP_BRIDGE_APPROVAL_TIMEOUT",
+        _positive_float,
+        "seconds to wait for the user's answer to an approval; then the call is denied",
+    ),
+    Option(
+        "approve_fallback",
+        "MCP_BRIDGE_APPROVE_FALLBACK",
+        _choice("allow", "deny"),
+        "a call that would ask, from a client that cannot ask (no elicitation): allow it (the "
+        "result says so) or deny it",
+    ),
+    Option(
+        "max_tool_calls",
+        "MCP_BRIDGE_MAX_TOOL_CALLS",
+        _positive_int,
+        "proxied calls (tools, resources, prompts) one run_python call may make; more raise an error",
+    ),
+    Option(
+        "call_log",
+        "MCP_BRIDGE_CALL_LOG",
+        _choice("meta", "full", "off"),
+        "the log of proxied calls (STATE_DIR/calls.jsonl; read it with the calls command): meta: "
+        "who, what, when, sizes, digests and decisions; full: the arguments and results too; off",
     ),
     Option(
         "server_start_timeout",
@@ -1190,6 +1278,22 @@ def tool_allowed(server: str, tool: str, config: BridgeConfig) -> bool:
     if config.allow_tools and not _matches(qualified, config.allow_tools):
         return False
     return not _matches(qualified, config.deny_tools)
+
+
+def approval_reason(server: str, tool: str, read_only: bool, config: BridgeConfig) -> str | None:
+    """Why a call of an allowed tool asks the user first (shown to the user), or None: it
+    does not. ``read_only``: the tool's annotations say readOnlyHint true (MCP's default
+    for a tool without annotations is that it may change things)."""
+    qualified = "%s.%s" % (server, tool)
+    if _matches(qualified, config.allow_tools_without_asking):
+        return None
+    if _matches(qualified, config.approve_tools):
+        return "it matches MCP_BRIDGE_APPROVE_TOOLS"
+    if config.approve == "all":
+        return "MCP_BRIDGE_APPROVE=all asks before every tool call"
+    if config.approve == "writes" and not read_only:
+        return "its server does not mark it read-only, so it may change things (MCP_BRIDGE_APPROVE=writes)"
+    return None
 
 
 # =============================================================================
@@ -3094,6 +3198,54 @@ async def list_all_tools(session: ClientSession) -> list[types.Tool]:
             return tools
 
 
+MAX_LIST_PAGES = 100  # pages of resources/list or prompts/list followed (a server could page forever)
+
+
+async def list_all_resources(session: ClientSession) -> dict[str, Any]:
+    """A server's resources and templates (runtime.list_resources), following pagination
+    (up to MAX_LIST_PAGES each)."""
+    resources: list[types.Resource] = []
+    templates: list[types.ResourceTemplate] = []
+    cursor: str | None = None
+    for _ in range(MAX_LIST_PAGES):
+        page = await session.list_resources(
+            params=types.PaginatedRequestParams(cursor=cursor) if cursor else None
+        )
+        resources.extend(page.resources)
+        cursor = page.next_cursor
+        if not cursor:
+            break
+    cursor = None
+    for _ in range(MAX_LIST_PAGES):
+        listed = await session.list_resource_templates(
+            params=types.PaginatedRequestParams(cursor=cursor) if cursor else None
+        )
+        templates.extend(listed.resource_templates)
+        cursor = listed.next_cursor
+        if not cursor:
+            break
+    dump = partial(BaseModel.model_dump, by_alias=True, exclude_none=True, mode="json")
+    return {
+        "resources": [dump(item) for item in resources],
+        "resourceTemplates": [dump(item) for item in templates],
+    }
+
+
+async def list_all_prompts(session: ClientSession) -> types.ListPromptsResult:
+    """A server's prompts, following pagination (up to MAX_LIST_PAGES)."""
+    prompts: list[types.Prompt] = []
+    cursor: str | None = None
+    for _ in range(MAX_LIST_PAGES):
+        page = await session.list_prompts(
+            params=types.PaginatedRequestParams(cursor=cursor) if cursor else None
+        )
+        prompts.extend(page.prompts)
+        cursor = page.next_cursor
+        if not cursor:
+            break
+    return types.ListPromptsResult(prompts=prompts)
+
+
 # --- tool lists, tool by tool -----------------------------------------------------------
 # The SDK validates a tools/list result as a whole: one tool whose inputSchema is {} (real
 # servers ship such tools) makes the whole list fail, and every tool of that server
@@ -3807,6 +3959,19 @@ class PooledClient:
                 raise
             raise error from None
 
+    async def request(self, method: str, send: Callable[[ClientSession], Awaitable[_Result]]) -> _Result:
+        """Any other request (``method``, e.g. resources/read) that ``send`` makes of the
+        server, within MCP_BRIDGE_TOOL_TIMEOUT, its failures told as call_tool's are."""
+        session = await self.ensure_running()
+        try:
+            with anyio.fail_after(self.config.tool_timeout):
+                return await send(session)
+        except Exception as exc:
+            error = self._request_error(session, exc, method, " Ask for less.")
+            if error is None:
+                raise
+            raise error from None
+
     def _request_error(
         self, session: ClientSession, exc: Exception, request: str, hint: str = ""
     ) -> ProxyError | None:
@@ -3914,6 +4079,8 @@ def policy_problems(config: BridgeConfig, servers: Iterable[ServerSpec]) -> list
         ("MCP_BRIDGE_DENY_SERVERS", config.deny_servers, False),
         ("MCP_BRIDGE_ALLOW_TOOLS", config.allow_tools, True),
         ("MCP_BRIDGE_DENY_TOOLS", config.deny_tools, True),
+        ("MCP_BRIDGE_APPROVE_TOOLS", config.approve_tools, True),
+        ("MCP_BRIDGE_ALLOW_TOOLS_WITHOUT_ASKING", config.allow_tools_without_asking, True),
     ):
         for pattern in patterns:
             server_pattern = pattern.split(".", 1)[0] if server_part else pattern
@@ -3931,6 +4098,8 @@ def tool_pattern_problems(
     for variable, patterns in (
         ("MCP_BRIDGE_ALLOW_TOOLS", config.allow_tools),
         ("MCP_BRIDGE_DENY_TOOLS", config.deny_tools),
+        ("MCP_BRIDGE_APPROVE_TOOLS", config.approve_tools),
+        ("MCP_BRIDGE_ALLOW_TOOLS_WITHOUT_ASKING", config.allow_tools_without_asking),
     ):
         for pattern in patterns:
             covered = [name for name in servers if fnmatch.fnmatchcase(name, pattern.split(".", 1)[0])]
@@ -5286,6 +5455,252 @@ def _iso_time(seconds: float) -> str:
 
 
 # =============================================================================
+# approvals and the call log
+# =============================================================================
+# A proxied call that the policy (approval_reason) says needs the user's approval waits
+# where it is, in the live sandbox, while the bridge asks the user of the run_python call
+# that made it (an elicitation through that call's client); the time it waits does not
+# count toward the call's timeout. Every proxied call is then written to the call log.
+
+APPROVAL_CHOICES: dict[str, str] = {
+    "allow_once": "Allow this call",
+    "allow_session": "Allow this tool for the rest of this session",
+    "deny": "Deny",
+}
+MAX_SHOWN_ARGUMENTS = 1500  # characters of a call's arguments an approval request shows
+CALL_LOG_FILENAME = "calls.jsonl"
+CALL_LOG_MAX_BYTES = 10 * 1024 * 1024  # then it moves to calls.jsonl.1 (one older file is kept)
+MAX_LOGGED_JSON = 64 * 1024  # characters of arguments and of a result a full log keeps per call
+
+
+def canonical_json(value: object) -> str:
+    """One text for one value: the same arguments always give the same digest."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class ProxiedCall:
+    """One call of a proxied tool (or read of a resource or prompt) that sandbox code made,
+    as the user is asked about it and the call log keeps it."""
+
+    principal: str
+    session_name: str
+    server: str  # the server's configured name
+    alias: str  # its mcp_<alias> in the sandbox
+    tool: str  # the server's own name for the tool (or "resources/read", ...)
+    arguments: Mapping[str, object]
+    arguments_json: str  # canonical_json(arguments)
+
+    @property
+    def digest(self) -> str:
+        """What an approval is bound to: this server, this tool, exactly these arguments."""
+        text = canonical_json([self.server, self.tool]) + self.arguments_json
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+    @property
+    def shown(self) -> str:
+        """The call as the model wrote it, its arguments cut to MAX_SHOWN_ARGUMENTS."""
+        arguments = self.arguments_json
+        if len(arguments) > MAX_SHOWN_ARGUMENTS:
+            arguments = "%s ... (%d characters in all)" % (arguments[:MAX_SHOWN_ARGUMENTS], len(arguments))
+        return "mcp_%s.%s(%s)" % (self.alias, python_identifier(self.tool), arguments)
+
+
+def proxied_call(
+    principal: str, session_name: str, spec: ServerSpec, tool: str, arguments: Mapping[str, object]
+) -> ProxiedCall:
+    return ProxiedCall(
+        principal, session_name, spec.name, spec.alias, tool, arguments, canonical_json(arguments)
+    )
+
+
+@dataclass(frozen=True)
+class ApprovalAnswer:
+    """The user's answer to the request about the call with ``digest``; ``choice`` None:
+    no choice (declined, dismissed, no answer, could not be asked), ``how`` says which."""
+
+    digest: str
+    choice: str | None
+    how: str = ""
+
+
+# Asks the user about one call (the question: the call, and why it asks) and returns the
+# answer; built from the client of the run_python call the code runs for (client_asker).
+Asker: TypeAlias = Callable[[ProxiedCall, str], Awaitable[ApprovalAnswer]]
+
+
+def approval_request(call: ProxiedCall, reason: str) -> tuple[str, dict[str, Any]]:
+    """The message and the form (a requested schema) of an approval request."""
+    message = (
+        "Code in run_python (session %r) wants to call a tool of the MCP server %r:\n\n%s\n\n"
+        "Asked because %s. The call waits for your answer; denying it raises "
+        "runtime.ApprovalDenied in the code. (Call %s)"
+        % (call.session_name, call.server, call.shown, reason, call.digest[:12])
+    )
+    choices = [{"const": value, "title": title} for value, title in APPROVAL_CHOICES.items()]
+    schema = {
+        "type": "object",
+        "properties": {"decision": {"type": "string", "title": "Your decision", "oneOf": choices}},
+        "required": ["decision"],
+    }
+    return message, schema
+
+
+def approval_answer(result: types.ElicitResult, digest: str) -> ApprovalAnswer:
+    """What the client's answer to the request about the call ``digest`` decides."""
+    if result.action != "accept":
+        return ApprovalAnswer(
+            digest,
+            None,
+            "the user declined" if result.action == "decline" else "the user dismissed the request",
+        )
+    decision = (result.content or {}).get("decision")
+    if decision not in APPROVAL_CHOICES:
+        return ApprovalAnswer(digest, None, "the answer chose none of the offered decisions")
+    return ApprovalAnswer(digest, str(decision), "the user chose %r" % APPROVAL_CHOICES[str(decision)])
+
+
+class SessionApprovals:
+    """What the user of one sandbox session decided: the tools allowed for the rest of it
+    (a reset or another session asks again); and whether its results have said that
+    its client cannot be asked."""
+
+    def __init__(self, config: BridgeConfig) -> None:
+        self.config = config
+        self.allowed: set[tuple[str, str]] = set()  # (server, tool)
+        self.told_no_asking = False
+
+    async def decide(self, call: ProxiedCall, reason: str, asker: Asker | None, notices: list[str]) -> str:
+        """The call's decision for the log, once it may go ahead; ApprovalDeniedError if
+        not. ``notices``: where a result's notice goes (the call ran without asking)."""
+        if (call.server, call.tool) in self.allowed:
+            return "allowed for this session"
+        if asker is None:
+            return self._without_asking(call, reason, notices)
+        with anyio.move_on_after(self.config.approval_timeout):
+            try:
+                answer = await asker(call, reason)
+            except Exception as exc:  # the client is gone or refused the request
+                answer = ApprovalAnswer(
+                    call.digest, None, "the request could not reach the user (%s)" % _describe_exception(exc)
+                )
+            if answer.digest != call.digest:  # an answer is never taken for another call
+                answer = ApprovalAnswer(call.digest, None, "the answer was for another call")
+            if answer.choice == "allow_session":
+                self.allowed.add((call.server, call.tool))
+                return "allowed by the user for this session"
+            if answer.choice == "allow_once":
+                return "allowed once by the user"
+            raise ApprovalDeniedError(denied_message(call, reason, answer.how), call.alias, call.tool)
+        how = "no answer within %gs (MCP_BRIDGE_APPROVAL_TIMEOUT)" % self.config.approval_timeout
+        raise ApprovalDeniedError(denied_message(call, reason, how), call.alias, call.tool)
+
+    def _without_asking(self, call: ProxiedCall, reason: str, notices: list[str]) -> str:
+        """A client that cannot be asked (it declared no elicitation): MCP_BRIDGE_APPROVE_FALLBACK."""
+        if self.config.approve_fallback == "deny":
+            how = (
+                "this client cannot ask the user (it does not support elicitation) and "
+                "MCP_BRIDGE_APPROVE_FALLBACK=deny"
+            )
+            raise ApprovalDeniedError(denied_message(call, reason, how), call.alias, call.tool)
+        if not self.told_no_asking:
+            self.told_no_asking = True
+            notices.append(
+                "Approvals are not available in this client (it cannot show the user a question: no MCP "
+                "elicitation), so mcp_%s.%s ran without asking, as MCP_BRIDGE_APPROVE_FALLBACK=allow says "
+                "(asked because %s). To restrict what code may call here, set MCP_BRIDGE_DENY_TOOLS "
+                "(e.g. github.delete_*) or MCP_BRIDGE_ALLOW_TOOLS, or MCP_BRIDGE_APPROVE_FALLBACK=deny."
+                % (call.alias, python_identifier(call.tool), reason)
+            )
+        return "allowed without asking (this client cannot ask)"
+
+
+def denied_message(call: ProxiedCall, reason: str, how: str) -> str:
+    """runtime.ApprovalDenied's message, for the model."""
+    return (
+        "mcp_%s.%s was not called: it needs the user's approval (%s), and %s. Do not retry it in this "
+        "run; tell the user what the call was for, or go on without it."
+        % (call.alias, python_identifier(call.tool), reason, how)
+    )
+
+
+class CallLog:
+    """Every proxied call, one JSON line each, appended to STATE_DIR/calls.jsonl by the host
+    (the sandbox cannot write it); over CALL_LOG_MAX_BYTES it moves to calls.jsonl.1.
+    ``meta`` keeps no arguments or results (they may hold secrets), ``full`` keeps them
+    (each cut to MAX_LOGGED_JSON characters), ``off`` keeps nothing. Bridges that share
+    the state dir append to one file, under an flock."""
+
+    def __init__(self, config: BridgeConfig) -> None:
+        self.mode = config.call_log
+        self.path = config.state_dir / CALL_LOG_FILENAME
+        self.failed = False  # a log that cannot be written is said once in the server log
+
+    def record(
+        self,
+        call: ProxiedCall,
+        decision: str,
+        started: float,
+        result_bytes: int | None = None,
+        error: str | None = None,
+        result: object = None,
+    ) -> None:
+        if self.mode == "off":
+            return
+        entry: dict[str, object] = {
+            "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            "principal": call.principal,
+            "session": call.session_name,
+            "server": call.server,
+            "tool": call.tool,
+            "arguments_digest": call.digest,
+            "arguments_bytes": len(call.arguments_json.encode("utf-8", "surrogatepass")),
+            "decision": decision,
+            "duration_ms": round((time.monotonic() - started) * 1000, 1),
+            "result_bytes": result_bytes,
+            "error": error[:500] if error else None,
+        }
+        if self.mode == "full":
+            entry["arguments"] = call.arguments_json[:MAX_LOGGED_JSON]
+            entry["result"] = None if result is None else canonical_json(result)[:MAX_LOGGED_JSON]
+        self._append((json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass"))
+
+    def _append(self, line: bytes) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if os.fstat(fd).st_size + len(line) > CALL_LOG_MAX_BYTES and self.path.exists():
+                    os.replace(self.path, self.path.with_name(CALL_LOG_FILENAME + ".1"))
+                    os.close(fd)
+                    fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if not self.failed:
+                self.failed = True
+                logger.warning("the call log %s cannot be written: %s", self.path, exc)
+
+
+def read_call_log(state_dir: Path) -> Iterator[dict[str, Any]]:
+    """The call log's entries, oldest first (the rotated file's first); lines that are not
+    a JSON object (a torn write) are skipped."""
+    for path in (state_dir / (CALL_LOG_FILENAME + ".1"), state_dir / CALL_LOG_FILENAME):
+        try:
+            with path.open("rb") as lines:
+                for line in lines:
+                    with suppress(ValueError):
+                        entry = json.loads(line)
+                        if isinstance(entry, dict):
+                            yield entry
+        except FileNotFoundError:
+            continue
+
+
+# =============================================================================
 # sandbox API (host)
 # =============================================================================
 
@@ -5325,6 +5740,21 @@ class CallToolParams(_SandboxParams):
     server: str = _ServerName
     tool: str = Field(min_length=1, max_length=1000)
     arguments: dict[str, Any] | None = None
+
+
+class ServerParams(_SandboxParams):
+    server: str = _ServerName
+
+
+class ReadResourceParams(_SandboxParams):
+    server: str = _ServerName
+    uri: str = Field(min_length=1, max_length=8192)
+
+
+class GetPromptParams(_SandboxParams):
+    server: str = _ServerName
+    name: str = Field(min_length=1, max_length=1000)
+    arguments: dict[str, str] | None = None
 
 
 class CapabilitySummaryParams(_SandboxParams):
@@ -5424,8 +5854,6 @@ def describe_params_error(method: str, exc: ValidationError) -> str:
 
 
 _Params = TypeVar("_Params", bound=_SandboxParams)
-_Result = TypeVar("_Result")
-_Args = TypeVarTuple("_Args")
 
 
 def parse_params(method: str, model: type[_Params], params: Mapping[str, object]) -> _Params:
@@ -5444,11 +5872,21 @@ class SandboxAPI:
     Every request is validated here, on the host: only configured, allowed servers and
     tools are reachable, and results are size-capped before they cross the channel."""
 
-    def __init__(self, pool: ClientPool, config: BridgeConfig, store_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        pool: ClientPool,
+        config: BridgeConfig,
+        store_dir: Path | None = None,
+        principal: str = "local",
+        call_log: CallLog | None = None,
+    ) -> None:
         """``store_dir``: where memory and saved tools live (STATE_DIR/user_tools unless an
-        HTTP principal has its own)."""
+        HTTP principal has its own); ``principal``: whose sandboxes it serves, as the call
+        log names it; ``call_log``: the bridge's one (all principals write to it)."""
         self.pool = pool
         self.config = config
+        self.principal = principal
+        self.call_log = call_log or CallLog(config)
         self.tool_pattern_problems: list[str] = []  # found as servers list their tools
         self.announced_tools: tuple[str, ...] | None = None  # see defined_tools_notice()
         store_dir = store_dir or config.state_dir / MEMORY_DIRNAME
@@ -5479,9 +5917,9 @@ class SandboxAPI:
         missing (runtime.discovered_servers(), the error for an unknown mcp_<alias>)."""
         return list(self.pool.discovery.unusable[:MAX_CONFIG_PROBLEMS])
 
-    async def handle(self, method: str, params: Mapping[str, object]) -> object:
+    async def handle(self, method: str, params: Mapping[str, object], run: RunContext | None) -> object:
         """Serve one request of any of the sandboxes this SandboxAPI serves (see HOST_METHODS);
-        the answer does not depend on which sandbox asked."""
+        ``run``: the run_python call the asking sandbox runs, which a proxied call is part of."""
         entry = HOST_METHODS.get(method)
         if entry is None:
             raise ProxyError(
@@ -5489,7 +5927,11 @@ class SandboxAPI:
                 % (method[:100], ", ".join(mcp_sandbox_kernel.REQUEST_METHODS))
             )
         arguments = parse_params(method, entry.params, params)
-        return await entry.handler(self, **dict(arguments))
+        if not entry.proxied:
+            return await entry.handler(self, **dict(arguments))
+        if run is None:  # the supervisor refuses requests between calls: defense in depth
+            raise ProxyError("refused: no run_python call is running")
+        return await entry.handler(self, run, **dict(arguments))
 
     async def discovered_servers(self, detailed: bool = False) -> object:
         if not detailed:
@@ -5516,7 +5958,13 @@ class SandboxAPI:
 
     def _check_tool_patterns(self) -> None:
         """A tool pattern that matches nothing is reported once its servers have listed tools."""
-        if not (self.config.allow_tools or self.config.deny_tools):
+        config = self.config
+        if not (
+            config.allow_tools
+            or config.deny_tools
+            or config.approve_tools
+            or config.allow_tools_without_asking
+        ):
             return
         listed = {
             client.spec.name: [tool.name for tool in client.tools]
@@ -5625,22 +6073,111 @@ class SandboxAPI:
         return cached[1]
 
     async def call_tool(
-        self, server: str, tool: str, arguments: dict[str, Any] | None = None
+        self, run: RunContext, server: str, tool: str, arguments: dict[str, Any] | None = None
     ) -> dict[str, Any]:
+        """A proxied tool call: counted, asked about where the policy says so (the call waits
+        for the user), made, and logged, whatever became of it."""
+        run.count_call("mcp_%s.%s(...)" % (server, tool))
         await self._off_loop(check_tool_arguments, arguments or {})
         client = self.pool.client(server)
         found = await self._find_tool(client, tool)
-        # The signature shows Python names (user_id); the server knows its own (user-id).
-        renamed = await self._off_loop(schema_arguments, found.input_schema, arguments or {})
-        result = await client.call_tool(found.name, renamed)
-        payload, size = await self._off_loop(result_payload, result)
-        if size > self.config.max_tool_result_bytes:
+        spec = client.spec
+        call = await self._off_loop(self._call_of, run.session_name, spec, found, arguments or {})
+        renamed = dict(call.arguments)
+        read_only = found.annotations is not None and found.annotations.read_only_hint is True
+        reason = approval_reason(spec.name, found.name, read_only, self.config)
+        return await self._logged(call, run, reason, lambda: client.call_tool(found.name, renamed))
+
+    # --- what else a server offers: resources and prompts, proxied like tool calls -------
+    # Their policy names are the MCP methods (server.resources/read, ...): tool patterns
+    # match them (a deny list "github.*" hides these too); being reads, they ask the user
+    # only under MCP_BRIDGE_APPROVE=all or MCP_BRIDGE_APPROVE_TOOLS.
+    async def list_resources(self, run: RunContext, server: str) -> dict[str, Any]:
+        return await self._proxied(run, server, "resources/list", {}, list_all_resources, "resources")
+
+    async def read_resource(self, run: RunContext, server: str, uri: str) -> dict[str, Any]:
+        async def send(session: ClientSession) -> BaseModel:
+            return await session.read_resource(uri)
+
+        return await self._proxied(run, server, "resources/read", {"uri": uri}, send, "resources")
+
+    async def list_prompts(self, run: RunContext, server: str) -> dict[str, Any]:
+        return await self._proxied(run, server, "prompts/list", {}, list_all_prompts, "prompts")
+
+    async def get_prompt(
+        self, run: RunContext, server: str, name: str, arguments: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        async def send(session: ClientSession) -> BaseModel:
+            return await session.get_prompt(name, arguments)
+
+        call_arguments = {"name": name, "arguments": arguments}
+        return await self._proxied(run, server, "prompts/get", call_arguments, send, "prompts")
+
+    async def _proxied(
+        self,
+        run: RunContext,
+        server: str,
+        method: str,
+        arguments: dict[str, Any],
+        send: Callable[[ClientSession], Awaitable[BaseModel | dict[str, Any]]],
+        capability: Literal["resources", "prompts"],
+    ) -> dict[str, Any]:
+        run.count_call("runtime.%s(%r)" % (method.replace("/", "_").replace("s_", "_"), server))
+        client = self.pool.client(server)
+        spec = client.spec
+        if not tool_allowed(spec.name, method, self.config):
             raise ProxyError(
-                "The result of %s.%s is %d bytes, over the %d-byte cap (MCP_BRIDGE_MAX_TOOL_RESULT_BYTES). "
-                "Ask the tool for less (a filter, a page, a limit)."
-                % (server, tool, size, self.config.max_tool_result_bytes)
+                "MCP server %r: %s is not allowed here (MCP_BRIDGE_ALLOW_TOOLS / MCP_BRIDGE_DENY_TOOLS)."
+                % (spec.alias, method)
             )
-        return payload
+        await client.ensure_running()
+        if client.initialized is not None and getattr(client.initialized.capabilities, capability) is None:
+            raise ProxyError(
+                "MCP server %r offers no %s (its initialize declared none)." % (spec.alias, capability)
+            )
+        call = proxied_call(self.principal, run.session_name, spec, method, arguments)
+        reason = approval_reason(spec.name, method, True, self.config)
+        return await self._logged(call, run, reason, lambda: client.request(method, send))
+
+    def _call_of(
+        self, session_name: str, spec: ServerSpec, tool: types.Tool, arguments: Mapping[str, object]
+    ) -> ProxiedCall:
+        """The call as the server will receive it: the signature shows Python names
+        (user_id), the server knows its own (user-id)."""
+        renamed = schema_arguments(tool.input_schema, arguments)
+        return proxied_call(self.principal, session_name, spec, tool.name, renamed)
+
+    async def _logged(
+        self,
+        call: ProxiedCall,
+        run: RunContext,
+        reason: str | None,
+        send: Callable[[], Awaitable[BaseModel | dict[str, Any]]],
+    ) -> dict[str, Any]:
+        """``send()`` once the user approved ``call`` (where ``reason`` says to ask), its
+        result as JSON data within the result cap; the call log hears how it went."""
+        started, decision, size, payload = time.monotonic(), "not asked", None, None
+        error: str | None = "cancelled: the run_python call ended"
+        try:
+            if reason is not None:
+                decision = await run.approve(call, reason)  # ApprovalDeniedError: not sent
+            payload, size = await self._off_loop(result_payload, await send())
+            if size > self.config.max_tool_result_bytes:
+                raise ProxyError(
+                    "The result of mcp_%s.%s is %d bytes, over the %d-byte cap "
+                    "(MCP_BRIDGE_MAX_TOOL_RESULT_BYTES). Ask for less (a filter, a page, a limit)."
+                    % (call.alias, call.tool, size, self.config.max_tool_result_bytes)
+                )
+            error = "the tool reported an error" if payload.get("isError") else None
+            return payload
+        except ApprovalDeniedError as exc:
+            decision, error = "denied", str(exc)
+            raise
+        except BridgeError as exc:
+            error = str(exc)
+            raise
+        finally:
+            self.call_log.record(call, decision, started, size, error, payload)
 
     async def _off_loop(self, function: Callable[[*_Args], _Result], *args: *_Args) -> _Result:
         """``function(*args)`` in a worker thread: it walks data of up to the request or
@@ -5740,11 +6277,13 @@ class SandboxAPI:
 @dataclass(frozen=True, slots=True)
 class HostMethod:
     """A request method the host API serves: its name (one of the kernel's REQUEST_METHODS),
-    the model of its params, and the SandboxAPI method that answers, called with them by name."""
+    the model of its params, and the SandboxAPI method that answers, called with them by name
+    (``proxied``: a request to a proxied server, also given the RunContext it is part of)."""
 
     name: str
     params: type[_SandboxParams]
     handler: Callable[..., Awaitable[object]]
+    proxied: bool = False
 
 
 # What SandboxAPI.handle serves: every request method but PROGRESS (see report_progress).
@@ -5757,7 +6296,13 @@ HOST_METHODS: dict[str, HostMethod] = {
         HostMethod(mcp_sandbox_kernel.LIST_TOOLS, ListToolsParams, SandboxAPI.list_tools),
         HostMethod(mcp_sandbox_kernel.QUERY_TOOL_DOCS, QueryToolDocsParams, SandboxAPI.query_tool_docs),
         HostMethod(mcp_sandbox_kernel.SEARCH_TOOL_DOCS, SearchToolDocsParams, SandboxAPI.search_tool_docs),
-        HostMethod(mcp_sandbox_kernel.CALL_TOOL, CallToolParams, SandboxAPI.call_tool),
+        HostMethod(mcp_sandbox_kernel.CALL_TOOL, CallToolParams, SandboxAPI.call_tool, proxied=True),
+        HostMethod(mcp_sandbox_kernel.LIST_RESOURCES, ServerParams, SandboxAPI.list_resources, proxied=True),
+        HostMethod(
+            mcp_sandbox_kernel.READ_RESOURCE, ReadResourceParams, SandboxAPI.read_resource, proxied=True
+        ),
+        HostMethod(mcp_sandbox_kernel.LIST_PROMPTS, ServerParams, SandboxAPI.list_prompts, proxied=True),
+        HostMethod(mcp_sandbox_kernel.GET_PROMPT, GetPromptParams, SandboxAPI.get_prompt, proxied=True),
         HostMethod(
             mcp_sandbox_kernel.CAPABILITY_SUMMARY, CapabilitySummaryParams, SandboxAPI.capability_summary
         ),
@@ -5775,9 +6320,13 @@ HOST_METHODS: dict[str, HostMethod] = {
 }
 
 
-def result_payload(result: types.CallToolResult) -> tuple[dict[str, Any], int]:
-    """A proxied tool's result as JSON data, and its size in bytes."""
-    payload: dict[str, Any] = result.model_dump(by_alias=True, exclude_none=True, mode="json")
+def result_payload(result: BaseModel | dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """A proxied server's answer (a tool's result, a resource...) as JSON data, and its size in bytes."""
+    payload = (
+        result
+        if isinstance(result, dict)
+        else result.model_dump(by_alias=True, exclude_none=True, mode="json")
+    )
     # surrogatepass: a server may send lone surrogates; they are measured, not fatal.
     return payload, len(json.dumps(payload, ensure_ascii=False).encode("utf-8", "surrogatepass"))
 
@@ -5958,6 +6507,33 @@ class PendingExecute:
         self.result: ResultFrame | None = None
         self.done = anyio.Event()
         self.progress: CallProgress | None = None
+        # How to ask the user about a proxied call: through the client of the latest call
+        # that waited for this execute (it stays after a "still running" answer).
+        self.asker: Asker | None = None
+        self.proxied_calls = 0  # tool calls, resource and prompt reads so far (MCP_BRIDGE_MAX_TOOL_CALLS)
+        self.notices: list[str] = []  # what the proxied calls have to tell the result
+        self.awaiting: list[str] = []  # the calls waiting for the user's approval now
+        self.timeout_scope: anyio.CancelScope | None = None  # its deadline is the call's timeout
+        self._paused_at: float | None = None  # since when the timeout stands still
+        self._deadline = math.inf  # the timeout's deadline when it began to stand still
+
+    @contextmanager
+    def paused(self, call: str) -> Iterator[None]:
+        """The timeout stands still while ``call`` waits for the user (approvals overlap:
+        it starts again when the last one is answered, moved on by the time they took)."""
+        scope, self.awaiting = self.timeout_scope, [*self.awaiting, call]
+        if len(self.awaiting) == 1:
+            self._paused_at = time.monotonic()
+        if scope is not None and len(self.awaiting) == 1:
+            self._deadline, scope.deadline = scope.deadline, math.inf
+        try:
+            yield
+        finally:
+            self.awaiting.remove(call)
+            if not self.awaiting and self._paused_at is not None:
+                waited, self._paused_at = time.monotonic() - self._paused_at, None
+                if scope is not None:
+                    scope.deadline = self._deadline + waited
 
     def add_stream(self, name: str, text: str) -> None:
         if self.progress is not None:
@@ -5993,6 +6569,33 @@ class PendingExecute:
                 await self.progress.tick(time.monotonic() - started)
 
 
+@dataclass(frozen=True)
+class RunContext:
+    """What a proxied call from sandbox code knows of the run_python call it is part of:
+    its session's name and approvals, and its execute (whom to ask, its cap on proxied
+    calls, its timeout, which stands still while the user is asked)."""
+
+    session_name: str
+    approvals: SessionApprovals
+    pending: PendingExecute
+    max_calls: int
+
+    def count_call(self, what: str) -> None:
+        """One more proxied call (``what``: the code's words for it); ToolCallCapError past the cap."""
+        self.pending.proxied_calls += 1
+        if self.pending.proxied_calls > self.max_calls:
+            raise ToolCallCapError(
+                "%s was not made: this run_python call has made %d proxied calls (tools, resources, "
+                "prompts), the cap (MCP_BRIDGE_MAX_TOOL_CALLS). A loop may be calling by mistake; if not, "
+                "split the work over several run_python calls (variables are kept)." % (what, self.max_calls)
+            )
+
+    async def approve(self, call: ProxiedCall, reason: str) -> str:
+        """The user's decision on ``call`` (see SessionApprovals.decide), the timeout paused."""
+        with self.pending.paused(call.shown):
+            return await self.approvals.decide(call, reason, self.pending.asker, self.pending.notices)
+
+
 class ProblemLog:
     """Logs the first problem of each kind and counts the rest: the sandbox can cause
     these at will and must not be able to flood the bridge's log. Kinds are fixed
@@ -6025,7 +6628,7 @@ class SandboxServices(ServerDirectory, Protocol):
     """What a sandbox session asks of the host while it runs code: SandboxAPI, a principal's
     one for all its sandboxes (tests pass a fake)."""
 
-    async def handle(self, method: str, params: Mapping[str, object]) -> object: ...
+    async def handle(self, method: str, params: Mapping[str, object], run: RunContext | None) -> object: ...
 
     def defined_tools_notice(self, names: Sequence[str]) -> str | None: ...
 
@@ -6289,13 +6892,13 @@ class RequestDesk:
         """Serve one request and answer it exactly once; nothing raises out of here."""
         request_id = frame["id"]
         result: object = None
-        error: str | None = None
+        error: str | ErrorInfo | None = None
         try:
             with scope:
                 try:
                     result = await self.serve(frame)
                 except BridgeError as exc:
-                    error = str(exc)
+                    error = exc.for_sandbox()
                 except Exception as exc:  # a bug here must fail one request, not the bridge
                     self.problems.report(
                         "internal " + type(exc).__name__,
@@ -6312,14 +6915,17 @@ class RequestDesk:
             self.request_bytes -= size
         await self.respond(request_id, result=result, error=error)
 
-    async def respond(self, request_id: FrameId, result: object = None, error: str | None = None) -> None:
-        """Send the one response to ``request_id``; a response too large for a frame
-        becomes an error response. Never raises: the sandbox may be gone already."""
+    async def respond(
+        self, request_id: FrameId, result: object = None, error: str | ErrorInfo | None = None
+    ) -> None:
+        """Send the one response to ``request_id`` (``error``: a message, raised as
+        runtime.MCPError, or a BridgeError's for_sandbox()); a response too large for a
+        frame becomes an error response. Never raises: the sandbox may be gone already."""
         response: ResponseFrame = {"type": "response", "id": request_id}
         if error is None:
             response["result"] = result
         else:
-            response["error"] = {"type": "MCPError", "message": error}
+            response["error"] = {"type": "MCPError", "message": error} if isinstance(error, str) else error
         try:
             try:
                 await self.send(response)
@@ -6518,6 +7124,7 @@ class Sandbox:
         # Shared by a principal's sandboxes: one restarted again and again logs once.
         self.problems = problems = problems or ProblemLog()
         self.desk = RequestDesk(self.name, self._serve, self.send, config.max_tool_result_bytes, problems)
+        self.approvals = SessionApprovals(config)  # what the user allowed for this session
         self.frame_key = secrets.token_bytes(32)  # signs what the supervisor sends (see the kernel)
         self._write_lock = anyio.Lock()
         self._reader_scopes: list[anyio.CancelScope] = []
@@ -6643,10 +7250,14 @@ class Sandbox:
 
     async def _serve(self, frame: RequestFrame) -> object:
         """One request of the sandbox's, served by the host (see RequestDesk)."""
+        pending = self.pending
         if frame["method"] == mcp_sandbox_kernel.PROGRESS:  # about this session's own call
-            await report_progress(self.pending, frame["params"])  # answered with null
+            await report_progress(pending, frame["params"])  # answered with null
             return None
-        return await self.api.handle(frame["method"], frame["params"])
+        run = None
+        if pending is not None:
+            run = RunContext(self.container.session_name, self.approvals, pending, self.config.max_tool_calls)
+        return await self.api.handle(frame["method"], frame["params"], run)
 
     def _on_malformed(self, frame: Frame, exc: ProtocolError) -> None:
         self.malformed_frames += 1
@@ -6693,7 +7304,7 @@ class Sandbox:
         self.pending = pending
         timed_out = False
         try:
-            with anyio.move_on_after(timeout):
+            with anyio.move_on_after(timeout) as pending.timeout_scope:
                 # Inside the timeout: a sandbox that stopped reading cannot hold the call.
                 with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                     await self.send_bytes(data)  # if gone, the reader completes `pending`
@@ -6725,6 +7336,7 @@ class Sandbox:
         notices = [
             *([defined_notice] if defined_notice is not None else []),
             *outcome.notices,
+            *pending.notices,
             *quarantined,
             *(
                 [
@@ -6816,6 +7428,7 @@ class RunRequest:
     saved_tools: bool = True
     client_name: str | None = None  # clientInfo.name from the client's initialize, if it said one
     progress: CallProgress | None = None  # None: the client asked for no progress
+    asker: Asker | None = None  # None: the client cannot ask its user (no elicitation)
     arrived: float = field(default_factory=time.monotonic)  # the client's clock runs from here
 
 
@@ -6839,6 +7452,7 @@ class RunningCode:
         self.sandbox = sandbox
         self.request = request  # "still running after" counts from its arrival
         self.pending = PendingExecute(secrets.token_hex(8), sandbox.config.max_output_chars)
+        self.pending.asker = request.asker
         self.scope = anyio.CancelScope()
         self.finished = anyio.Event()
         self.outcome: ExecutionOutcome | None = None
@@ -6858,10 +7472,12 @@ class RunningCode:
         finally:  # also when the whole task group is cancelled (shutdown): nobody waits forever
             self.finished.set()
 
-    async def wait(self, seconds: float, progress: CallProgress | None) -> bool:
+    async def wait(self, seconds: float, request: RunRequest) -> bool:
         """Whether the code ended within ``seconds`` (0: however long it takes); the
-        waiting call's progress listener hears it meanwhile. A cancelled wait stops it."""
-        self.pending.progress = progress
+        waiting call's progress listener hears it meanwhile, and its client is the one
+        asked for approvals from then on. A cancelled wait stops it."""
+        self.pending.progress = request.progress
+        self.pending.asker = request.asker
         try:
             with anyio.move_on_after(seconds or math.inf):
                 await self.finished.wait()
@@ -6902,6 +7518,8 @@ class RunningCode:
             "for the rest of its output and its result (any code; it runs once this code has ended), "
             "or with reset: true to stop it." % (elapsed, self.request.timeout)
         )
+        if self.pending.awaiting:
+            detail += " It is waiting for the user to approve %s." % ", ".join(self.pending.awaiting)
         if waited_for_earlier:
             detail = "Your code was not run: the code of an earlier call is still running. " + detail
         return ExecutionOutcome(
@@ -7092,7 +7710,7 @@ class SandboxKeeper:
         if self.running is not None and request.reset:  # a reset stops the earlier code too
             notices += await self._stop_for_reset(self.running)
         elif self.running is not None:
-            if not await self.running.wait(self._left(request), request.progress):
+            if not await self.running.wait(self._left(request), request):
                 return Reply(self.running.still_running(waited_for_earlier=True))
             # Kept on the keeper until a call returns it: a failure of this call's own
             # code (a sandbox that cannot start) must not lose it.
@@ -7112,7 +7730,7 @@ class SandboxKeeper:
         running = RunningCode(sandbox, request)
         self.running = running
         self.task_group.start_soon(running.run)
-        if await running.wait(self._left(request), request.progress):
+        if await running.wait(self._left(request), request):
             outcome = await self._finish(running)
             assert outcome is not None  # only a cancelled wait stops it, and that raised
         else:
@@ -8084,6 +8702,7 @@ class Principals:
         self.http = http
         self.closing = closing  # Sandboxes' event: no new principal once it is set
         self.by_name: dict[str, Principal] = {}
+        self.call_log = CallLog(config)  # every principal's proxied calls, in one file
 
     def store_dir(self, name: str) -> Path:
         """Where a principal's memory and saved tools live. Without tokens every caller is
@@ -8101,7 +8720,8 @@ class Principals:
         # Defense in depth: the token file's parser checks names too; one becomes a directory.
         if not PRINCIPAL_NAME_PATTERN.fullmatch(name):
             raise UnauthenticatedError("Refused: %s is not a valid principal name." % ascii(name[:70]))
-        principal = Principal(name, SandboxAPI(self.pool, self.config, self.store_dir(name)))
+        api = SandboxAPI(self.pool, self.config, self.store_dir(name), name, self.call_log)
+        principal = Principal(name, api)
         self.by_name[name] = principal
         return principal
 
@@ -8123,6 +8743,24 @@ def client_name(ctx: ServerRequestContext[Bridge]) -> str | None:
     """The calling client's name as its initialize said it (clientInfo.name), if it did."""
     params = ctx.session.client_params
     return None if params is None else params.client_info.name
+
+
+def client_asker(ctx: ServerRequestContext[Bridge]) -> Asker | None:
+    """How to ask the user of this run_python call about a proxied call: an elicitation
+    (form mode) sent as part of this call, so over HTTP it reaches only this principal's
+    client. None: the client declared no form elicitation, so it cannot be asked."""
+    capabilities = ctx.session.client_capabilities
+    elicitation = None if capabilities is None else capabilities.elicitation
+    # An empty elicitation capability means form mode (the spec's rule for older clients).
+    if elicitation is None or (elicitation.form is None and elicitation.url is not None):
+        return None
+    session, related = ctx.session, ctx.request_id
+
+    async def ask(call: ProxiedCall, reason: str) -> ApprovalAnswer:
+        message, schema = approval_request(call, reason)
+        return approval_answer(await session.elicit_form(message, schema, related), call.digest)
+
+    return ask
 
 
 # --- the bridge: its world opened once, and the handlers that serve it ------------------
@@ -8238,6 +8876,7 @@ async def on_call_tool(
             saved_tools=arguments.saved_tools,
             client_name=client_name(ctx),
             progress=progress,
+            asker=client_asker(ctx),
         )
         outcome = await bridge.sandboxes.run(request)
         http = bridge.config.transport == "http"
@@ -9361,6 +10000,93 @@ def tools_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
             _delete_tool(tools, args.name)
 
     return _store_command(args, environ, run)
+
+
+# --- the calls subcommand: the call log -------------------------------------------------
+
+CALLS_COMMAND = "calls"
+SINCE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def build_calls_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="%s %s" % (SERVER_NAME, CALLS_COMMAND),
+        parents=[_state_dir_parser()],
+        description="The proxied calls that run_python code made (STATE_DIR/calls.jsonl, kept by "
+        "MCP_BRIDGE_CALL_LOG): when, who, which server and tool, the approval decision, how long, "
+        "how large, and any error. Oldest first.",
+    )
+    parser.add_argument("--json", action="store_true", help="each call as the JSON line the log keeps")
+    parser.add_argument(
+        "--server", metavar="NAME", help="only the calls to this server (its configured name)"
+    )
+    parser.add_argument(
+        "--since",
+        metavar="WHEN",
+        type=since_time,
+        help="only the calls since WHEN: an ISO time (2026-12-02T10:00, UTC unless it says) or an age "
+        "(30m, 2h, 1d)",
+    )
+    return parser
+
+
+def since_time(text: str) -> datetime:
+    """--since: an ISO 8601 time (UTC unless it names its zone), or an age such as 2h."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
+    if match:
+        return datetime.now(UTC) - timedelta(seconds=float(match.group(1)) * SINCE_UNITS[match.group(2)])
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            "%r is neither an ISO time nor an age such as 30m, 2h, 1d" % text
+        ) from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def _call_time(entry: Mapping[str, object]) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(entry.get("time")))
+    except ValueError:
+        return None
+
+
+def calls_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    """The ``calls`` subcommand: the call log, filtered, as a table or JSON lines."""
+    args = build_calls_parser().parse_args(list(argv))  # a bad command line: usage, status 2
+    config = load_config(["--state-dir=%s" % args.state_dir] if "state_dir" in args else [], environ)
+    shown = 0
+    for entry in read_call_log(config.state_dir):
+        when = _call_time(entry)
+        if args.server is not None and entry.get("server") != args.server:
+            continue
+        if args.since is not None and (when is None or when < args.since):
+            continue
+        shown += 1
+        if args.json:
+            print(terminal_json(json.dumps(entry, ensure_ascii=False)))
+            continue
+        error = entry.get("error")
+        print(
+            clean_text(
+                "%s  %s/%s  %s.%s  %s  %sms  %s%s"
+                % (
+                    entry.get("time"),
+                    entry.get("principal"),
+                    entry.get("session"),
+                    entry.get("server"),
+                    entry.get("tool"),
+                    entry.get("decision"),
+                    entry.get("duration_ms"),
+                    "%s bytes" % entry.get("result_bytes") if entry.get("result_bytes") is not None else "-",
+                    "  error: %s" % error if error else "",
+                )
+            )
+        )
+    if not shown and not args.json:
+        where = config.state_dir / CALL_LOG_FILENAME
+        print("no proxied calls in %s%s" % (where, " that match" if args.server or args.since else ""))
+    return 0
 
 
 def _store_command(
@@ -11090,6 +11816,7 @@ def started_by_stdio_client(argv: Sequence[str], environ: Mapping[str, str], std
 SUBCOMMANDS: dict[str, Callable[[Sequence[str], Mapping[str, str]], int]] = {
     MEMORY_COMMAND: memory_main,
     TOOLS_COMMAND: tools_main,
+    CALLS_COMMAND: calls_main,
     ADOPT_COMMAND: adopt_main,
     BUILD_IMAGE_COMMAND: build_image_main,
     DOCTOR_COMMAND: doctor_main,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TextIO
 
 import mcp_types as types
-from mcp.client.session import ClientSession
+from mcp.client.session import ClientSession, ElicitationFnT
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 CONSOLE_SCRIPT = "mcp-server-code-execution-mode"
@@ -80,12 +80,19 @@ def isolated_env(engine: Engine | None, state_dir: Path, home: Path, **overrides
 
 @asynccontextmanager
 async def bridge_client(
-    env: dict[str, str], cwd: Path | None = None, errlog: TextIO = sys.stderr
+    env: dict[str, str],
+    cwd: Path | None = None,
+    errlog: TextIO = sys.stderr,
+    elicitation: ElicitationFnT | None = None,
 ) -> AsyncIterator[ClientSession]:
     """The installed console script behind the MCP SDK's own stdio client, initialized;
-    ``errlog``: a file for the bridge's log (stderr)."""
+    ``errlog``: a file for the bridge's log (stderr); ``elicitation``: the client's
+    answer to elicitation requests (given, the client declares the capability)."""
     params = StdioServerParameters(command=console_script(), env=env, cwd=cwd)
-    async with stdio_client(params, errlog) as (read, write), ClientSession(read, write) as session:
+    async with (
+        stdio_client(params, errlog) as (read, write),
+        ClientSession(read, write, elicitation_callback=elicitation) as session,
+    ):
         await session.initialize()
         yield session
 

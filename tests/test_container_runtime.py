@@ -769,7 +769,7 @@ class NoServers:
     def config_problems(self) -> list[str]:
         return []
 
-    async def handle(self, method: str, params: Mapping[str, object]) -> object:
+    async def handle(self, method: str, params: Mapping[str, object], run: object) -> object:
         raise AssertionError("no code runs here")
 
     def defined_tools_notice(self, names: Sequence[str]) -> str | None:

@@ -777,7 +777,7 @@ class FakeHost:
     async def quarantine_tools(self, failed: Sequence[FailedTool]) -> list[str]:
         return []
 
-    async def handle(self, method: str, params: Mapping[str, object]) -> Any:
+    async def handle(self, method: str, params: Mapping[str, object], run: object) -> Any:
         if method == "boom":
             raise RuntimeError("a bug in the bridge")
         if method == "hold":
