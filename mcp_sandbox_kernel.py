@@ -1833,7 +1833,7 @@ def _resource_value(result: dict[str, Any]) -> Any:
     alone, several as a list."""
     parts = [
         base64.b64decode(part["blob"]) if "blob" in part else part.get("text", "")
-        for part in result.get("contents") or []
+        for part in (result.get("contents") if isinstance(result, dict) else None) or []
     ]
     return parts[0] if len(parts) == 1 else parts
 

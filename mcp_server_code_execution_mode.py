@@ -21,6 +21,8 @@ Sections, in dependency order (``grep -n '^# ====' mcp_server_code_execution_mod
     tool docs            -> Python-style signatures of the tools' schemas
     search               -> a fuzzy search over all tools (search_tool_docs)
     memory store         -> memories (SQLite) and saved tools, written by the host only
+    approvals and the call log -> a proxied call waits for the user where the policy says;
+                            SessionApprovals, CallLog (calls.jsonl)
     sandbox API (host)   -> serves the sandbox's requests: discovery, docs, tool calls
     sandbox session      -> Sandbox (one container + kernel), SandboxKeeper (serializes its calls,
                             keeps it warm), Sandboxes (every sandbox, by principal and name)
@@ -30,7 +32,7 @@ Sections, in dependency order (``grep -n '^# ====' mcp_server_code_execution_mod
                             the stdio transport (a reply to every message, 4 MiB cap);
                             the misconfigured server (a bad setting, answered over stdio)
     HTTP transport       -> /mcp behind bearer tokens, /health, uvicorn, signals
-    command line         -> main(); the memory subcommand (list/get/delete/export); adopt; doctor
+    command line         -> main(); the memory, tools and calls subcommands; adopt; doctor
 """
 
 from __future__ import annotations
@@ -117,6 +119,7 @@ if TYPE_CHECKING:
     from mcp.server.lowlevel import Server
     from mcp.server.streamable_http import StreamableHTTPServerTransport
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+    from mcp.shared.dispatcher import ProgressFnT
     from mcp.shared.exceptions import MCPError as McpProtocolError
     from mcp.shared.message import SessionMessage
     from starlette.applications import Starlette
@@ -1278,6 +1281,11 @@ def tool_allowed(server: str, tool: str, config: BridgeConfig) -> bool:
     if config.allow_tools and not _matches(qualified, config.allow_tools):
         return False
     return not _matches(qualified, config.deny_tools)
+
+
+def _read_only(tool: types.Tool) -> bool:
+    """Whether a tool's annotations say it changes nothing (readOnlyHint: true)."""
+    return tool.annotations is not None and tool.annotations.read_only_hint is True
 
 
 def approval_reason(server: str, tool: str, read_only: bool, config: BridgeConfig) -> str | None:
@@ -3732,6 +3740,13 @@ async def _stop_server_process(process: anyio.abc.Process, stderr_read: anyio.Ev
 _CONNECTION_ENDED = "exited or closed its connection"
 
 
+# Where a proxied server's question (elicitation) during a call goes: (server name, its
+# params) -> the user's answer, or an error with the reason it was not asked.
+Relay: TypeAlias = Callable[
+    [str, "types.ElicitRequestParams"], Awaitable["types.ElicitResult | types.ErrorData"]
+]
+
+
 class PooledClient:
     """One configured MCP server behind a long-lived client session.
 
@@ -3755,6 +3770,10 @@ class PooledClient:
         self.starts = 0
         self.ran = False  # whether the last start got the server running (else it could not be started)
         self.notices: list[str] = []
+        # The calls in flight, each with where a question of the server's goes (its run's
+        # RunContext.relay): a stdio server's question names no call, so it is passed on
+        # only while exactly one call runs.
+        self.calls_in_flight: list[Relay] = []
         self._start_lock = anyio.Lock()
         self._closed = anyio.Event()
         self._stop = anyio.Event()
@@ -3808,7 +3827,12 @@ class PooledClient:
             async with self._transport(process_log) as (read, write), anyio.create_task_group() as relays:
                 relayed_send, relayed_read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
                 relays.start_soon(self._relay, read, relayed_send, closed)
-                async with ClientSession(relayed_read, write, message_handler=self._on_message) as session:
+                async with ClientSession(
+                    relayed_read,
+                    write,
+                    message_handler=self._on_message,
+                    elicitation_callback=self._on_question,
+                ) as session:
                     with anyio.fail_after(self.config.server_start_timeout):
                         self.initialized = await session.initialize()
                         self.tools = await list_all_tools(session)
@@ -3948,16 +3972,44 @@ class PooledClient:
                 raise
         return self.tools
 
-    async def call_tool(self, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
+    async def _on_question(
+        self, context: object, params: types.ElicitRequestParams
+    ) -> types.ElicitResult | types.ErrorData:
+        """The server asks its client for input (elicitation/create) during a call: passed
+        on to the user of the run_python call that made it, when there is exactly one."""
+        if len(self.calls_in_flight) == 1:
+            return await self.calls_in_flight[0](self.spec.name, params)
+        why = "several of its calls are running, so the bridge cannot tell whose user to ask"
+        if not self.calls_in_flight:
+            why = "no call of its is running"
+        logger.info("MCP server %s asked a question; declined: %s", self.spec.name, why)
+        return types.ErrorData(code=types.INVALID_REQUEST, message="the bridge declined: " + why)
+
+    async def call_tool(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        relay: Relay | None = None,
+        progress: ProgressFnT | None = None,
+    ) -> types.CallToolResult:
+        """``relay``: where the server's questions during this call go; ``progress``: where
+        its progress goes (the run_python call's)."""
         session = await self.ensure_running()
+        if relay is not None:
+            self.calls_in_flight.append(relay)
         try:
-            return await session.call_tool(tool, arguments, read_timeout_seconds=self.config.tool_timeout)
+            return await session.call_tool(
+                tool, arguments, read_timeout_seconds=self.config.tool_timeout, progress_callback=progress
+            )
         except Exception as exc:
             hint = " Ask the tool for less (a filter, a page, a limit)."
             error = self._request_error(session, exc, "the call to %s" % tool, hint)
             if error is None:
                 raise
             raise error from None
+        finally:
+            if relay is not None:
+                self.calls_in_flight.remove(relay)
 
     async def request(self, method: str, send: Callable[[ClientSession], Awaitable[_Result]]) -> _Result:
         """Any other request (``method``, e.g. resources/read) that ``send`` makes of the
@@ -5524,9 +5576,17 @@ class ApprovalAnswer:
     how: str = ""
 
 
-# Asks the user about one call (the question: the call, and why it asks) and returns the
-# answer; built from the client of the run_python call the code runs for (client_asker).
-Asker: TypeAlias = Callable[[ProxiedCall, str], Awaitable[ApprovalAnswer]]
+class UserQuestions(Protocol):
+    """How the bridge reaches the user of a run_python call while its code runs: through
+    that call's client (ClientQuestions, for a client that declared elicitation)."""
+
+    async def approve(self, call: ProxiedCall, reason: str) -> ApprovalAnswer:
+        """Ask whether ``call`` may go ahead (``reason``: why it asks)."""
+        ...
+
+    async def relay(self, server: str, params: types.ElicitRequestParams) -> types.ElicitResult:
+        """Pass on a question the proxied MCP server ``server`` asked its client."""
+        ...
 
 
 def approval_request(call: ProxiedCall, reason: str) -> tuple[str, dict[str, Any]]:
@@ -5570,7 +5630,9 @@ class SessionApprovals:
         self.allowed: set[tuple[str, str]] = set()  # (server, tool)
         self.told_no_asking = False
 
-    async def decide(self, call: ProxiedCall, reason: str, asker: Asker | None, notices: list[str]) -> str:
+    async def decide(
+        self, call: ProxiedCall, reason: str, asker: UserQuestions | None, notices: list[str]
+    ) -> str:
         """The call's decision for the log, once it may go ahead; ApprovalDeniedError if
         not. ``notices``: where a result's notice goes (the call ran without asking)."""
         if (call.server, call.tool) in self.allowed:
@@ -5579,7 +5641,7 @@ class SessionApprovals:
             return self._without_asking(call, reason, notices)
         with anyio.move_on_after(self.config.approval_timeout):
             try:
-                answer = await asker(call, reason)
+                answer = await asker.approve(call, reason)
             except Exception as exc:  # the client is gone or refused the request
                 answer = ApprovalAnswer(
                     call.digest, None, "the request could not reach the user (%s)" % _describe_exception(exc)
@@ -6084,9 +6146,14 @@ class SandboxAPI:
         spec = client.spec
         call = await self._off_loop(self._call_of, run.session_name, spec, found, arguments or {})
         renamed = dict(call.arguments)
-        read_only = found.annotations is not None and found.annotations.read_only_hint is True
-        reason = approval_reason(spec.name, found.name, read_only, self.config)
-        return await self._logged(call, run, reason, lambda: client.call_tool(found.name, renamed))
+        reason = approval_reason(spec.name, found.name, _read_only(found), self.config)
+
+        async def relay_progress(progress: float, total: float | None, message: str | None) -> None:
+            await run.progress(spec.name, progress, total, message)
+
+        return await self._logged(
+            call, run, reason, lambda: client.call_tool(found.name, renamed, run.relay, relay_progress)
+        )
 
     # --- what else a server offers: resources and prompts, proxied like tool calls -------
     # Their policy names are the MCP methods (server.resources/read, ...): tool patterns
@@ -6416,6 +6483,12 @@ class CallProgress:
         self.code_reports = True
         await self._send(done, total, message)
 
+    async def relay(self, server: str, done: float, total: float | None, message: str | None) -> None:
+        """A proxied server's progress on a call the code made: its words (or its numbers)
+        with the server's name, at the next value of this call's own scale."""
+        said = message or ("%g of %g" % (done, total) if total else "%g" % done)
+        await self._send(round(self._value + TICK_STEP, 6), None, "%s: %s" % (server, said))
+
     async def _send(self, value: float, total: float | None, message: str | None) -> None:
         now = time.monotonic()
         if value <= self._value or now - self._sent_at < MIN_PROGRESS_GAP:
@@ -6507,9 +6580,9 @@ class PendingExecute:
         self.result: ResultFrame | None = None
         self.done = anyio.Event()
         self.progress: CallProgress | None = None
-        # How to ask the user about a proxied call: through the client of the latest call
-        # that waited for this execute (it stays after a "still running" answer).
-        self.asker: Asker | None = None
+        # How to reach the user: through the client of the latest call that waited for
+        # this execute (it stays after a "still running" answer). None: it cannot be asked.
+        self.asker: UserQuestions | None = None
         self.proxied_calls = 0  # tool calls, resource and prompt reads so far (MCP_BRIDGE_MAX_TOOL_CALLS)
         self.notices: list[str] = []  # what the proxied calls have to tell the result
         self.awaiting: list[str] = []  # the calls waiting for the user's approval now
@@ -6594,6 +6667,32 @@ class RunContext:
         """The user's decision on ``call`` (see SessionApprovals.decide), the timeout paused."""
         with self.pending.paused(call.shown):
             return await self.approvals.decide(call, reason, self.pending.asker, self.pending.notices)
+
+    async def relay(
+        self, server: str, params: types.ElicitRequestParams
+    ) -> types.ElicitResult | types.ErrorData:
+        """A proxied server's question to its client, passed on to this call's user (the
+        timeout paused meanwhile); refused with the reason where the user cannot be asked."""
+        asker = self.pending.asker
+        if asker is None:
+            return types.ErrorData(
+                code=types.INVALID_REQUEST,
+                message="the bridge declined: the client of the run_python call that made this call "
+                "cannot show the user a question (no elicitation support)",
+            )
+        with self.pending.paused("a question from MCP server %r" % server):
+            try:
+                return await asker.relay(server, params)
+            except Exception as exc:
+                return types.ErrorData(
+                    code=types.INTERNAL_ERROR,
+                    message="the question could not reach the user: %s" % _describe_exception(exc),
+                )
+
+    async def progress(self, server: str, done: float, total: float | None, message: str | None) -> None:
+        """A proxied call's progress, heard as this run_python call's progress."""
+        if self.pending.progress is not None:
+            await self.pending.progress.relay(server, done, total, message)
 
 
 class ProblemLog:
@@ -7428,7 +7527,7 @@ class RunRequest:
     saved_tools: bool = True
     client_name: str | None = None  # clientInfo.name from the client's initialize, if it said one
     progress: CallProgress | None = None  # None: the client asked for no progress
-    asker: Asker | None = None  # None: the client cannot ask its user (no elicitation)
+    asker: UserQuestions | None = None  # None: the client cannot ask its user (no elicitation)
     arrived: float = field(default_factory=time.monotonic)  # the client's clock runs from here
 
 
@@ -8425,6 +8524,9 @@ its tools are methods taking keyword arguments. Nothing is loaded until you ask:
 Results are plain Python: structured content, else parsed JSON text, else text; images
 are runtime.ToolImage(data, mime_type); raw=True returns the whole MCP result. A failing
 tool raises runtime.MCPToolError (a runtime.MCPError); wrap calls in try/except.
+APPROVALS_LINE
+runtime.list_resources(alias), read_resource(alias, uri), list_prompts(alias) and
+get_prompt(alias, name, {"arg": "value"}) read the rest of what a server offers.
 runtime.discovered_servers(detailed=True) shows where each server came from and any
 configuration problems; runtime.capability_summary() is a short overview.
 
@@ -8451,6 +8553,7 @@ Like tool calls, these return their value, and can be awaited or gathered.
 """
 
 
+APPROVALS_LINE = "APPROVALS_LINE"  # where approvals_manual_line goes
 # The manual's line on files, as it reads with MCP_BRIDGE_WORKSPACE set (":ro" or not).
 MANUAL_WRITABLE_LINE = "- Writable: /workspace (working directory) and /tmp, in memory; reset empties them."
 MANUAL_WORKSPACE_LINES = {
@@ -8461,12 +8564,31 @@ MANUAL_WORKSPACE_LINES = {
 }
 
 
+def approvals_manual_line(config: BridgeConfig) -> str:
+    """The manual's words on approvals, true to this bridge's policy."""
+    asks = {
+        "writes": "A call of a tool its server does not mark read-only",
+        "all": "Every tool call",
+        "none": "No call asks the user first" if not config.approve_tools else "A call of",
+    }[config.approve]
+    if config.approve == "none" and not config.approve_tools:
+        return asks + " (MCP_BRIDGE_APPROVE=none)."
+    if config.approve == "none":
+        asks += " " + ", ".join(config.approve_tools)
+    return (
+        asks + " waits while the user approves it; a denied call raises runtime.ApprovalDenied\n"
+        "(an MCPToolError; the tool was not called): catch it, and tell the user what it was for."
+    )
+
+
 def capabilities_manual(config: BridgeConfig) -> str:
-    """The manual, true to this bridge's /workspace (in memory, or the user's folder)."""
+    """The manual, true to this bridge's /workspace (in memory, or the user's folder) and
+    its approvals policy."""
+    manual = CAPABILITIES_MANUAL.replace(APPROVALS_LINE, approvals_manual_line(config))
     if config.workspace is None:
-        return CAPABILITIES_MANUAL
+        return manual
     line = MANUAL_WORKSPACE_LINES[config.workspace.read_only]
-    return CAPABILITIES_MANUAL.replace(MANUAL_WRITABLE_LINE, line)
+    return manual.replace(MANUAL_WRITABLE_LINE, line)
 
 
 TIMEOUT_DESCRIPTION = "Seconds before interrupting."
@@ -8745,22 +8867,38 @@ def client_name(ctx: ServerRequestContext[Bridge]) -> str | None:
     return None if params is None else params.client_info.name
 
 
-def client_asker(ctx: ServerRequestContext[Bridge]) -> Asker | None:
-    """How to ask the user of this run_python call about a proxied call: an elicitation
-    (form mode) sent as part of this call, so over HTTP it reaches only this principal's
-    client. None: the client declared no form elicitation, so it cannot be asked."""
+class ClientQuestions:
+    """UserQuestions through the client of one run_python call: elicitations sent as part
+    of that call, so over HTTP they reach only this principal's client."""
+
+    def __init__(self, ctx: ServerRequestContext[Bridge], url_mode: bool) -> None:
+        self.session = ctx.session
+        self.related = ctx.request_id
+        self.url_mode = url_mode  # the client declared URL-mode elicitation too
+
+    async def approve(self, call: ProxiedCall, reason: str) -> ApprovalAnswer:
+        message, schema = approval_request(call, reason)
+        return approval_answer(await self.session.elicit_form(message, schema, self.related), call.digest)
+
+    async def relay(self, server: str, params: types.ElicitRequestParams) -> types.ElicitResult:
+        said = "MCP server %r (called by code in run_python) asks: %s" % (server, params.message)
+        if isinstance(params, types.ElicitRequestURLParams):
+            if not self.url_mode:
+                return types.ElicitResult(action="decline")
+            elicitation_id = params.elicitation_id or secrets.token_hex(8)
+            return await self.session.elicit_url(said, params.url, elicitation_id, self.related)
+        return await self.session.elicit_form(said, params.requested_schema, self.related)
+
+
+def client_questions(ctx: ServerRequestContext[Bridge]) -> ClientQuestions | None:
+    """How to reach the user of this run_python call, or None: its client declared no
+    form elicitation, so it cannot be asked."""
     capabilities = ctx.session.client_capabilities
     elicitation = None if capabilities is None else capabilities.elicitation
     # An empty elicitation capability means form mode (the spec's rule for older clients).
     if elicitation is None or (elicitation.form is None and elicitation.url is not None):
         return None
-    session, related = ctx.session, ctx.request_id
-
-    async def ask(call: ProxiedCall, reason: str) -> ApprovalAnswer:
-        message, schema = approval_request(call, reason)
-        return approval_answer(await session.elicit_form(message, schema, related), call.digest)
-
-    return ask
+    return ClientQuestions(ctx, elicitation.url is not None)
 
 
 # --- the bridge: its world opened once, and the handlers that serve it ------------------
@@ -8876,7 +9014,7 @@ async def on_call_tool(
             saved_tools=arguments.saved_tools,
             client_name=client_name(ctx),
             progress=progress,
-            asker=client_asker(ctx),
+            asker=client_questions(ctx),
         )
         outcome = await bridge.sandboxes.run(request)
         http = bridge.config.transport == "http"
@@ -9323,7 +9461,7 @@ def build_misconfigured_server(problem: str) -> Server[Any]:
         uri = str(params.uri)
         if uri != CAPABILITIES_URI:
             raise resource_error(types.INVALID_PARAMS, uri, message)
-        text = "**%s**\n\n%s" % (message, CAPABILITIES_MANUAL)
+        text = "**%s**\n\n%s" % (message, capabilities_manual(BridgeConfig()))
         return types.ReadResourceResult(
             contents=[types.TextResourceContents(uri=uri, mime_type="text/markdown", text=text)]
         )
@@ -11071,6 +11209,7 @@ DOCTOR_SERVER_SLACK = 15.0  # seconds beyond MCP_BRIDGE_SERVER_START_TIMEOUT bef
 DoctorStatus = Literal["ok", "warn", "fail"]
 DOCTOR_SECTIONS = {
     "sandbox": "Sandbox",
+    "approvals": "What code may do with your tools",
     "config": "Config files read",
     "servers": "MCP servers, each started once",
     "clients": "Clients that still start the bridge's servers themselves",
@@ -11293,13 +11432,26 @@ async def _probe_server(client: PooledClient, limiter: anyio.CapacityLimiter) ->
         seconds = time.monotonic() - started
     tools = [_tool_dict(tool) for tool in client.tools]
     problems = tool_problems(tools)
-    details = {**where, "seconds": round(seconds, 2), "tools": len(tools), "tool_problems": problems}
-    message = "%s (mcp_%s): started in %.1fs, %d tool%s" % (
+    asking = [
+        tool.name
+        for tool in client.tools
+        if tool_allowed(spec.name, tool.name, client.config)
+        and approval_reason(spec.name, tool.name, _read_only(tool), client.config) is not None
+    ]
+    details = {
+        **where,
+        "seconds": round(seconds, 2),
+        "tools": len(tools),
+        "tool_problems": problems,
+        "tools_asking_first": asking,
+    }
+    message = "%s (mcp_%s): started in %.1fs, %d tool%s, %d of them ask the user first" % (
         shown_name(spec.name),
         spec.alias,
         seconds,
         len(tools),
         _plural(len(tools)),
+        len(asking),
     )
     if problems:
         return DoctorCheck("servers", spec.name, "warn", "%s; %s" % (message, "; ".join(problems)), details)
@@ -11395,11 +11547,44 @@ def check_direct_clients(
     return checks
 
 
+def check_approvals(config: BridgeConfig) -> DoctorCheck:
+    """The approvals policy and the call log, as the bridge will apply them."""
+    asks = {
+        "writes": "calls of tools their servers do not mark read-only wait for the user's approval",
+        "all": "every proxied call waits for the user's approval",
+        "none": "no call asks the user first",
+    }[config.approve]
+    parts = ["MCP_BRIDGE_APPROVE=%s: %s" % (config.approve, asks)]
+    if config.approve_tools:
+        parts.append("always asking: %s" % ", ".join(config.approve_tools))
+    if config.allow_tools_without_asking:
+        parts.append("never asking: %s" % ", ".join(config.allow_tools_without_asking))
+    parts.append(
+        "clients without elicitation: %s (MCP_BRIDGE_APPROVE_FALLBACK)"
+        % ("allowed, the result says so" if config.approve_fallback == "allow" else "denied")
+    )
+    parts.append("at most %d proxied calls per run_python call" % config.max_tool_calls)
+    log = config.state_dir / CALL_LOG_FILENAME
+    parts.append("call log: %s" % ("off" if config.call_log == "off" else "%s (%s)" % (log, config.call_log)))
+    details = {
+        "approve": config.approve,
+        "approve_tools": list(config.approve_tools),
+        "allow_tools_without_asking": list(config.allow_tools_without_asking),
+        "approval_timeout": config.approval_timeout,
+        "approve_fallback": config.approve_fallback,
+        "max_tool_calls": config.max_tool_calls,
+        "call_log": config.call_log,
+        "call_log_path": str(log),
+    }
+    return DoctorCheck("approvals", "policy", "ok", "; ".join(parts), details)
+
+
 async def doctor_checks(
     config: BridgeConfig, discovery: DiscoveryResult, environ: Mapping[str, str]
 ) -> list[DoctorCheck]:
     return [
         *await check_sandbox(config),
+        check_approvals(config),
         *check_config_files(discovery),
         *await check_servers(config, discovery),
         *check_direct_clients(config, discovery, environ),

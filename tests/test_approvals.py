@@ -11,17 +11,20 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import anyio
 import mcp_types as types
 import pytest
+from mcp.client.session import ClientSession
 
 from tests.conftest import (
     REPO,
     Engine,
     bridge_client,
+    claude_desktop_home,
     console_script,
     proxy_env,
     real_server,
@@ -346,3 +349,90 @@ async def test_resources_and_prompts_are_read_from_code(
         )
         missing = await run_cell(client, "runtime.read_resource('notes', 'notes://nowhere')")
         assert missing["status"] == "error" and "MCPError" in missing["text"], missing
+
+
+async def test_a_proxied_servers_own_question_and_progress_reach_the_user(
+    engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    env, _ = setup(tmp_path, state_dir, engine)
+
+    async def answer(params: types.ElicitRequestFormParams) -> types.ElicitResult:
+        return types.ElicitResult(action="accept", content={"confirm": True})
+
+    asked, elicitation = user(answer)
+    heard: list[str | None] = []
+
+    async def listen(progress: float, total: float | None, message: str | None) -> None:
+        heard.append(message)
+
+    async with bridge_client(env, elicitation=elicitation) as client:
+        result = await client.call_tool(
+            "run_python",
+            {
+                "code": "import time\nanswer = mcp_notes.confirm_with_user(question='Go on?')\n"
+                "counted = mcp_notes.count_up(steps=3)\ntime.sleep(0.5)\n[answer, counted]"
+            },
+            progress_callback=listen,
+        )
+        assert not result.is_error and result.structured_content["value"] == ["confirmed", "counted 3"], (
+            result
+        )
+        (question,) = asked
+        assert question.message == "MCP server 'notes' (called by code in run_python) asks: Go on?"
+        assert question.requested_schema["properties"]["confirm"]["type"] == "boolean"
+    assert any(message and message.startswith("notes: step ") for message in heard), heard
+
+    async with bridge_client(env) as client:  # a client that cannot be asked: declined, with the reason
+        declined = await run_cell(
+            client,
+            """
+            try:
+                mcp_notes.confirm_with_user(question='Go on?')
+            except runtime.MCPError as exc:  # the server failed the call: the bridge refused its question
+                said = str(exc)
+            said
+            """,
+        )
+        assert "cannot show the user a question" in str(declined["json"]), declined
+
+
+async def test_over_http_only_the_principal_whose_code_calls_is_asked(
+    engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    from tests.test_http import ALICE, BOB, http_bridge
+
+    record = tmp_path / "received.jsonl"
+    record.touch()
+    entry = {"command": sys.executable, "args": [str(APPROVAL_SERVER)], "env": {"RECORD_FILE": str(record)}}
+    claude_desktop_home(tmp_path, {"notes": entry})  # the HOME http_bridge gives the bridge
+    alice_asked, alice_user = user(choosing("allow_once"))
+    bob_asked, bob_user = user(choosing("allow_once"))
+
+    async def connect(url: str, token: str, elicitation: Any, stack: AsyncExitStack) -> ClientSession:
+        http = await stack.enter_async_context(
+            httpx2.AsyncClient(
+                headers={"Authorization": "Bearer " + token}, timeout=httpx2.Timeout(30, read=300)
+            )
+        )
+        read, write = await stack.enter_async_context(streamable_http_client(url, http_client=http))
+        session = await stack.enter_async_context(
+            ClientSession(read, write, elicitation_callback=elicitation)
+        )
+        await session.initialize()
+        return session
+
+    async with http_bridge(engine, state_dir) as running, AsyncExitStack() as stack:
+        alice = await connect(running.url, ALICE, alice_user, stack)
+        bob = await connect(running.url, BOB, bob_user, stack)
+        done = await alice.call_tool("run_python", {"code": "mcp_notes.write_note(key='a', text='x')"})
+        assert not done.is_error and done.structured_content["value"] == "wrote a", done
+        idle = await bob.call_tool("run_python", {"code": "1 + 1"})
+        assert not idle.is_error
+    assert len(alice_asked) == 1 and bob_asked == []
+    log = [json.loads(line) for line in (state_dir / "calls.jsonl").read_text().splitlines()]
+    assert [(entry["principal"], entry["decision"]) for entry in log] == [
+        ("alice", "allowed once by the user")
+    ]

@@ -65,8 +65,19 @@ def test_doctor_on_a_healthy_machine_exits_0_naming_engine_limits_python_and_eac
         )
         for line in ok
     ), report
-    assert re.search(r"ok +time \(mcp_time\): started in [0-9.]+s, 2 tools\n", report), report
-    assert re.search(r"ok +stub \(mcp_stub\): started in [0-9.]+s, [0-9]+ tools\n", report), report
+    # mcp-server-time marks both its tools read-only; the stub marks none.
+    assert re.search(
+        r"ok +time \(mcp_time\): started in [0-9.]+s, 2 tools, 0 of them ask the user first\n", report
+    )
+    stub = re.search(
+        r"ok +stub \(mcp_stub\): started in [0-9.]+s, ([0-9]+) tools, ([0-9]+) of them ask", report
+    )
+    assert stub is not None and stub.group(1) == stub.group(2), report
+    assert (
+        "MCP_BRIDGE_APPROVE=writes: calls of tools their servers do not mark read-only wait for the user's "
+        "approval; clients without elicitation: allowed, the result says so (MCP_BRIDGE_APPROVE_FALLBACK); "
+        "at most 1000 proxied calls per run_python call; call log: %s (meta)" % (state_dir / "calls.jsonl")
+    ) in ok, report
     config = home / ".config" / "Claude" / "claude_desktop_config.json"
     assert str(config) in ok
     assert "%s: skipped code-execution: it launches this bridge itself" % config in ok  # as it should
