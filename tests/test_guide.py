@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import mcp_types as types
 import pytest
 
 from tests.conftest import REPO, Engine, bridge_client, claude_desktop_home, proxy_env, real_server, run_cell
@@ -80,8 +81,8 @@ ILLUSTRATIONS = {
     # says which servers there are.
     'mcp_github.create_issue(owner="me", repo="nope", title="x")': (
         "NameError: name 'mcp_github' is not defined. There is no MCP server 'github' in this sandbox. "
-        "Its servers: mcp_filesystem, mcp_time. runtime.discovered_servers(detailed=True) shows where "
-        "each server came from."
+        "Its servers: mcp_everything, mcp_filesystem, mcp_time. runtime.discovered_servers(detailed=True) "
+        "shows where each server came from."
     ),
 }
 # BATTERIES_EXAMPLE (section "Data work") and PLOT_EXAMPLE (section "Images") need the
@@ -106,6 +107,7 @@ def servers(tmp_path: Path) -> dict[str, Any]:
     files = tmp_path / "files"
     files.mkdir()
     return {
+        "everything": {"command": real_server("everything")},
         "filesystem": {"command": real_server("filesystem"), "args": [str(files)]},
         "time": {"command": real_server("time")},
     }
@@ -132,7 +134,14 @@ async def test_every_guide_example_does_what_the_guide_says(
     illustrations = {the_block(examples, marker).line: error for marker, error in ILLUSTRATIONS.items()}
     home = claude_desktop_home(tmp_path, servers(tmp_path))
     checked = []
-    async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+    asked: list[str] = []
+
+    async def the_user(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        """The guide's reader as the user: asked to approve a call, they deny it."""
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"decision": "deny"})
+
+    async with bridge_client(proxy_env(proxy_engine, state_dir, home), elicitation=the_user) as client:
         for example in examples:
             if example.line in skipped:
                 continue
@@ -172,3 +181,5 @@ async def test_every_guide_example_does_what_the_guide_says(
                 assert example.printed_line in answer["stdout"].splitlines(), (where, answer)
             checked.append(example.line)
     assert len(checked) == len(examples) - len(skipped)
+    # Only the approvals example's call asked (every other call the guide makes is read-only).
+    assert len(asked) == 1 and "mcp_filesystem.create_directory" in asked[0], asked
