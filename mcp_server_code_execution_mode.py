@@ -5612,7 +5612,11 @@ def approval_answer(result: types.ElicitResult, digest: str) -> ApprovalAnswer:
         return ApprovalAnswer(
             digest,
             None,
-            "the user declined" if result.action == "decline" else "the user dismissed the request",
+            "the user declined"
+            if result.action == "decline"
+            # Claude Code in print mode (-p) cancels every elicitation at once, unseen.
+            else "the request was dismissed (by the user, or by a client that cannot show it, such as "
+            "Claude Code in print mode)",
         )
     decision = (result.content or {}).get("decision")
     if decision not in APPROVAL_CHOICES:
