@@ -28,8 +28,8 @@ ONE_RUNTIME = True  # what is tested is the package; the engines are tested ever
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The sdist and the wheel, built from the checkout as the release workflow does."""
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run(
-        [sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(out), str(REPO)],
+    subprocess.run(  # uv's build is python -m build's in half the time (its build envs are cached)
+        [sys.executable, "-m", "uv", "build", "--sdist", "--wheel", "--out-dir", str(out), str(REPO)],
         check=True,
         capture_output=True,
         timeout=600,
@@ -54,7 +54,7 @@ def test_wheel_ships_bridge_kernel_and_console_script(dist: Path) -> None:
 
 
 def test_distributions_pass_twine_check(dist: Path) -> None:
-    files = sorted(str(path) for path in dist.iterdir())
+    files = sorted(str(path) for path in dist.iterdir() if path.name != ".gitignore")  # uv writes one
     assert len(files) == 2, files  # one sdist, one wheel
     result = subprocess.run(
         [sys.executable, "-m", "twine", "check", "--strict", *files],
