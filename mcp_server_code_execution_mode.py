@@ -5681,6 +5681,94 @@ class SessionApprovals:
         return "allowed without asking (this client cannot ask)"
 
 
+# --- asking over 2026-07-28: questions parked until the client's retry answers them --------
+# That protocol has no server-to-client requests: the run_python call ends with an
+# input_required result carrying the questions, and the client calls again with the same
+# arguments and the answers (the SDK's RequestStateBoundary seals the state and binds it to
+# the call and the principal). Meanwhile the code waits in the sandbox, as it does for an
+# elicitation.
+
+
+@dataclass(eq=False)
+class ParkedQuestion:
+    """One question waiting for the client's retry: its key in input_requests, what it
+    asks, and (an approval's) the digest of the call it is about."""
+
+    key: str
+    params: types.ElicitRequestParams
+    digest: str | None
+    answered: anyio.Event = field(default_factory=anyio.Event)
+    answer: types.ElicitResult | None = None
+    bound_to: str | None = None  # the digest the retry's state names for this key
+    sent: bool = False
+
+
+class QuestionDesk:
+    """The questions of one execute that wait for a round trip (see RoundTripQuestions)."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, ParkedQuestion] = {}
+        self.arrived = anyio.Event()  # set when a question parks; replaced once it is sent
+        self._count = 0
+
+    async def ask(self, params: types.ElicitRequestParams, digest: str | None) -> ParkedQuestion:
+        """Park a question until a retry answers it; the answered question."""
+        self._count += 1
+        question = ParkedQuestion("q%d" % self._count, params, digest)
+        self.waiting[question.key] = question
+        self.arrived.set()
+        try:
+            await question.answered.wait()
+        finally:
+            self.waiting.pop(question.key, None)
+        return question
+
+    def take_unsent(self) -> list[ParkedQuestion]:
+        """The questions no input_required result has carried yet (now they are sent)."""
+        unsent = [question for question in self.waiting.values() if not question.sent]
+        for question in unsent:
+            question.sent = True
+        self.arrived = anyio.Event()  # the next question to park wakes the next wait
+        return unsent
+
+    def deliver(self, answers: Mapping[str, types.ElicitResult], digests: Mapping[str, str | None]) -> int:
+        """A retry's answers, each to the question of its key (``digests``: what the
+        retry's sealed state says each key is about); how many found their question."""
+        found = 0
+        for key, result in answers.items():
+            question = self.waiting.get(key)
+            if question is None or question.answered.is_set():
+                continue  # already answered, or given up (MCP_BRIDGE_APPROVAL_TIMEOUT)
+            question.answer, question.bound_to = result, digests.get(key)
+            question.answered.set()
+            found += 1
+        return found
+
+
+class RoundTripQuestions:
+    """UserQuestions over 2026-07-28: each question parks on the execute's desk and the
+    waiting run_python call ends with input_required; the client's retry answers it."""
+
+    def __init__(self, desk: QuestionDesk) -> None:
+        self.desk = desk
+
+    async def approve(self, call: ProxiedCall, reason: str) -> ApprovalAnswer:
+        message, schema = approval_request(call, reason)
+        question = await self.desk.ask(
+            types.ElicitRequestFormParams(message=message, requested_schema=schema), call.digest
+        )
+        assert question.answer is not None
+        # The retry's state names the call each key was asked about: never another's answer.
+        digest = call.digest if question.bound_to == call.digest else "another call"
+        return approval_answer(question.answer, digest)
+
+    async def relay(self, server: str, params: types.ElicitRequestParams) -> types.ElicitResult:
+        said = "MCP server %r (called by code in run_python) asks: %s" % (server, params.message)
+        question = await self.desk.ask(params.model_copy(update={"message": said}), None)
+        assert question.answer is not None
+        return question.answer
+
+
 def denied_message(call: ProxiedCall, reason: str, how: str) -> str:
     """runtime.ApprovalDenied's message, for the model."""
     return (
@@ -6448,6 +6536,9 @@ class ExecutionOutcome:
     # The end of the code an earlier call left running, when this call waited for it.
     earlier: ExecutionOutcome | None = None
     session: str = DEFAULT_SESSION  # run_python's session that ran it
+    # Of code still running: its execute and the questions for a 2026-07-28 client, which
+    # the call then carries as input_required instead of this outcome (see on_call_tool).
+    questions: tuple[str, tuple[ParkedQuestion, ...]] | None = None
 
 
 # How a call reports progress to its client (MCP notifications/progress): value, total, message.
@@ -6587,6 +6678,7 @@ class PendingExecute:
         # How to reach the user: through the client of the latest call that waited for
         # this execute (it stays after a "still running" answer). None: it cannot be asked.
         self.asker: UserQuestions | None = None
+        self.parked = QuestionDesk()  # questions waiting for a 2026-07-28 client's retry
         self.proxied_calls = 0  # tool calls, resource and prompt reads so far (MCP_BRIDGE_MAX_TOOL_CALLS)
         self.notices: list[str] = []  # what the proxied calls have to tell the result
         self.awaiting: list[str] = []  # the calls waiting for the user's approval now
@@ -7532,7 +7624,21 @@ class RunRequest:
     client_name: str | None = None  # clientInfo.name from the client's initialize, if it said one
     progress: CallProgress | None = None  # None: the client asked for no progress
     asker: UserQuestions | None = None  # None: the client cannot ask its user (no elicitation)
+    # The client speaks 2026-07-28: questions end the call with input_required (its retry answers).
+    round_trip: bool = False
+    resume: Resume | None = None  # a retry that answers them: go on with that code
     arrived: float = field(default_factory=time.monotonic)  # the client's clock runs from here
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A 2026-07-28 retry of a run_python call that ended with input_required: the code it
+    goes on with (its execute) and the client's answers, by key, with the digest of the
+    call each key was asked about (from the sealed state)."""
+
+    execute: str
+    answers: Mapping[str, types.ElicitResult]
+    digests: Mapping[str, str | None]
 
 
 @dataclass(frozen=True)
@@ -7555,7 +7661,7 @@ class RunningCode:
         self.sandbox = sandbox
         self.request = request  # "still running after" counts from its arrival
         self.pending = PendingExecute(secrets.token_hex(8), sandbox.config.max_output_chars)
-        self.pending.asker = request.asker
+        self.pending.asker = RoundTripQuestions(self.pending.parked) if request.round_trip else request.asker
         self.scope = anyio.CancelScope()
         self.finished = anyio.Event()
         self.outcome: ExecutionOutcome | None = None
@@ -7580,10 +7686,14 @@ class RunningCode:
         waiting call's progress listener hears it meanwhile, and its client is the one
         asked for approvals from then on. A cancelled wait stops it."""
         self.pending.progress = request.progress
-        self.pending.asker = request.asker
+        parked = self.pending.parked
+        self.pending.asker = RoundTripQuestions(parked) if request.round_trip else request.asker
         try:
             with anyio.move_on_after(seconds or math.inf):
-                await self.finished.wait()
+                if request.round_trip:  # a question ends the wait: the call carries it to the client
+                    await _first_of(self.finished, parked.arrived)
+                else:
+                    await self.finished.wait()
         except anyio.get_cancelled_exc_class():
             self.scope.cancel()
             with anyio.CancelScope(shield=True):
@@ -7616,6 +7726,7 @@ class RunningCode:
     def still_running(self, waited_for_earlier: bool) -> ExecutionOutcome:
         elapsed = time.monotonic() - self.request.arrived
         output = self.new_output()
+        unsent = self.pending.parked.take_unsent()
         detail = (
             "Still running after %.0fs (its timeout of %gs still applies). Call run_python again to wait "
             "for the rest of its output and its result (any code; it runs once this code has ended), "
@@ -7631,6 +7742,7 @@ class RunningCode:
             stderr=output["stderr"],
             detail=detail,
             duration=elapsed,
+            questions=(self.pending.id, tuple(unsent)) if unsent else None,
         )
 
     def stopped_by_reset(self) -> str:
@@ -7809,6 +7921,8 @@ class SandboxKeeper:
     async def _take_turn_locked(self, request: RunRequest) -> Reply:
         if self.closing.is_set():
             raise ShuttingDownError(SHUTTING_DOWN)
+        if request.resume is not None:
+            return await self._resume(request, request.resume)
         notices, self.held_notices = self.held_notices, []
         if self.running is not None and request.reset:  # a reset stops the earlier code too
             notices += await self._stop_for_reset(self.running)
@@ -7841,6 +7955,25 @@ class SandboxKeeper:
         earlier, self.unreported = self.unreported, None
         self.last_used = time.monotonic()
         return Reply(outcome, notices, earlier)
+
+    async def _resume(self, request: RunRequest, resume: Resume) -> Reply:
+        """A 2026-07-28 retry: its answers go to the questions of the code it was asked
+        for, and the call goes on waiting for that code, as the call that started it."""
+        running = self.running
+        if running is None or running.pending.id != resume.execute:
+            raise InvalidRequestError(
+                "These answers came too late: the code they were asked for has ended (its questions "
+                "were given up after MCP_BRIDGE_APPROVAL_TIMEOUT, or the session was reset). Call "
+                "run_python again without them."
+            )
+        running.pending.parked.deliver(resume.answers, resume.digests)
+        if await running.wait(self._left(request), request):
+            outcome = await self._finish(running)
+            assert outcome is not None  # only a cancelled wait stops it, and that raised
+        else:
+            outcome = running.still_running(waited_for_earlier=False)
+        self.last_used = time.monotonic()
+        return Reply(outcome)
 
     async def _stop_for_reset(self, running: RunningCode) -> list[str]:
         """Stop the code an earlier call left running (its end kept when it had ended)."""
@@ -8958,7 +9091,7 @@ def build_server(bridge: Bridge) -> Server[Bridge]:
     async def lifespan(_: Server[Bridge]) -> AsyncIterator[Bridge]:
         yield bridge
 
-    return Server(
+    server = Server(
         SERVER_NAME,
         version=__version__,
         lifespan=lifespan,
@@ -8968,6 +9101,23 @@ def build_server(bridge: Bridge) -> Server[Bridge]:
         on_list_resource_templates=on_list_resource_templates,
         on_read_resource=on_read_resource,
     )
+    server.middleware.append(request_state_boundary(bridge))
+    return server
+
+
+def request_state_boundary(bridge: Bridge) -> Any:
+    """The SDK's seal on the state of input_required results (2026-07-28): a key of this
+    process, bound to the call's arguments and to the principal; it expires with the
+    approval timeout (a retry after that finds its questions given up anyway)."""
+    from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
+
+    def principal(ctx: ServerRequestContext[Any, Any]) -> str | None:
+        return bridge.principals.of_request(ctx.request).name
+
+    security = RequestStateSecurity(
+        keys=[secrets.token_bytes(32)], ttl=bridge.config.approval_timeout + 60, bind_principal=principal
+    )
+    return RequestStateBoundary(security, default_audience=SERVER_NAME)
 
 
 async def on_list_tools(
@@ -8991,9 +9141,43 @@ def call_progress(ctx: ServerRequestContext[Bridge]) -> CallProgress | None:
     return CallProgress(report)
 
 
+def round_trip_client(ctx: ServerRequestContext[Bridge]) -> bool:
+    """Whether the client speaks 2026-07-28, where the bridge asks by input_required."""
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+    return ctx.session.protocol_version in MODERN_PROTOCOL_VERSIONS
+
+
+def input_required(execute: str, questions: Sequence[ParkedQuestion]) -> types.InputRequiredResult:
+    """A run_python call that ends to ask the user (2026-07-28): the questions, and the state
+    its retry brings back (sealed by the SDK's RequestStateBoundary, see build_server)."""
+    state = {"execute": execute, "digests": {question.key: question.digest for question in questions}}
+    return types.InputRequiredResult(
+        input_requests={question.key: types.ElicitRequest(params=question.params) for question in questions},
+        request_state=json.dumps(state),
+    )
+
+
+def resume_of(params: types.CallToolRequestParams) -> Resume | None:
+    """The retry of a call that ended with input_required, or None: a call of its own."""
+    if params.request_state is None:
+        return None
+    try:  # verified and unsealed by the boundary: this is the plaintext input_required minted
+        state = json.loads(params.request_state)
+        execute, digests = str(state["execute"]), dict(state["digests"])
+    except (ValueError, KeyError, TypeError):
+        raise InvalidRequestError("The requestState of this retry is not one the bridge made.") from None
+    answers = {
+        key: answer
+        for key, answer in (params.input_responses or {}).items()
+        if isinstance(answer, types.ElicitResult)
+    }
+    return Resume(execute, answers, digests)
+
+
 async def on_call_tool(
     ctx: ServerRequestContext[Bridge], params: types.CallToolRequestParams
-) -> types.CallToolResult:
+) -> types.CallToolResult | types.InputRequiredResult:
     """run_python: its arguments checked, one RunRequest built and run, the outcome rendered."""
     from mcp.shared.exceptions import MCPError as McpProtocolError
 
@@ -9008,6 +9192,7 @@ async def on_call_tool(
     except ValidationError as exc:
         return render_error(InvalidRequestError(describe_validation_error(exc)))
     progress = call_progress(ctx)
+    round_trip = round_trip_client(ctx)
     try:
         request = RunRequest(
             code=arguments.code,
@@ -9018,9 +9203,13 @@ async def on_call_tool(
             saved_tools=arguments.saved_tools,
             client_name=client_name(ctx),
             progress=progress,
-            asker=client_questions(ctx),
+            asker=None if round_trip else client_questions(ctx),
+            round_trip=round_trip and client_questions(ctx) is not None,
+            resume=resume_of(params),
         )
         outcome = await bridge.sandboxes.run(request)
+        if outcome.questions is not None:
+            return input_required(*outcome.questions)
         http = bridge.config.transport == "http"
         return render_outcome(outcome, bridge.config, HTTP_MAX_RESULT_BYTES if http else None)
     except BridgeError as exc:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TextIO
 
 import mcp_types as types
+from mcp.client.client import Client
 from mcp.client.session import ClientSession, ElicitationFnT
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -95,6 +96,18 @@ async def bridge_client(
     ):
         await session.initialize()
         yield session
+
+
+@asynccontextmanager
+async def modern_bridge_client(
+    env: dict[str, str], elicitation: ElicitationFnT | None = None
+) -> AsyncIterator[Client]:
+    """The installed console script behind the MCP SDK's high-level client speaking the
+    2026-07-28 protocol, which answers the bridge's input_required results itself (with
+    ``elicitation``, given, as its user)."""
+    params = StdioServerParameters(command=console_script(), env=env)
+    async with Client(params, elicitation_callback=elicitation, mode="2026-07-28") as client:
+        yield client
 
 
 def text_of(result: types.CallToolResult) -> str:

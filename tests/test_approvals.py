@@ -19,6 +19,7 @@ import anyio
 import mcp_types as types
 import pytest
 from mcp.client.session import ClientSession
+from mcp.shared.exceptions import MCPError
 
 from tests.conftest import (
     REPO,
@@ -30,6 +31,7 @@ from tests.conftest import (
     real_server,
     run_cell,
 )
+from tests.harness import modern_bridge_client, text_of
 
 pytestmark = pytest.mark.anyio
 # Approvals, the log and the cap are the host's: the first requested runtime is enough.
@@ -435,4 +437,84 @@ async def test_over_http_only_the_principal_whose_code_calls_is_asked(
     log = [json.loads(line) for line in (state_dir / "calls.jsonl").read_text().splitlines()]
     assert [(entry["principal"], entry["decision"]) for entry in log] == [
         ("alice", "allowed once by the user")
+    ]
+
+
+# --- over 2026-07-28: the question rides an input_required result, the retry answers it ----
+
+
+async def test_over_2026_07_28_the_call_asks_by_input_required_and_goes_on_after_the_retry(
+    engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    env, record = setup(tmp_path, state_dir, engine)
+    answers = iter(["allow_once", "deny", "allow_session"])
+
+    async def answer(params: types.ElicitRequestFormParams) -> types.ElicitResult:
+        return await choosing(next(answers))(params)
+
+    asked, elicitation = user(answer)
+    async with modern_bridge_client(env, elicitation) as client:
+        assert client.protocol_version == "2026-07-28"
+        code = "n = 1\nwritten = mcp_notes.write_note(key='a', text='x')\nn += 1\n[written, n]"
+        done = await client.call_tool("run_python", {"code": code})
+        assert done.structured_content["value"] == ["wrote a", 2], done  # the code went on, state intact
+        assert len(asked) == 1 and 'mcp_notes.write_note({"key":"a","text":"x"})' in asked[0].message
+        denied = await client.call_tool(
+            "run_python",
+            {
+                "code": "try:\n    mcp_notes.delete_note(key='a')\n"
+                "except runtime.ApprovalDenied as e:\n    said = str(e)\nsaid"
+            },
+        )
+        assert "the user chose 'Deny'" in denied.structured_content["value"], denied
+        twice = await client.call_tool(
+            "run_python", {"code": "[mcp_notes.write_note(key=k, text='y') for k in 'bc']"}
+        )
+        assert twice.structured_content["value"] == ["wrote b", "wrote c"] and len(asked) == 3, twice
+
+        # The retry by hand: a state the bridge did not seal is refused, and answers given
+        # once cannot be given again (the tool is called once).
+        first = await client.session.call_tool(
+            "run_python", {"code": "mcp_notes.delete_note(key='z')"}, allow_input_required=True
+        )
+        assert isinstance(first, types.InputRequiredResult) and first.request_state, first
+        ((key, request),) = (first.input_requests or {}).items()
+        assert isinstance(request, types.ElicitRequest) and "mcp_notes.delete_note" in request.params.message
+        allow: dict[str, types.InputResponse] = {
+            key: types.ElicitResult(action="accept", content={"decision": "allow_once"})
+        }
+        with pytest.raises(MCPError, match="Invalid or expired requestState"):
+            await client.session.call_tool(
+                "run_python",
+                {"code": "mcp_notes.delete_note(key='z')"},
+                input_responses=allow,
+                request_state=first.request_state[:-4] + "AAAA",
+            )
+        with pytest.raises(MCPError, match="Invalid or expired requestState"):  # bound to these arguments
+            await client.session.call_tool(
+                "run_python", {"code": "1"}, input_responses=allow, request_state=first.request_state
+            )
+        retried = await client.session.call_tool(
+            "run_python",
+            {"code": "mcp_notes.delete_note(key='z')"},
+            input_responses=allow,
+            request_state=first.request_state,
+            allow_input_required=True,
+        )
+        assert isinstance(retried, types.CallToolResult), retried
+        assert retried.structured_content and retried.structured_content["value"] == "deleted z", retried
+        again = await client.session.call_tool(
+            "run_python",
+            {"code": "mcp_notes.delete_note(key='z')"},
+            input_responses=allow,
+            request_state=first.request_state,
+            allow_input_required=True,
+        )
+        assert isinstance(again, types.CallToolResult) and again.is_error
+        assert "came too late" in text_of(again), again
+    assert [(call["tool"], call["arguments"]["key"]) for call in received(record)] == [
+        ("write_note", "a"),
+        ("write_note", "b"),
+        ("write_note", "c"),
+        ("delete_note", "z"),
     ]
