@@ -3740,11 +3740,19 @@ async def _stop_server_process(process: anyio.abc.Process, stderr_read: anyio.Ev
 _CONNECTION_ENDED = "exited or closed its connection"
 
 
-# Where a proxied server's question (elicitation) during a call goes: (server name, its
-# params) -> the user's answer, or an error with the reason it was not asked.
-Relay: TypeAlias = Callable[
-    [str, "types.ElicitRequestParams"], Awaitable["types.ElicitResult | types.ErrorData"]
-]
+class CallListener(Protocol):
+    """Who hears what a proxied server says to its client during one call of code's (the
+    run_python call it is part of: RunContext), each with the server's name."""
+
+    async def relay(
+        self, server: str, params: types.ElicitRequestParams
+    ) -> types.ElicitResult | types.ErrorData:
+        """A question (elicitation): the user's answer, or an error saying why not asked."""
+        ...
+
+    async def progress(self, server: str, done: float, total: float | None, message: str | None) -> None: ...
+
+    async def log(self, server: str, params: types.LoggingMessageNotificationParams) -> None: ...
 
 
 class PooledClient:
@@ -3773,7 +3781,7 @@ class PooledClient:
         # The calls in flight, each with where a question of the server's goes (its run's
         # RunContext.relay): a stdio server's question names no call, so it is passed on
         # only while exactly one call runs.
-        self.calls_in_flight: list[Relay] = []
+        self.calls_in_flight: list[CallListener] = []
         self._start_lock = anyio.Lock()
         self._closed = anyio.Event()
         self._stop = anyio.Event()
@@ -3832,6 +3840,7 @@ class PooledClient:
                     write,
                     message_handler=self._on_message,
                     elicitation_callback=self._on_question,
+                    logging_callback=self._on_log,
                 ) as session:
                     with anyio.fail_after(self.config.server_start_timeout):
                         self.initialized = await session.initialize()
@@ -3978,25 +3987,35 @@ class PooledClient:
         """The server asks its client for input (elicitation/create) during a call: passed
         on to the user of the run_python call that made it, when there is exactly one."""
         if len(self.calls_in_flight) == 1:
-            return await self.calls_in_flight[0](self.spec.name, params)
+            return await self.calls_in_flight[0].relay(self.spec.name, params)
         why = "several of its calls are running, so the bridge cannot tell whose user to ask"
         if not self.calls_in_flight:
             why = "no call of its is running"
         logger.info("MCP server %s asked a question; declined: %s", self.spec.name, why)
         return types.ErrorData(code=types.INVALID_REQUEST, message="the bridge declined: " + why)
 
+    async def _on_log(self, params: types.LoggingMessageNotificationParams) -> None:
+        """A log message of the server's: to the user of the one call in flight, if one."""
+        if len(self.calls_in_flight) == 1:
+            await self.calls_in_flight[0].log(self.spec.name, params)
+        else:
+            logger.info("MCP server %s says (%s): %s", self.spec.name, params.level, str(params.data)[:500])
+
     async def call_tool(
-        self,
-        tool: str,
-        arguments: dict[str, Any],
-        relay: Relay | None = None,
-        progress: ProgressFnT | None = None,
+        self, tool: str, arguments: dict[str, Any], listener: CallListener | None = None
     ) -> types.CallToolResult:
-        """``relay``: where the server's questions during this call go; ``progress``: where
-        its progress goes (the run_python call's)."""
+        """``listener``: who hears the server's questions, progress and log messages
+        during this call (the run_python call it is part of)."""
         session = await self.ensure_running()
-        if relay is not None:
-            self.calls_in_flight.append(relay)
+        progress: ProgressFnT | None = None
+        if listener is not None:
+            self.calls_in_flight.append(listener)
+            heard = listener
+
+            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                await heard.progress(self.spec.name, progress, total, message)
+
+            progress = on_progress
         try:
             return await session.call_tool(
                 tool, arguments, read_timeout_seconds=self.config.tool_timeout, progress_callback=progress
@@ -4008,8 +4027,8 @@ class PooledClient:
                 raise
             raise error from None
         finally:
-            if relay is not None:
-                self.calls_in_flight.remove(relay)
+            if listener is not None:
+                self.calls_in_flight.remove(listener)
 
     async def request(self, method: str, send: Callable[[ClientSession], Awaitable[_Result]]) -> _Result:
         """Any other request (``method``, e.g. resources/read) that ``send`` makes of the
@@ -5591,11 +5610,12 @@ class UserQuestions(Protocol):
 
 def approval_request(call: ProxiedCall, reason: str) -> tuple[str, dict[str, Any]]:
     """The message and the form (a requested schema) of an approval request."""
+    size = len(call.arguments_json.encode("utf-8", "surrogatepass"))
     message = (
         "Code in run_python (session %r) wants to call a tool of the MCP server %r:\n\n%s\n\n"
-        "Asked because %s. The call waits for your answer; denying it raises "
-        "runtime.ApprovalDenied in the code. (Call %s)"
-        % (call.session_name, call.server, call.shown, reason, call.digest[:12])
+        "(%d bytes of arguments.) Asked because %s. The call waits for your answer; denying it "
+        "raises runtime.ApprovalDenied in the code. (Call %s)"
+        % (call.session_name, call.server, call.shown, size, reason, call.digest[:12])
     )
     choices = [{"const": value, "title": title} for value, title in APPROVAL_CHOICES.items()]
     schema = {
@@ -6240,12 +6260,7 @@ class SandboxAPI:
         renamed = dict(call.arguments)
         reason = approval_reason(spec.name, found.name, _read_only(found), self.config)
 
-        async def relay_progress(progress: float, total: float | None, message: str | None) -> None:
-            await run.progress(spec.name, progress, total, message)
-
-        return await self._logged(
-            call, run, reason, lambda: client.call_tool(found.name, renamed, run.relay, relay_progress)
-        )
+        return await self._logged(call, run, reason, lambda: client.call_tool(found.name, renamed, run))
 
     # --- what else a server offers: resources and prompts, proxied like tool calls -------
     # Their policy names are the MCP methods (server.resources/read, ...): tool patterns
@@ -6543,6 +6558,8 @@ class ExecutionOutcome:
 
 # How a call reports progress to its client (MCP notifications/progress): value, total, message.
 ProgressReport = Callable[[float, float | None, str | None], Awaitable[None]]
+# How a call passes a proxied server's log message (server name, the message) to its client.
+ServerLog = Callable[[str, "types.LoggingMessageNotificationParams"], Awaitable[None]]
 PROGRESS_INTERVAL = 2.0  # seconds between notifications while code runs
 MIN_PROGRESS_GAP = 0.25  # code that reports faster is thinned out
 TICK_STEP = 0.001  # the ticker's progress value per notification (see CallProgress.tick)
@@ -6675,6 +6692,7 @@ class PendingExecute:
         self.result: ResultFrame | None = None
         self.done = anyio.Event()
         self.progress: CallProgress | None = None
+        self.server_log: ServerLog | None = None  # where proxied servers' log messages go
         # How to reach the user: through the client of the latest call that waited for
         # this execute (it stays after a "still running" answer). None: it cannot be asked.
         self.asker: UserQuestions | None = None
@@ -6789,6 +6807,12 @@ class RunContext:
         """A proxied call's progress, heard as this run_python call's progress."""
         if self.pending.progress is not None:
             await self.pending.progress.relay(server, done, total, message)
+
+    async def log(self, server: str, params: types.LoggingMessageNotificationParams) -> None:
+        """A proxied server's log message during a call, passed on to this call's client."""
+        if self.pending.server_log is not None:
+            with suppress(Exception):  # a client that went away must not fail the call
+                await self.pending.server_log(server, params)
 
 
 class ProblemLog:
@@ -7623,6 +7647,7 @@ class RunRequest:
     saved_tools: bool = True
     client_name: str | None = None  # clientInfo.name from the client's initialize, if it said one
     progress: CallProgress | None = None  # None: the client asked for no progress
+    server_log: ServerLog | None = None  # where proxied servers' log messages go
     asker: UserQuestions | None = None  # None: the client cannot ask its user (no elicitation)
     # The client speaks 2026-07-28: questions end the call with input_required (its retry answers).
     round_trip: bool = False
@@ -7661,6 +7686,7 @@ class RunningCode:
         self.sandbox = sandbox
         self.request = request  # "still running after" counts from its arrival
         self.pending = PendingExecute(secrets.token_hex(8), sandbox.config.max_output_chars)
+        self.pending.server_log = request.server_log
         self.pending.asker = RoundTripQuestions(self.pending.parked) if request.round_trip else request.asker
         self.scope = anyio.CancelScope()
         self.finished = anyio.Event()
@@ -7685,7 +7711,7 @@ class RunningCode:
         """Whether the code ended within ``seconds`` (0: however long it takes); the
         waiting call's progress listener hears it meanwhile, and its client is the one
         asked for approvals from then on. A cancelled wait stops it."""
-        self.pending.progress = request.progress
+        self.pending.progress, self.pending.server_log = request.progress, request.server_log
         parked = self.pending.parked
         self.pending.asker = RoundTripQuestions(parked) if request.round_trip else request.asker
         try:
@@ -9141,6 +9167,19 @@ def call_progress(ctx: ServerRequestContext[Bridge]) -> CallProgress | None:
     return CallProgress(report)
 
 
+def server_log_of(ctx: ServerRequestContext[Bridge]) -> ServerLog:
+    """Proxied servers' log messages during this call, passed on as this call's own
+    notifications/message, the logger named after the server."""
+    session, related = ctx.session, ctx.request_id
+
+    async def forward(server: str, params: types.LoggingMessageNotificationParams) -> None:
+        logger_name = "mcp_%s%s" % (server, "." + params.logger if params.logger else "")
+        message = params.model_copy(update={"logger": logger_name})
+        await session.send_notification(types.LoggingMessageNotification(params=message), related)
+
+    return forward
+
+
 def round_trip_client(ctx: ServerRequestContext[Bridge]) -> bool:
     """Whether the client speaks 2026-07-28, where the bridge asks by input_required."""
     from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -9203,6 +9242,7 @@ async def on_call_tool(
             saved_tools=arguments.saved_tools,
             client_name=client_name(ctx),
             progress=progress,
+            server_log=server_log_of(ctx),
             asker=None if round_trip else client_questions(ctx),
             round_trip=round_trip and client_questions(ctx) is not None,
             resume=resume_of(params),

@@ -17,7 +17,7 @@ from typing import TextIO
 
 import mcp_types as types
 from mcp.client.client import Client
-from mcp.client.session import ClientSession, ElicitationFnT
+from mcp.client.session import ClientSession, ElicitationFnT, LoggingFnT
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 CONSOLE_SCRIPT = "mcp-server-code-execution-mode"
@@ -85,14 +85,16 @@ async def bridge_client(
     cwd: Path | None = None,
     errlog: TextIO = sys.stderr,
     elicitation: ElicitationFnT | None = None,
+    logging: LoggingFnT | None = None,
 ) -> AsyncIterator[ClientSession]:
     """The installed console script behind the MCP SDK's own stdio client, initialized;
     ``errlog``: a file for the bridge's log (stderr); ``elicitation``: the client's
-    answer to elicitation requests (given, the client declares the capability)."""
+    answer to elicitation requests (given, the client declares the capability);
+    ``logging``: what hears the log messages (notifications/message) the bridge sends."""
     params = StdioServerParameters(command=console_script(), env=env, cwd=cwd)
     async with (
         stdio_client(params, errlog) as (read, write),
-        ClientSession(read, write, elicitation_callback=elicitation) as session,
+        ClientSession(read, write, elicitation_callback=elicitation, logging_callback=logging) as session,
     ):
         await session.initialize()
         yield session

@@ -79,6 +79,7 @@ def test_the_question_shows_the_call_cut_to_size_and_binds_its_digest() -> None:
     call = a_call(text="x" * 5000)
     message, schema = bridge.approval_request(call, "it may change things")
     assert "mcp_notes.write_note(" in message and "characters in all)" in message
+    assert "(5011 bytes of arguments.)" in message
     assert len(message) < 2000 and call.digest[:12] in message
     assert schema["required"] == ["decision"]
     # Same call, same digest; any other argument, another digest.
@@ -285,17 +286,29 @@ async def test_a_servers_question_goes_to_the_one_call_in_flight_or_is_declined_
         params = types.ElicitRequestFormParams(message="Go on?", requested_schema={"type": "object"})
         heard: list[str] = []
 
-        async def relay(
-            server: str, asked: types.ElicitRequestParams
-        ) -> types.ElicitResult | types.ErrorData:
-            heard.append(server + ": " + asked.message)
-            return types.ElicitResult(action="accept", content={})
+        class Listener:
+            async def relay(
+                self, server: str, asked: types.ElicitRequestParams
+            ) -> types.ElicitResult | types.ErrorData:
+                heard.append(server + ": " + asked.message)
+                return types.ElicitResult(action="accept", content={})
 
+            async def progress(
+                self, server: str, done: float, total: float | None, message: str | None
+            ) -> None:
+                heard.append("%s: %g" % (server, done))
+
+            async def log(self, server: str, params: types.LoggingMessageNotificationParams) -> None:
+                heard.append("%s: %s" % (server, params.data))
+
+        relay = Listener()
         none = await client._on_question(None, params)
         assert isinstance(none, types.ErrorData) and "no call of its is running" in none.message
         client.calls_in_flight.append(relay)
         assert isinstance(await client._on_question(None, params), types.ElicitResult)
         assert heard == ["notes: Go on?"]
+        await client._on_log(types.LoggingMessageNotificationParams(level="info", data="hello"))
+        assert heard == ["notes: Go on?", "notes: hello"]
         client.calls_in_flight.append(relay)
         two = await client._on_question(None, params)
         assert isinstance(two, types.ErrorData) and "cannot tell whose user to ask" in two.message

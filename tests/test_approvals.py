@@ -363,16 +363,21 @@ async def test_a_proxied_servers_own_question_and_progress_reach_the_user(
 
     asked, elicitation = user(answer)
     heard: list[str | None] = []
+    logged: list[types.LoggingMessageNotificationParams] = []
 
     async def listen(progress: float, total: float | None, message: str | None) -> None:
         heard.append(message)
 
-    async with bridge_client(env, elicitation=elicitation) as client:
+    async def log(params: types.LoggingMessageNotificationParams) -> None:
+        logged.append(params)
+
+    async with bridge_client(env, elicitation=elicitation, logging=log) as client:
         result = await client.call_tool(
             "run_python",
             {
                 "code": "import time\nanswer = mcp_notes.confirm_with_user(question='Go on?')\n"
-                "counted = mcp_notes.count_up(steps=3)\ntime.sleep(0.5)\n[answer, counted]"
+                "counted = mcp_notes.count_up(steps=3)\nmcp_notes.chatty(text='hello from notes')\n"
+                "time.sleep(0.5)\n[answer, counted]"
             },
             progress_callback=listen,
         )
@@ -383,6 +388,9 @@ async def test_a_proxied_servers_own_question_and_progress_reach_the_user(
         assert question.message == "MCP server 'notes' (called by code in run_python) asks: Go on?"
         assert question.requested_schema["properties"]["confirm"]["type"] == "boolean"
     assert any(message and message.startswith("notes: step ") for message in heard), heard
+    assert [(entry.level, entry.logger, entry.data) for entry in logged] == [
+        ("info", "mcp_notes", "hello from notes")
+    ], logged
 
     async with bridge_client(env) as client:  # a client that cannot be asked: declined, with the reason
         declined = await run_cell(

@@ -65,6 +65,13 @@ async def count_up(steps: int, ctx: Context) -> str:
     return "counted %d" % steps
 
 
+@server.tool(annotations=READ_ONLY)
+async def chatty(text: str, ctx: Context) -> str:
+    """Log `text` to the client (notifications/message), then answer."""
+    await ctx.info(text)
+    return "said"
+
+
 @server.resource("notes://index", mime_type="text/plain")
 def index() -> str:
     """The list of notes."""
