@@ -526,3 +526,25 @@ async def test_over_2026_07_28_the_call_asks_by_input_required_and_goes_on_after
         ("write_note", "c"),
         ("delete_note", "z"),
     ]
+
+
+async def test_a_call_that_answers_still_running_says_which_approval_it_waits_for(
+    engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    env, record = setup(tmp_path, state_dir, engine, bridge_respond_after="1")
+    asked, elicitation = user(choosing("allow_once", after=4))
+    async with bridge_client(env, elicitation=elicitation) as client:
+        warm = await run_cell(client, "mcp_notes.lookup(key='a')")  # the server is up: asked at once below
+        while warm["status"] == "running":  # a loaded machine may take a second to start it
+            warm = (await run_cell(client, "None")).get("earlier", warm)
+        assert warm["json"] == "note a", warm
+        first = await run_cell(client, "mcp_notes.write_note(key='late', text='x')")
+        assert first["status"] == "running", first
+        assert "waiting for the user to approve mcp_notes.write_note(" in first["detail"], first
+        for _ in range(15):  # each call waits up to 1 s for the code above, then runs its own
+            rest = await run_cell(client, "1")
+            if rest["status"] != "running":
+                break
+            assert "waiting for the user to approve" in rest["detail"], rest
+        assert rest["earlier"]["json"] == "wrote late" and rest["json"] == 1, rest
+    assert len(asked) == 1 and [call["arguments"]["key"] for call in received(record)] == ["a", "late"]
