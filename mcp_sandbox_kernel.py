@@ -3079,6 +3079,7 @@ class ExecutorHandle:
         self.last_words = ""  # the last error frame it sent, for the report if it dies
         self.loading: tuple[str, str] | None = None  # (name, digest) of the saved tool it defines now
         self.tools_done = False  # it said the code starts: no "loading" frame is heeded after that
+        self.reader: threading.Thread | None = None  # reads its frame pipe until end of file
 
     def sync_output(self) -> None:
         # Both markers first, then both waits: the pumps drain concurrently.
@@ -3173,9 +3174,10 @@ class Supervisor:
         handle = ExecutorHandle(process, channel, pumps)
         for pump in pumps:
             pump.start()
-        threading.Thread(
+        handle.reader = threading.Thread(
             target=self.read_executor, args=(handle,), name="executor-reader", daemon=True
-        ).start()
+        )
+        handle.reader.start()
         if not handle.hello.wait(EXECUTOR_START_TIMEOUT):
             raise RuntimeError("the executor did not start within %gs" % EXECUTOR_START_TIMEOUT)
         return handle
@@ -3212,6 +3214,10 @@ class Supervisor:
                 self.tasks.put(functools.partial(self.on_executor_died, child, status))
 
     def on_executor_died(self, handle: ExecutorHandle, status: int) -> None:
+        if handle.reader is not None:
+            # What it wrote before it died (its last words) may still be in the pipe: the
+            # reaper can be faster than the reader. Bounded: a child it left may hold the pipe.
+            handle.reader.join(timeout=1.0)
         reason = describe_exit(status, self.memory)
         if handle.last_words:
             reason += " (it reported: %s)" % handle.last_words
