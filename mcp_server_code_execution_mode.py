@@ -1247,22 +1247,57 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> BridgeConfig
     return config
 
 
-# When a call answers "still running" (the code goes on; the next call collects the rest),
-# by the calling client's clientInfo.name, unless MCP_BRIDGE_RESPOND_AFTER says otherwise.
-# Measured through the real CLIs (../shared/clients): Claude Code waits about 27.8 hours for
-# a tool over stdio (MCP_TOOL_TIMEOUT lowers it), and an early answer only costs its model a
-# turn: it gets the end. Codex waits 300 s (tool_timeout_sec): it gets 240. Claude Desktop
-# gives up at about 60 s: 45 for it and for any client not named here. A user who lowered
-# the client's own timeout sets MCP_BRIDGE_RESPOND_AFTER below it.
-CLIENT_RESPOND_AFTER: Mapping[str, float] = MappingProxyType({"claude-code": 0.0, "codex-mcp-client": 240.0})
-DEFAULT_RESPOND_AFTER = 45.0
+@dataclass(frozen=True)
+class ClientProfile:
+    """How one MCP client hands a run_python result to its model, and so what the bridge
+    sends it: by clientInfo.name (CLIENT_PROFILES). Measured through the real CLIs, driven
+    by a scripted model API that records what the model received (../shared/clients).
+
+    ``respond_after``: seconds before a "still running" answer (0: the end), unless
+    MCP_BRIDGE_RESPOND_AFTER says otherwise. ``structured``: send structuredContent beside
+    the text; a client that then shows the model only that JSON (escaped, the text
+    dropped) gets the text alone. ``error_images``: whether an isError result keeps its
+    images; where not, a failed run with images is sent without the flag (its text says
+    it failed). ``max_output_chars``: where the client cuts a result's text itself (in the
+    middle, marker and all): the bridge's own budget stays under it. ``attached_images``:
+    an image file from runtime.attach goes as an image block, not as an embedded resource
+    the client would hand the model as base64 text."""
+
+    respond_after: float = 45.0
+    structured: bool = True
+    error_images: bool = True
+    max_output_chars: int | None = None
+    attached_images: bool = False
+
+
+# Claude Code (2.1.197, 2.1.332): waits about 27.8 h for a tool over stdio (MCP_TOOL_TIMEOUT
+# lowers it), so it gets the end; shows the model JSON.stringify(structuredContent) instead
+# of the text when both are there; drops the images of an isError result. Codex (0.171.0):
+# waits 300 s (tool_timeout_sec); shows structuredContent as JSON, errors included; cuts a
+# text over about 12,000 characters in the middle; shows an embedded PNG as base64 text.
+# Everyone else: what the spec's reading gives (both forms), and 45 s: Claude Desktop gives
+# up at about 60. A user who lowered a client's timeout sets MCP_BRIDGE_RESPOND_AFTER below it.
+CLIENT_PROFILES: Mapping[str, ClientProfile] = MappingProxyType(
+    {
+        "claude-code": ClientProfile(respond_after=0.0, structured=False, error_images=False),
+        "codex-mcp-client": ClientProfile(
+            respond_after=240.0, structured=False, max_output_chars=10_000, attached_images=True
+        ),
+    }
+)
+DEFAULT_CLIENT = ClientProfile()
+
+
+def client_profile(client: str | None) -> ClientProfile:
+    """The profile of the client named ``client`` (clientInfo.name), or the default."""
+    return CLIENT_PROFILES.get(client or "", DEFAULT_CLIENT)
 
 
 def respond_after_for(config: BridgeConfig, client: str | None) -> float:
     """Seconds after which a call of ``client`` answers "still running" (0: at the end)."""
     if config.respond_after is not None:
         return config.respond_after
-    return CLIENT_RESPOND_AFTER.get(client or "", DEFAULT_RESPOND_AFTER)
+    return client_profile(client).respond_after
 
 
 def _matches(name: str, patterns: Sequence[str]) -> bool:
@@ -8598,26 +8633,34 @@ def keep_within(parts: Sequence[ExecutionOutcome], config: BridgeConfig, limit: 
 
 
 def render_outcome(
-    outcome: ExecutionOutcome, config: BridgeConfig, max_result_bytes: int | None = None
+    outcome: ExecutionOutcome,
+    config: BridgeConfig,
+    max_result_bytes: int | None = None,
+    client: ClientProfile = DEFAULT_CLIENT,
 ) -> types.CallToolResult:
-    """``max_result_bytes``: the most the result's JSON may take (over HTTP, see keep_within)."""
+    """The result for ``client`` (see ClientProfile); ``max_result_bytes``: the most the
+    result's JSON may take (over HTTP, see keep_within)."""
     parts = [outcome] if outcome.earlier is None else [outcome.earlier, outcome]
+    if client.max_output_chars is not None and client.max_output_chars < config.max_output_chars:
+        config = replace(config, max_output_chars=client.max_output_chars)
     if max_result_bytes is None:
-        return _render(parts, config)
+        return _render(parts, config, client)
     if any(part.images or part.attachments for part in parts):
         keep_within(parts, config, max_result_bytes)
-    result = _render(parts, config)
+    result = _render(parts, config, client)
     for _ in range(3):  # the text alone is over only with a large MCP_BRIDGE_MAX_OUTPUT
         size = _json_size(result)
         if size <= max_result_bytes:
             break
         smaller = max(1000, config.max_output_chars * max_result_bytes // size // 2)
         config = replace(config, max_output_chars=smaller)
-        result = _render(parts, config)
+        result = _render(parts, config, client)
     return result
 
 
-def _render(parts: Sequence[ExecutionOutcome], config: BridgeConfig) -> types.CallToolResult:
+def _render(
+    parts: Sequence[ExecutionOutcome], config: BridgeConfig, client: ClientProfile = DEFAULT_CLIENT
+) -> types.CallToolResult:
     outcome = parts[-1]
     fitted = [fit_output(part, config.max_output_chars // len(parts)) for part in parts]  # one budget
     blocks = []
@@ -8628,15 +8671,31 @@ def _render(parts: Sequence[ExecutionOutcome], config: BridgeConfig) -> types.Ca
         blocks += text
     images = [image for part in parts for image in part.images]
     attachments = [attachment for part in parts for attachment in part.attachments]
-    # Claude Code shows structuredContent instead of content when both are there, and so
-    # would drop images and files: a result with either has none.
+    # A client that reads structuredContent instead of content when both are there would
+    # drop images and files: a result with either has none (nor has one for a client
+    # that shows the model only that JSON: see ClientProfile).
     structured = None
-    if not images and not attachments:
+    if client.structured and not images and not attachments:
         structured = structured_result(outcome, fitted[-1])
         if outcome.earlier is not None:
             structured["earlier"] = structured_result(outcome.earlier, fitted[0])
+    if client.attached_images:
+        images += [image for attachment in attachments if (image := attached_image(attachment))]
+        attachments = [attachment for attachment in attachments if not attached_image(attachment)]
     # "running" is no error: the model calls again to wait for the rest.
-    return tool_result(blocks, structured, outcome.status not in ("ok", "running"), images, attachments)
+    failed = outcome.status not in ("ok", "running")
+    if failed and images and not client.error_images:
+        failed = False  # its text says it failed; the flag would cost the model the images
+    return tool_result(blocks, structured, failed, images, attachments)
+
+
+def attached_image(attachment: types.EmbeddedResource) -> tuple[str, str] | None:
+    """An attached file that is an image a model can see, as (mime type, base64 data)."""
+    resource = attachment.resource
+    mime_type = resource.mime_type or ""
+    if isinstance(resource, types.BlobResourceContents) and mime_type in IMAGE_TYPES:
+        return mime_type, resource.blob
+    return None
 
 
 def render_error(exc: BridgeError) -> types.CallToolResult:
@@ -8649,11 +8708,15 @@ def render_error(exc: BridgeError) -> types.CallToolResult:
 
 TOOL_NAME = "run_python"
 CAPABILITIES_URI = "resource://code-execution/capabilities"
+# Found by a deferred-tool search (Claude Code 2.1.3xx shows the model only the name until
+# it searches) for "run Python", "compute", "analyse data", "call my MCP tools from code".
 TOOL_DESCRIPTION = (
-    "Run Python in a persistent, network-less sandbox (top-level await; last expression shown). "
-    "MCP servers' tools are Python functions: runtime.search_tool_docs('task'), then "
+    "Run Python code to compute, analyse data or call your MCP tools as functions (persistent, "
+    "network-less sandbox; last expression shown): runtime.search_tool_docs('task'), then "
     "mcp_<server>.<tool>(arg=...). Manual: " + CAPABILITIES_URI
 )
+TOOL_TITLE = "Run Python"
+TOOL_LIST_TTL_MS = 24 * 3600 * 1000  # the tool never changes while the bridge runs
 
 CAPABILITIES_MANUAL = """\
 # run_python sandbox manual
@@ -8790,10 +8853,12 @@ def run_python_input_model(config: BridgeConfig) -> type[RunPythonInput]:
 def run_python_tool(config: BridgeConfig) -> types.Tool:
     return types.Tool(
         name=TOOL_NAME,
+        title=TOOL_TITLE,
         description=TOOL_DESCRIPTION,
         input_schema=_compact_schema(run_python_input_model(config).model_json_schema()),
-        # No annotations: proxied tools may write or reach the network, so the
-        # protocol's defaults (not read-only, possibly destructive, open world) are honest.
+        # No annotations: code may call proxied tools that write, delete or reach the
+        # network, which is what the protocol's defaults say (not read-only, destructive,
+        # not idempotent, open world); spelled out they would only cost every listing tokens.
     )
 
 
@@ -9150,7 +9215,10 @@ async def on_list_tools(
     ctx: ServerRequestContext[Bridge], params: types.PaginatedRequestParams | None
 ) -> types.ListToolsResult:
     page_start(params.cursor if params is not None else None)  # one page: a valid cursor lists it again
-    return types.ListToolsResult(tools=[ctx.lifespan_context.tool])
+    # The same for every caller, and fixed while the bridge runs: cacheable (2026-07-28).
+    return types.ListToolsResult(
+        tools=[ctx.lifespan_context.tool], ttl_ms=TOOL_LIST_TTL_MS, cache_scope="public"
+    )
 
 
 def call_progress(ctx: ServerRequestContext[Bridge]) -> CallProgress | None:
@@ -9251,7 +9319,8 @@ async def on_call_tool(
         if outcome.questions is not None:
             return input_required(*outcome.questions)
         http = bridge.config.transport == "http"
-        return render_outcome(outcome, bridge.config, HTTP_MAX_RESULT_BYTES if http else None)
+        limit = HTTP_MAX_RESULT_BYTES if http else None
+        return render_outcome(outcome, bridge.config, limit, client_profile(request.client_name))
     except BridgeError as exc:
         return render_error(exc)
     except Exception as exc:  # a bug of ours: one failed call, rendered for the model, never a dead server

@@ -480,7 +480,11 @@ def test_tools_list_answer_stays_under_200_tokens() -> None:
 
     from anthropic_tokenizer import count_tokens
 
-    listing = types.ListToolsResult(tools=[bridge.run_python_tool(bridge.BridgeConfig())])
+    listing = types.ListToolsResult(
+        tools=[bridge.run_python_tool(bridge.BridgeConfig())],
+        ttl_ms=bridge.TOOL_LIST_TTL_MS,
+        cache_scope="public",
+    )
     text = json.dumps(
         listing.model_dump(by_alias=True, exclude_none=True, mode="json"), separators=(",", ":")
     )
@@ -582,3 +586,59 @@ def test_an_http_result_stays_under_the_transport_limit_even_with_a_large_output
     assert size <= bridge.HTTP_MAX_RESULT_BYTES, size
     assert "characters of stdout cut" in result.content[-1].text  # type: ignore[union-attr]
     assert len(bridge.render_outcome(outcome, config).model_dump_json()) > 6_000_000  # stdio: as set
+
+
+# --- a result shaped for the client that reads it (ClientProfile) ---------------------------
+
+PIXEL_B64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjCB0C8AAAAASUVORK5CYII="
+
+
+def png_attachment() -> types.EmbeddedResource:
+    return types.EmbeddedResource(
+        resource=types.BlobResourceContents(
+            uri="file:///workspace/p.png", mime_type="image/png", blob=PIXEL_B64
+        )
+    )
+
+
+def test_each_measured_client_gets_the_text_once_and_others_get_both_forms() -> None:
+    outcome = ExecutionOutcome(status="ok", stdout="hi\n", value="42", value_json=42)
+    default = render_outcome(outcome, CONFIG)
+    assert default.structured_content is not None and "hi" in bridge_text(default)
+    for name in ("claude-code", "codex-mcp-client"):
+        shaped = render_outcome(outcome, CONFIG, client=bridge.client_profile(name))
+        # These clients would show the model only the JSON (escaped, the text dropped): text alone.
+        assert shaped.structured_content is None and bridge_text(shaped) == bridge_text(default), name
+    assert bridge.client_profile("somebody-else") is bridge.DEFAULT_CLIENT is bridge.client_profile(None)
+
+
+def test_a_failed_run_keeps_its_plot_where_the_client_drops_the_images_of_errors() -> None:
+    error: mcp_sandbox_kernel.ErrorInfo = {
+        "type": "ZeroDivisionError",
+        "message": "division by zero",
+        "traceback": "Traceback (most recent call last):\nZeroDivisionError: division by zero\n",
+    }
+    outcome = ExecutionOutcome(status="error", error=error, images=[("image/png", PIXEL_B64)])
+    claude_code = bridge.client_profile("claude-code")
+    claude = render_outcome(outcome, CONFIG, client=claude_code)
+    assert not claude.is_error and "ZeroDivisionError: division by zero" in bridge_text(claude)
+    assert [block.type for block in claude.content][-1] == "image"
+    assert render_outcome(outcome, CONFIG).is_error  # a client that keeps them keeps the flag too
+    assert render_outcome(ExecutionOutcome(status="error", error=error), CONFIG, client=claude_code).is_error
+
+
+def test_codex_gets_output_under_its_own_cut_and_attached_images_as_images() -> None:
+    codex = bridge.client_profile("codex-mcp-client")
+    long = ExecutionOutcome(status="ok", stdout="y" * 50_000)
+    text = bridge_text(render_outcome(long, BridgeConfig(), client=codex))
+    assert len(text) < 11_000 and "characters of stdout cut" in text  # the marker stays visible
+    attached = ExecutionOutcome(
+        status="ok", value="'file:///workspace/p.png'", attachments=[png_attachment()]
+    )
+    shaped = render_outcome(attached, CONFIG, client=codex)
+    assert [block.type for block in shaped.content] == ["text", "image"]
+    assert [block.type for block in render_outcome(attached, CONFIG).content] == ["text", "resource"]
+
+
+def bridge_text(result: types.CallToolResult) -> str:
+    return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
