@@ -889,7 +889,7 @@ OPTIONS: tuple[Option, ...] = (
         "allow_tools_without_asking",
         "MCP_BRIDGE_ALLOW_TOOLS_WITHOUT_ASKING",
         _tool_patterns,
-        "server.tool patterns that never ask (MCP_BRIDGE_DENY_TOOLS still wins)",
+        "server.tool patterns that never ask (MCP_BRIDGE_APPROVE_TOOLS and MCP_BRIDGE_DENY_TOOLS still win)",
         "none",
     ),
     Option(
@@ -1328,10 +1328,10 @@ def approval_reason(server: str, tool: str, read_only: bool, config: BridgeConfi
     does not. ``read_only``: the tool's annotations say readOnlyHint true (MCP's default
     for a tool without annotations is that it may change things)."""
     qualified = "%s.%s" % (server, tool)
+    if _matches(qualified, config.approve_tools):  # the safe side wins where both match
+        return "it matches MCP_BRIDGE_APPROVE_TOOLS"
     if _matches(qualified, config.allow_tools_without_asking):
         return None
-    if _matches(qualified, config.approve_tools):
-        return "it matches MCP_BRIDGE_APPROVE_TOOLS"
     if config.approve == "all":
         return "MCP_BRIDGE_APPROVE=all asks before every tool call"
     if config.approve == "writes" and not read_only:
@@ -3258,11 +3258,18 @@ async def list_all_resources(session: ClientSession) -> dict[str, Any]:
         cursor = page.next_cursor
         if not cursor:
             break
+    from mcp.shared.exceptions import MCPError as McpProtocolError
+
     cursor = None
     for _ in range(MAX_LIST_PAGES):
-        listed = await session.list_resource_templates(
-            params=types.PaginatedRequestParams(cursor=cursor) if cursor else None
-        )
+        try:
+            listed = await session.list_resource_templates(
+                params=types.PaginatedRequestParams(cursor=cursor) if cursor else None
+            )
+        except McpProtocolError as exc:
+            if exc.code != types.METHOD_NOT_FOUND:
+                raise
+            break  # a server may offer resources without templates
         templates.extend(listed.resource_templates)
         cursor = listed.next_cursor
         if not cursor:
@@ -4065,10 +4072,14 @@ class PooledClient:
             if listener is not None:
                 self.calls_in_flight.remove(listener)
 
-    async def request(self, method: str, send: Callable[[ClientSession], Awaitable[_Result]]) -> _Result:
+    async def request(
+        self, method: str, send: Callable[[ClientSession], Awaitable[_Result]], listener: CallListener
+    ) -> _Result:
         """Any other request (``method``, e.g. resources/read) that ``send`` makes of the
-        server, within MCP_BRIDGE_TOOL_TIMEOUT, its failures told as call_tool's are."""
+        server, within MCP_BRIDGE_TOOL_TIMEOUT, its failures told as call_tool's are;
+        ``listener`` hears what the server says meanwhile, as for a tool call."""
         session = await self.ensure_running()
+        self.calls_in_flight.append(listener)
         try:
             with anyio.fail_after(self.config.tool_timeout):
                 return await send(session)
@@ -4077,6 +4088,8 @@ class PooledClient:
             if error is None:
                 raise
             raise error from None
+        finally:
+            self.calls_in_flight.remove(listener)
 
     def _request_error(
         self, session: ClientSession, exc: Exception, request: str, hint: str = ""
@@ -5754,12 +5767,22 @@ class ParkedQuestion:
     digest: str | None
     answered: anyio.Event = field(default_factory=anyio.Event)
     answer: types.ElicitResult | None = None
-    bound_to: str | None = None  # the digest the retry's state names for this key
+    bound_to: str | None = None  # the digest the answer is for (a retry's state names it)
+    failure: str | None = None  # why it could not reach the user, when it could not
     sent: bool = False
 
 
+class Elicitor(Protocol):
+    """A client that can show its user a question (ClientQuestions)."""
+
+    async def ask(self, params: types.ElicitRequestParams) -> types.ElicitResult: ...
+
+
 class QuestionDesk:
-    """The questions of one execute that wait for a round trip (see RoundTripQuestions)."""
+    """The questions of one execute's code, parked until a run_python call that waits for
+    it can carry them to its user: as elicitations (pump) or, over 2026-07-28, in an
+    input_required result (take_unsent). A question asked while no call waits (after a
+    "still running" answer) waits for the next call."""
 
     def __init__(self) -> None:
         self.waiting: dict[str, ParkedQuestion] = {}
@@ -5786,6 +5809,24 @@ class QuestionDesk:
         self.arrived = anyio.Event()  # the next question to park wakes the next wait
         return unsent
 
+    async def pump(self, client: Elicitor, start: Callable[..., object]) -> None:
+        """While the call of ``client`` waits: send every question through it as it parks,
+        each in a task that ``start`` starts (it outlives the call: an answer may come
+        after the call answered "still running")."""
+        while True:
+            for question in self.take_unsent():
+                start(self._ask, client, question)
+            await self.arrived.wait()
+
+    async def _ask(self, client: Elicitor, question: ParkedQuestion) -> None:
+        try:
+            answer = await client.ask(question.params)
+        except Exception as exc:  # the client refused or went away: a denial, with the reason
+            question.failure = _describe_exception(exc)
+        else:
+            question.answer, question.bound_to = answer, question.digest
+        question.answered.set()
+
     def deliver(self, answers: Mapping[str, types.ElicitResult], digests: Mapping[str, str | None]) -> int:
         """A retry's answers, each to the question of its key (``digests``: what the
         retry's sealed state says each key is about); how many found their question."""
@@ -5800,9 +5841,9 @@ class QuestionDesk:
         return found
 
 
-class RoundTripQuestions:
-    """UserQuestions over 2026-07-28: each question parks on the execute's desk and the
-    waiting run_python call ends with input_required; the client's retry answers it."""
+class ParkedQuestions:
+    """UserQuestions through the execute's QuestionDesk: each question waits there for the
+    run_python call that carries it to the user (see QuestionDesk)."""
 
     def __init__(self, desk: QuestionDesk) -> None:
         self.desk = desk
@@ -5812,15 +5853,19 @@ class RoundTripQuestions:
         question = await self.desk.ask(
             types.ElicitRequestFormParams(message=message, requested_schema=schema), call.digest
         )
-        assert question.answer is not None
-        # The retry's state names the call each key was asked about: never another's answer.
+        if question.failure is not None or question.answer is None:
+            return ApprovalAnswer(
+                call.digest, None, "the request could not reach the user (%s)" % question.failure
+            )
+        # A retry's state names the call each key was asked about: never another's answer.
         digest = call.digest if question.bound_to == call.digest else "another call"
         return approval_answer(question.answer, digest)
 
     async def relay(self, server: str, params: types.ElicitRequestParams) -> types.ElicitResult:
         said = "MCP server %r (called by code in run_python) asks: %s" % (server, params.message)
         question = await self.desk.ask(params.model_copy(update={"message": said}), None)
-        assert question.answer is not None
+        if question.failure is not None or question.answer is None:
+            raise ProxyError(str(question.failure))
         return question.answer
 
 
@@ -5877,14 +5922,12 @@ class CallLog:
     def _append(self, line: bytes) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            fd = self._open_locked()
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                if os.fstat(fd).st_size + len(line) > CALL_LOG_MAX_BYTES and self.path.exists():
+                if os.fstat(fd).st_size + len(line) > CALL_LOG_MAX_BYTES:
                     os.replace(self.path, self.path.with_name(CALL_LOG_FILENAME + ".1"))
                     os.close(fd)
-                    fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    fd = self._open_locked()
                 os.write(fd, line)
             finally:
                 os.close(fd)
@@ -5892,6 +5935,21 @@ class CallLog:
             if not self.failed:
                 self.failed = True
                 logger.warning("the call log %s cannot be written: %s", self.path, exc)
+
+    def _open_locked(self) -> int:
+        """The log file, open for appending under an exclusive flock. Another bridge may
+        have moved it to calls.jsonl.1 while this one waited for the lock: then the file
+        at the path is opened again, so nothing rotates twice."""
+        while True:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                return fd
+            os.close(fd)
 
 
 def read_call_log(state_dir: Path) -> Iterator[dict[str, Any]]:
@@ -6346,7 +6404,7 @@ class SandboxAPI:
             )
         call = proxied_call(self.principal, run.session_name, spec, method, arguments)
         reason = approval_reason(spec.name, method, True, self.config)
-        return await self._logged(call, run, reason, lambda: client.request(method, send))
+        return await self._logged(call, run, reason, lambda: client.request(method, send, run))
 
     def _call_of(
         self, session_name: str, spec: ServerSpec, tool: types.Tool, arguments: Mapping[str, object]
@@ -6369,6 +6427,7 @@ class SandboxAPI:
         error: str | None = "cancelled: the run_python call ended"
         try:
             if reason is not None:
+                decision = "cancelled while asking the user"
                 decision = await run.approve(call, reason)  # ApprovalDeniedError: not sent
             payload, size = await self._off_loop(result_payload, await send())
             if size > self.config.max_tool_result_bytes:
@@ -6384,6 +6443,9 @@ class SandboxAPI:
             raise
         except BridgeError as exc:
             error = str(exc)
+            raise
+        except Exception as exc:  # a bug of ours: the call still has its line
+            error = "internal error: %s" % _describe_exception(exc)
             raise
         finally:
             self.call_log.record(call, decision, started, size, error, payload)
@@ -7683,7 +7745,7 @@ class RunRequest:
     client_name: str | None = None  # clientInfo.name from the client's initialize, if it said one
     progress: CallProgress | None = None  # None: the client asked for no progress
     server_log: ServerLog | None = None  # where proxied servers' log messages go
-    asker: UserQuestions | None = None  # None: the client cannot ask its user (no elicitation)
+    asker: Elicitor | None = None  # None: no elicitation (round_trip, or it cannot ask its user)
     # The client speaks 2026-07-28: questions end the call with input_required (its retry answers).
     round_trip: bool = False
     resume: Resume | None = None  # a retry that answers them: go on with that code
@@ -7722,23 +7784,33 @@ class RunningCode:
         self.request = request  # "still running after" counts from its arrival
         self.pending = PendingExecute(secrets.token_hex(8), sandbox.config.max_output_chars)
         self.pending.server_log = request.server_log
-        self.pending.asker = RoundTripQuestions(self.pending.parked) if request.round_trip else request.asker
+        self.pending.asker = self._questions(request)
         self.scope = anyio.CancelScope()
         self.finished = anyio.Event()
         self.outcome: ExecutionOutcome | None = None
         self.failure: Exception | None = None
         self.shown = {"stdout": 0, "stderr": 0}  # characters already returned by "still running"
+        self.asking: anyio.abc.TaskGroup | None = None  # where questions are sent (see run)
 
-    async def run(self) -> None:
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run the code; the questions it asks are sent in ``self.asking``, which lasts as
+        long as the code: one sent by a call that then answered "still running" can still
+        be answered."""
         request = self.request
         try:
             with self.scope:
-                try:
-                    self.outcome = await self.sandbox.execute(
-                        request.code, request.timeout, pending=self.pending, saved_tools=request.saved_tools
-                    )
-                except Exception as exc:  # re-raised to the call that waits for it
-                    self.failure = exc
+                async with anyio.create_task_group() as self.asking:
+                    task_status.started()
+                    try:
+                        self.outcome = await self.sandbox.execute(
+                            request.code,
+                            request.timeout,
+                            pending=self.pending,
+                            saved_tools=request.saved_tools,
+                        )
+                    except Exception as exc:  # re-raised to the call that waits for it
+                        self.failure = exc
+                    self.asking.cancel_scope.cancel()  # the code has ended: its questions are moot
         finally:  # also when the whole task group is cancelled (shutdown): nobody waits forever
             self.finished.set()
 
@@ -7748,13 +7820,19 @@ class RunningCode:
         asked for approvals from then on. A cancelled wait stops it."""
         self.pending.progress, self.pending.server_log = request.progress, request.server_log
         parked = self.pending.parked
-        self.pending.asker = RoundTripQuestions(parked) if request.round_trip else request.asker
+        self.pending.asker = self._questions(request)
         try:
-            with anyio.move_on_after(seconds or math.inf):
-                if request.round_trip:  # a question ends the wait: the call carries it to the client
-                    await _first_of(self.finished, parked.arrived)
-                else:
-                    await self.finished.wait()
+            async with anyio.create_task_group() as pump:
+                if request.asker is not None and self.asking is not None:
+                    # The code's questions go to this call's user, each sent for as long as
+                    # the code runs; those it asks after this call ends wait for the next one.
+                    pump.start_soon(parked.pump, request.asker, self.asking.start_soon)
+                with anyio.move_on_after(seconds or math.inf):
+                    if request.round_trip:  # a question ends the wait: the call carries it
+                        await _first_of(self.finished, parked.arrived)
+                    else:
+                        await self.finished.wait()
+                pump.cancel_scope.cancel()
         except anyio.get_cancelled_exc_class():
             self.scope.cancel()
             with anyio.CancelScope(shield=True):
@@ -7764,6 +7842,12 @@ class RunningCode:
             if not self.finished.is_set():
                 self.pending.progress = None
         return self.finished.is_set()
+
+    def _questions(self, request: RunRequest) -> UserQuestions | None:
+        """How the code's questions reach the user from now on: parked for the calls that
+        wait (this one first), or None when this call's client cannot ask its user."""
+        can_ask = request.round_trip or request.asker is not None
+        return ParkedQuestions(self.pending.parked) if can_ask else None
 
     def new_output(self) -> dict[str, str]:
         """What the code printed since the last "still running" answer."""
@@ -7784,10 +7868,13 @@ class RunningCode:
             notices=[*outcome.notices, *notices],
         )
 
-    def still_running(self, waited_for_earlier: bool) -> ExecutionOutcome:
+    def still_running(self, waited_for_earlier: bool, round_trip: bool = False) -> ExecutionOutcome:
+        """The answer of a call that stops waiting before the code ends; ``round_trip``:
+        its client speaks 2026-07-28, and the code's questions (if any) go in it instead,
+        the output so far kept for a later answer."""
         elapsed = time.monotonic() - self.request.arrived
-        output = self.new_output()
-        unsent = self.pending.parked.take_unsent()
+        unsent = self.pending.parked.take_unsent() if round_trip else []
+        output = self.new_output() if not unsent else {"stdout": "", "stderr": ""}
         detail = (
             "Still running after %.0fs (its timeout of %gs still applies). Call run_python again to wait "
             "for the rest of its output and its result (any code; it runs once this code has ended), "
@@ -7817,6 +7904,10 @@ class RunningCode:
         )
 
 
+NOT_RUN_WHILE_ASKING = (
+    "Your code was not run: the code of an earlier call was still running, and what the user was "
+    "asked came from it. Call run_python again to run yours."
+)
 BUSY = (
     "Your code was not run: other run_python calls are still using the sandbox (calls run one at a "
     "time). Call run_python again to wait for your turn."
@@ -7989,7 +8080,10 @@ class SandboxKeeper:
             notices += await self._stop_for_reset(self.running)
         elif self.running is not None:
             if not await self.running.wait(self._left(request), request):
-                return Reply(self.running.still_running(waited_for_earlier=True))
+                waiting = self.running.still_running(waited_for_earlier=True, round_trip=request.round_trip)
+                if waiting.questions is not None:  # said when the questions' retry ends
+                    self.held_notices = [*notices, NOT_RUN_WHILE_ASKING]
+                return Reply(waiting)
             # Kept on the keeper until a call returns it: a failure of this call's own
             # code (a sandbox that cannot start) must not lose it.
             self.unreported = await self._finish(self.running)
@@ -8007,14 +8101,22 @@ class SandboxKeeper:
         notices += started
         running = RunningCode(sandbox, request)
         self.running = running
-        self.task_group.start_soon(running.run)
+        await self.task_group.start(running.run)
         if await running.wait(self._left(request), request):
             outcome = await self._finish(running)
             assert outcome is not None  # only a cancelled wait stops it, and that raised
         else:
-            outcome = running.still_running(waited_for_earlier=False)
-        earlier, self.unreported = self.unreported, None
+            outcome = running.still_running(waited_for_earlier=False, round_trip=request.round_trip)
         self.last_used = time.monotonic()
+        return self._reply(outcome, notices)
+
+    def _reply(self, outcome: ExecutionOutcome, notices: list[str]) -> Reply:
+        """The call's reply; one that ends to ask (input_required) carries nothing else, so
+        its notices and the end of earlier code wait for the call that goes on."""
+        if outcome.questions is not None:
+            self.held_notices = [*notices, *self.held_notices]
+            return Reply(outcome)
+        earlier, self.unreported = self.unreported, None
         return Reply(outcome, notices, earlier)
 
     async def _resume(self, request: RunRequest, resume: Resume) -> Reply:
@@ -8032,9 +8134,10 @@ class SandboxKeeper:
             outcome = await self._finish(running)
             assert outcome is not None  # only a cancelled wait stops it, and that raised
         else:
-            outcome = running.still_running(waited_for_earlier=False)
+            outcome = running.still_running(waited_for_earlier=False, round_trip=True)
         self.last_used = time.monotonic()
-        return Reply(outcome)
+        notices, self.held_notices = self.held_notices, []
+        return self._reply(outcome, notices)
 
     async def _stop_for_reset(self, running: RunningCode) -> list[str]:
         """Stop the code an earlier call left running (its end kept when it had ended)."""
@@ -9096,26 +9199,22 @@ def client_name(ctx: ServerRequestContext[Bridge]) -> str | None:
 
 
 class ClientQuestions:
-    """UserQuestions through the client of one run_python call: elicitations sent as part
-    of that call, so over HTTP they reach only this principal's client."""
+    """An Elicitor: the client of one run_python call, whose elicitations are sent as part
+    of that call (so over HTTP they reach only this principal's client, on a stream that
+    is open while the call waits)."""
 
     def __init__(self, ctx: ServerRequestContext[Bridge], url_mode: bool) -> None:
         self.session = ctx.session
         self.related = ctx.request_id
         self.url_mode = url_mode  # the client declared URL-mode elicitation too
 
-    async def approve(self, call: ProxiedCall, reason: str) -> ApprovalAnswer:
-        message, schema = approval_request(call, reason)
-        return approval_answer(await self.session.elicit_form(message, schema, self.related), call.digest)
-
-    async def relay(self, server: str, params: types.ElicitRequestParams) -> types.ElicitResult:
-        said = "MCP server %r (called by code in run_python) asks: %s" % (server, params.message)
+    async def ask(self, params: types.ElicitRequestParams) -> types.ElicitResult:
         if isinstance(params, types.ElicitRequestURLParams):
             if not self.url_mode:
-                return types.ElicitResult(action="decline")
+                raise ProxyError("this client cannot open a link (it declared no URL-mode elicitation)")
             elicitation_id = params.elicitation_id or secrets.token_hex(8)
-            return await self.session.elicit_url(said, params.url, elicitation_id, self.related)
-        return await self.session.elicit_form(said, params.requested_schema, self.related)
+            return await self.session.elicit_url(params.message, params.url, elicitation_id, self.related)
+        return await self.session.elicit_form(params.message, params.requested_schema, self.related)
 
 
 def client_questions(ctx: ServerRequestContext[Bridge]) -> ClientQuestions | None:
@@ -10495,6 +10594,19 @@ def calls_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     """The ``calls`` subcommand: the call log, filtered, as a table or JSON lines."""
     args = build_calls_parser().parse_args(list(argv))  # a bad command line: usage, status 2
     config = load_config(["--state-dir=%s" % args.state_dir] if "state_dir" in args else [], environ)
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(encoding="utf-8")  # JSON's encoding, whatever the locale's
+    try:
+        _print_calls(config, args)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (`... | head`): stop quietly
+        with suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return 0
+
+
+def _print_calls(config: BridgeConfig, args: argparse.Namespace) -> None:
     shown = 0
     for entry in read_call_log(config.state_dir):
         when = _call_time(entry)
@@ -10526,7 +10638,6 @@ def calls_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     if not shown and not args.json:
         where = config.state_dir / CALL_LOG_FILENAME
         print("no proxied calls in %s%s" % (where, " that match" if args.server or args.since else ""))
-    return 0
 
 
 def _store_command(

@@ -43,9 +43,9 @@ def test_writes_ask_unless_read_only_and_patterns_refine_it() -> None:
     refined = config(approve_tools=("notes.lookup",), allow_tools_without_asking=("notes.write_*",))
     assert "MCP_BRIDGE_APPROVE_TOOLS" in (bridge.approval_reason("notes", "lookup", True, refined) or "")
     assert bridge.approval_reason("notes", "write_note", False, refined) is None
-    # Never asking wins over always asking: the narrower intent of the two is the user's to write.
+    # Where both match, asking wins: the safe side.
     both = config(approve_tools=("notes.*",), allow_tools_without_asking=("notes.write_note",))
-    assert bridge.approval_reason("notes", "write_note", False, both) is None
+    assert "MCP_BRIDGE_APPROVE_TOOLS" in (bridge.approval_reason("notes", "write_note", False, both) or "")
 
 
 def test_the_policy_settings_are_validated_and_typos_are_reported() -> None:
@@ -353,3 +353,32 @@ def test_only_a_client_that_declared_form_elicitation_is_asked(
     assert (questions is not None) == asks
     if questions is not None:
         assert questions.url_mode == url and questions.related == 7
+
+
+def test_a_log_another_bridge_rotated_meanwhile_is_opened_again_not_rotated_twice(tmp_path: Path) -> None:
+    log = bridge.CallLog(config(state_dir=tmp_path))
+    log.record(a_call(), "not asked", time.monotonic())
+    held = os.open(tmp_path / "calls.jsonl", os.O_WRONLY | os.O_APPEND)  # as a bridge that waits for the lock
+    os.replace(tmp_path / "calls.jsonl", tmp_path / "calls.jsonl.1")  # another bridge rotates
+    fd = log._open_locked()
+    try:
+        assert os.fstat(fd).st_ino == os.stat(tmp_path / "calls.jsonl").st_ino != os.fstat(held).st_ino
+    finally:
+        os.close(fd)
+        os.close(held)
+    log.record(a_call(key="b"), "not asked", time.monotonic())
+    assert len(list(bridge.read_call_log(tmp_path))) == 2  # one in each file, none lost
+
+
+async def test_a_server_with_resources_but_no_templates_still_lists_its_resources() -> None:
+    from mcp.shared.exceptions import MCPError as McpProtocolError
+
+    class Session:
+        async def list_resources(self, params: object = None) -> types.ListResourcesResult:
+            return types.ListResourcesResult(resources=[types.Resource(uri="x://a", name="a")])
+
+        async def list_resource_templates(self, params: object = None) -> types.ListResourceTemplatesResult:
+            raise McpProtocolError(code=types.METHOD_NOT_FOUND, message="Method not found")
+
+    listed = await bridge.list_all_resources(Session())  # type: ignore[arg-type]
+    assert listed == {"resources": [{"uri": "x://a", "name": "a"}], "resourceTemplates": []}

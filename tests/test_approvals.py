@@ -463,9 +463,12 @@ async def test_over_2026_07_28_the_call_asks_by_input_required_and_goes_on_after
     asked, elicitation = user(answer)
     async with modern_bridge_client(env, elicitation) as client:
         assert client.protocol_version == "2026-07-28"
-        code = "n = 1\nwritten = mcp_notes.write_note(key='a', text='x')\nn += 1\n[written, n]"
+        code = (
+            "print('before')\nn = 1\nwritten = mcp_notes.write_note(key='a', text='x')\nn += 1\n[written, n]"
+        )
         done = await client.call_tool("run_python", {"code": code})
         assert done.structured_content["value"] == ["wrote a", 2], done  # the code went on, state intact
+        assert done.structured_content["stdout"] == "before\n", done  # printed before the question: kept
         assert len(asked) == 1 and 'mcp_notes.write_note({"key":"a","text":"x"})' in asked[0].message
         denied = await client.call_tool(
             "run_python",
@@ -545,6 +548,37 @@ async def test_a_call_that_answers_still_running_says_which_approval_it_waits_fo
             rest = await run_cell(client, "1")
             if rest["status"] != "running":
                 break
-            assert "waiting for the user to approve" in rest["detail"], rest
         assert rest["earlier"]["json"] == "wrote late" and rest["json"] == 1, rest
     assert len(asked) == 1 and [call["arguments"]["key"] for call in received(record)] == ["a", "late"]
+
+
+async def test_a_question_asked_while_no_call_waits_goes_to_the_next_call(
+    engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    env, record = setup(tmp_path, state_dir, engine, bridge_respond_after="1")
+    asked_at: list[float] = []
+
+    async def answer(params: types.ElicitRequestFormParams) -> types.ElicitResult:
+        asked_at.append(time.monotonic())
+        return types.ElicitResult(action="accept", content={"decision": "allow_once"})
+
+    _, elicitation = user(answer)
+    async with bridge_client(env, elicitation=elicitation) as client:
+        warm = await run_cell(client, "mcp_notes.lookup(key='a')")
+        while warm["status"] == "running":  # a loaded machine may take a second to start it
+            warm = (await run_cell(client, "None")).get("earlier", warm)
+        first = await run_cell(
+            client, "import time\ntime.sleep(3)\nmcp_notes.write_note(key='later', text='x')"
+        )
+        assert first["status"] == "running" and asked_at == [], first  # answered before the code asked
+        await anyio.sleep(4)  # the code asks now, while no call waits: the question is kept
+        assert asked_at == []
+        second_started = time.monotonic()
+        rest = await run_cell(client, "2")
+        for _ in range(10):
+            if rest["status"] != "running":
+                break
+            rest = await run_cell(client, "2")
+        assert rest["earlier"]["json"] == "wrote later" and rest["json"] == 2, rest
+        assert len(asked_at) == 1 and asked_at[0] >= second_started  # through the call that waited
+    assert [call["arguments"]["key"] for call in received(record)] == ["a", "later"]
