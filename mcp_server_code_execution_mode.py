@@ -1272,14 +1272,17 @@ class ClientProfile:
 
 # Claude Code (2.1.197, 2.1.332): waits about 27.8 h for a tool over stdio (MCP_TOOL_TIMEOUT
 # lowers it), so it gets the end; shows the model JSON.stringify(structuredContent) instead
-# of the text when both are there; drops the images of an isError result. Codex (0.171.0):
+# of the text when both are there; drops the images of an isError result; shows an embedded
+# image as an image after an empty "[Resource from ...]" text. Codex (0.171.0):
 # waits 300 s (tool_timeout_sec); shows structuredContent as JSON, errors included; cuts a
 # text over about 12,000 characters in the middle; shows an embedded PNG as base64 text.
 # Everyone else: what the spec's reading gives (both forms), and 45 s: Claude Desktop gives
 # up at about 60. A user who lowered a client's timeout sets MCP_BRIDGE_RESPOND_AFTER below it.
 CLIENT_PROFILES: Mapping[str, ClientProfile] = MappingProxyType(
     {
-        "claude-code": ClientProfile(respond_after=0.0, structured=False, error_images=False),
+        "claude-code": ClientProfile(
+            respond_after=0.0, structured=False, error_images=False, attached_images=True
+        ),
         "codex-mcp-client": ClientProfile(
             respond_after=240.0, structured=False, max_output_chars=10_000, attached_images=True
         ),
@@ -9800,13 +9803,18 @@ async def serve(config: BridgeConfig, discovery: DiscoveryResult) -> None:
             async with open_bridge(config, discovery) as bridge:
 
                 async def stop_on_signal() -> None:
+                    # The receiver stays open until the bridge is gone: Claude Code sends
+                    # SIGINT, then SIGTERM 100 ms later, and the second must not kill the
+                    # bridge half-way through removing the sandbox.
                     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                         async for signum in signals:
+                            if run_scope.cancel_called:
+                                logger.info("received signal %d; already shutting down", signum)
+                                continue
                             logger.info("received signal %d; shutting down", signum)
                             await bridge.sandboxes.begin_shutdown(grace=1.0)
                             await anyio.sleep(0.05)  # lets the SDK's writer flush those answers
                             run_scope.cancel()
-                            return
 
                 group.start_soon(stop_on_signal)
                 server = build_server(bridge)

@@ -96,6 +96,26 @@ prepare_tools() {
     mkdir -p .cache/mcp-servers
     npm install --prefix .cache/mcp-servers --no-audit --no-fund --silent "${NPM_SERVERS[@]}" >/dev/null
   fi
+  # --- real MCP clients at pinned versions, for tests/test_real_clients.py ---------------
+  # (the test reads the versions from here). Claude Code's postinstall copies the platform's
+  # native binary over bin/claude.exe; where install scripts do not run, copy it here.
+  NPM_CLIENTS=(@anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0)
+  clients_pinned=1
+  for spec in "${NPM_CLIENTS[@]}"; do  # the version each package.json says, against the pin
+    grep -qs "\"version\": \"${spec##*@}\"" ".cache/clients/node_modules/${spec%@*}/package.json" || clients_pinned=0
+  done
+  if [ "$clients_pinned" = 0 ] || [ ! -x .cache/clients/node_modules/.bin/claude ] \
+     || [ ! -x .cache/clients/node_modules/.bin/codex ]; then
+    log "installing ${NPM_CLIENTS[*]} into .cache/clients"
+    mkdir -p .cache/clients
+    npm install --prefix .cache/clients --no-audit --no-fund --silent "${NPM_CLIENTS[@]}" >/dev/null
+    claude_exe=.cache/clients/node_modules/@anthropic-ai/claude-code/bin/claude.exe
+    for native in .cache/clients/node_modules/@anthropic-ai/claude-code-linux-*/claude; do
+      if [ -f "$native" ] && ! "$claude_exe" --version >/dev/null 2>&1; then
+        cp -f "$native" "$claude_exe" && chmod +x "$claude_exe"
+      fi
+    done
+  fi
 }
 prepare_tools &
 tools_pid=$!
