@@ -3231,52 +3231,49 @@ def _is_transport_failure(exc: BaseException) -> bool:
     return all(isinstance(leaf, _TRANSPORT_FAILURES) for leaf in _leaves(exc))
 
 
-async def list_all_tools(session: ClientSession) -> list[types.Tool]:
-    """Every tool of a server, following tools/list pagination."""
-    tools: list[types.Tool] = []
+MAX_LIST_PAGES = 100  # pages of a */list followed (a server could page forever)
+
+
+class _Page(Protocol):
+    @property
+    def next_cursor(self) -> str | None: ...
+
+
+_PageT = TypeVar("_PageT", bound=_Page)
+_Item = TypeVar("_Item")
+
+
+async def all_pages(
+    list_page: Callable[..., Awaitable[_PageT]], items_of: Callable[[_PageT], Sequence[_Item]]
+) -> list[_Item]:
+    """Every item of a paginated */list (``list_page(params=...)``), up to MAX_LIST_PAGES."""
+    items: list[_Item] = []
     cursor: str | None = None
-    while True:
-        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-        page = await session.list_tools(params=params)
-        tools.extend(page.tools)
+    for _ in range(MAX_LIST_PAGES):
+        page = await list_page(params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
+        items.extend(items_of(page))
         cursor = page.next_cursor
         if not cursor:
-            return tools
+            break
+    return items
 
 
-MAX_LIST_PAGES = 100  # pages of resources/list or prompts/list followed (a server could page forever)
+async def list_all_tools(session: ClientSession) -> list[types.Tool]:
+    """Every tool of a server, following tools/list pagination."""
+    return await all_pages(session.list_tools, lambda page: page.tools)
 
 
 async def list_all_resources(session: ClientSession) -> dict[str, Any]:
-    """A server's resources and templates (runtime.list_resources), following pagination
-    (up to MAX_LIST_PAGES each)."""
-    resources: list[types.Resource] = []
-    templates: list[types.ResourceTemplate] = []
-    cursor: str | None = None
-    for _ in range(MAX_LIST_PAGES):
-        page = await session.list_resources(
-            params=types.PaginatedRequestParams(cursor=cursor) if cursor else None
-        )
-        resources.extend(page.resources)
-        cursor = page.next_cursor
-        if not cursor:
-            break
+    """A server's resources and templates (runtime.list_resources), following pagination."""
     from mcp.shared.exceptions import MCPError as McpProtocolError
 
-    cursor = None
-    for _ in range(MAX_LIST_PAGES):
-        try:
-            listed = await session.list_resource_templates(
-                params=types.PaginatedRequestParams(cursor=cursor) if cursor else None
-            )
-        except McpProtocolError as exc:
-            if exc.code != types.METHOD_NOT_FOUND:
-                raise
-            break  # a server may offer resources without templates
-        templates.extend(listed.resource_templates)
-        cursor = listed.next_cursor
-        if not cursor:
-            break
+    resources = await all_pages(session.list_resources, lambda page: page.resources)
+    try:
+        templates = await all_pages(session.list_resource_templates, lambda page: page.resource_templates)
+    except McpProtocolError as exc:
+        if exc.code != types.METHOD_NOT_FOUND:
+            raise
+        templates = []  # a server may offer resources without templates
     dump = partial(BaseModel.model_dump, by_alias=True, exclude_none=True, mode="json")
     return {
         "resources": [dump(item) for item in resources],
@@ -3285,18 +3282,8 @@ async def list_all_resources(session: ClientSession) -> dict[str, Any]:
 
 
 async def list_all_prompts(session: ClientSession) -> types.ListPromptsResult:
-    """A server's prompts, following pagination (up to MAX_LIST_PAGES)."""
-    prompts: list[types.Prompt] = []
-    cursor: str | None = None
-    for _ in range(MAX_LIST_PAGES):
-        page = await session.list_prompts(
-            params=types.PaginatedRequestParams(cursor=cursor) if cursor else None
-        )
-        prompts.extend(page.prompts)
-        cursor = page.next_cursor
-        if not cursor:
-            break
-    return types.ListPromptsResult(prompts=prompts)
+    """A server's prompts, following pagination."""
+    return types.ListPromptsResult(prompts=await all_pages(session.list_prompts, lambda page: page.prompts))
 
 
 # --- tool lists, tool by tool -----------------------------------------------------------
@@ -10602,16 +10589,22 @@ def calls_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     """The ``calls`` subcommand: the call log, filtered, as a table or JSON lines."""
     args = build_calls_parser().parse_args(list(argv))  # a bad command line: usage, status 2
     config = load_config(["--state-dir=%s" % args.state_dir] if "state_dir" in args else [], environ)
+    return 0 if printed(lambda: _print_calls(config, args)) else 1
+
+
+def printed(show: Callable[[], None]) -> bool:
+    """Run ``show``, which prints to stdout (UTF-8, JSON's encoding, whatever the locale's);
+    False when the reader went away (`... | head`): then it stops quietly."""
     if isinstance(sys.stdout, io.TextIOWrapper):
-        sys.stdout.reconfigure(encoding="utf-8")  # JSON's encoding, whatever the locale's
+        sys.stdout.reconfigure(encoding="utf-8")
     try:
-        _print_calls(config, args)
+        show()
         sys.stdout.flush()
-    except BrokenPipeError:  # the reader went away (`... | head`): stop quietly
+    except BrokenPipeError:
         with suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    return 0
+        return False
+    return True
 
 
 def _print_calls(config: BridgeConfig, args: argparse.Namespace) -> None:
@@ -10662,15 +10655,9 @@ def _store_command(
         config.max_memories,
     )
     tools = SavedTools(config.state_dir / MEMORY_DIRNAME)
-    if isinstance(sys.stdout, io.TextIOWrapper):
-        sys.stdout.reconfigure(encoding="utf-8")  # JSON's encoding, whatever the locale's
     try:
-        run(store, tools)
-        sys.stdout.flush()
-    except BrokenPipeError:  # the reader went away (`... | head`): stop quietly
-        with suppress(OSError, ValueError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        if not printed(lambda: run(store, tools)):
+            return 1
     except MemoryStoreError as exc:
         raise CommandError(str(exc)) from None
     except (OSError, ValueError) as exc:  # an unreadable folder, a damaged row

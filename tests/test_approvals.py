@@ -63,6 +63,16 @@ def choosing(decision: str, after: float = 0) -> Answer:
     return answer
 
 
+def in_turn(*decisions: str) -> Answer:
+    """A user who answers the questions with ``decisions``, one after the other."""
+    left = iter(decisions)
+
+    async def answer(params: types.ElicitRequestFormParams) -> types.ElicitResult:
+        return await choosing(next(left))(params)
+
+    return answer
+
+
 def setup(tmp_path: Path, state_dir: Path, engine: Engine, **settings: str) -> tuple[dict[str, str], Path]:
     """The bridge's environment with the approval stub as its one server, and the file
     where the stub records the calls it receives."""
@@ -98,12 +108,7 @@ async def test_write_calls_wait_for_the_user_and_each_answer_does_what_it_says(
     engine: Engine, state_dir: Path, tmp_path: Path
 ) -> None:
     env, record = setup(tmp_path, state_dir, engine)
-    answers = iter(["allow_once", "deny", "allow_session"])
-
-    async def answer(params: types.ElicitRequestFormParams) -> types.ElicitResult:
-        return await choosing(next(answers))(params)
-
-    asked, elicitation = user(answer)
+    asked, elicitation = user(in_turn("allow_once", "deny", "allow_session", "allow_once"))
     async with bridge_client(env, elicitation=elicitation) as client:
         read = await run_cell(client, "mcp_notes.lookup(key='a')")
         assert read["json"] == "note a" and asked == [], read  # read-only: no question
@@ -137,7 +142,6 @@ async def test_write_calls_wait_for_the_user_and_each_answer_does_what_it_says(
         assert again["json"] == "wrote d" and len(asked) == 3, again
 
         # Another session asks again.
-        answers = iter(["allow_once"])
         other = await client.call_tool(
             "run_python", {"code": "mcp_notes.write_note(key='e', text='x')", "session": "other"}
         )
@@ -455,12 +459,7 @@ async def test_over_2026_07_28_the_call_asks_by_input_required_and_goes_on_after
     engine: Engine, state_dir: Path, tmp_path: Path
 ) -> None:
     env, record = setup(tmp_path, state_dir, engine)
-    answers = iter(["allow_once", "deny", "allow_session"])
-
-    async def answer(params: types.ElicitRequestFormParams) -> types.ElicitResult:
-        return await choosing(next(answers))(params)
-
-    asked, elicitation = user(answer)
+    asked, elicitation = user(in_turn("allow_once", "deny", "allow_session"))
     async with modern_bridge_client(env, elicitation) as client:
         assert client.protocol_version == "2026-07-28"
         code = (
