@@ -727,12 +727,16 @@ OUTPUT_DIR = "/tmp/outputs"
 SAVED_CALLS = 10  # calls whose full output stays in OUTPUT_DIR; older files are removed
 
 
-def cut_marker(count: int, what: str, budget: int, saved: str | None = None) -> str:
-    """The one marker for text cut from a result (a stream, the value, a traceback)."""
-    text = "[... %s characters of %s cut (a result shows %s characters, MCP_BRIDGE_MAX_OUTPUT)" % (
+def cut_marker(
+    count: int, what: str, budget: int, saved: str | None = None, why: str = "MCP_BRIDGE_MAX_OUTPUT"
+) -> str:
+    """The one marker for text cut from a result (a stream, the value, a traceback); ``why``:
+    what sets the budget (the setting, or the client's own limit)."""
+    text = "[... %s characters of %s cut (a result shows %s characters, %s)" % (
         format(count, ","),
         what,
         format(budget, ","),
+        why,
     )
     return text + ("; all of it is in %s ...]" % saved if saved else " ...]")
 

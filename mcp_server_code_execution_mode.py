@@ -8513,7 +8513,8 @@ def fit_error(error: Mapping[str, Any] | None, budget: int) -> dict[str, str] | 
     return fitted
 
 
-def fit_output(outcome: ExecutionOutcome, budget: int) -> FittedOutput:
+def fit_output(outcome: ExecutionOutcome, budget: int, why: str = "MCP_BRIDGE_MAX_OUTPUT") -> FittedOutput:
+    """``outcome``'s text within ``budget`` characters (``why``: what sets it, for the marker)."""
     notices = fit_notices(outcome.notices, budget // NOTICES_SHARE)
     error = fit_error(outcome.error, budget)
     whole = budget  # what the markers name
@@ -8534,7 +8535,7 @@ def fit_output(outcome: ExecutionOutcome, budget: int) -> FittedOutput:
         if not count:
             fitted.text[name] = shown_head
             continue
-        marker = mcp_sandbox_kernel.cut_marker(count, PART_LABELS[name], whole, cut.file)
+        marker = mcp_sandbox_kernel.cut_marker(count, PART_LABELS[name], whole, cut.file, why)
         newline = "\n" if shown_head and not shown_head.endswith("\n") else ""
         fitted.text[name] = shown_head + newline + marker + "\n" + shown_tail
         fitted.cut[name] = {"characters": count, **({"file": cut.file} if cut.file else {})}
@@ -8734,28 +8735,33 @@ def render_outcome(
     """The result for ``client`` (see ClientProfile); ``max_result_bytes``: the most the
     result's JSON may take (over HTTP, see keep_within)."""
     parts = [outcome] if outcome.earlier is None else [outcome.earlier, outcome]
+    why = "MCP_BRIDGE_MAX_OUTPUT"
     if client.max_output_chars is not None and client.max_output_chars < config.max_output_chars:
         config = replace(config, max_output_chars=client.max_output_chars)
+        why = "the most this client shows whole"
     if max_result_bytes is None:
-        return _render(parts, config, client)
+        return _render(parts, config, client, why)
     if any(part.images or part.attachments for part in parts):
         keep_within(parts, config, max_result_bytes)
-    result = _render(parts, config, client)
+    result = _render(parts, config, client, why)
     for _ in range(3):  # the text alone is over only with a large MCP_BRIDGE_MAX_OUTPUT
         size = _json_size(result)
         if size <= max_result_bytes:
             break
         smaller = max(1000, config.max_output_chars * max_result_bytes // size // 2)
         config = replace(config, max_output_chars=smaller)
-        result = _render(parts, config, client)
+        result = _render(parts, config, client, why)
     return result
 
 
 def _render(
-    parts: Sequence[ExecutionOutcome], config: BridgeConfig, client: ClientProfile = DEFAULT_CLIENT
+    parts: Sequence[ExecutionOutcome],
+    config: BridgeConfig,
+    client: ClientProfile = DEFAULT_CLIENT,
+    why: str = "MCP_BRIDGE_MAX_OUTPUT",
 ) -> types.CallToolResult:
     outcome = parts[-1]
-    fitted = [fit_output(part, config.max_output_chars // len(parts)) for part in parts]  # one budget
+    fitted = [fit_output(part, config.max_output_chars // len(parts), why) for part in parts]  # one budget
     blocks = []
     for part, fit in zip(parts, fitted, strict=True):
         text = [render_toon(part, fit)] if config.output_mode == "toon" else render_blocks(part, fit)

@@ -632,6 +632,7 @@ def test_codex_gets_output_under_its_own_cut_and_attached_images_as_images() -> 
     long = ExecutionOutcome(status="ok", stdout="y" * 50_000)
     text = bridge_text(render_outcome(long, BridgeConfig(), client=codex))
     assert len(text) < 11_000 and "characters of stdout cut" in text  # the marker stays visible
+    assert "(a result shows 10,000 characters, the most this client shows whole)" in text
     attached = ExecutionOutcome(
         status="ok", value="'file:///workspace/p.png'", attachments=[png_attachment()]
     )
