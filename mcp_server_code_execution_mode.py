@@ -6124,6 +6124,9 @@ def parse_params(method: str, model: type[_Params], params: Mapping[str, object]
 MAX_CONFIG_PROBLEMS = 20  # unusable config files named to the kernel (a line each)
 
 
+ON_LOOP_BYTES = 64 * 1024  # a request this small is checked on the event loop (see _maybe_off_loop)
+
+
 class SandboxAPI:
     """Serves the sandbox's ``request`` frames: discovery, docs, search and tool calls.
     Every request is validated here, on the host: only configured, allowed servers and
@@ -6335,11 +6338,14 @@ class SandboxAPI:
         """A proxied tool call: counted, asked about where the policy says so (the call waits
         for the user), made, and logged, whatever became of it."""
         run.count_call("mcp_%s.%s(...)" % (server, tool))
-        await self._off_loop(check_tool_arguments, arguments or {})
+        small = run.request_bytes <= ON_LOOP_BYTES
+        await self._maybe_off_loop(small, check_tool_arguments, arguments or {})
         client = self.pool.client(server)
         found = await self._find_tool(client, tool)
         spec = client.spec
-        call = await self._off_loop(self._call_of, run.session_name, spec, found, arguments or {})
+        call = await self._maybe_off_loop(
+            small, self._call_of, run.session_name, spec, found, arguments or {}
+        )
         renamed = dict(call.arguments)
         reason = approval_reason(spec.name, found.name, _read_only(found), self.config)
 
@@ -6444,6 +6450,13 @@ class SandboxAPI:
         """``function(*args)`` in a worker thread: it walks data of up to the request or
         result cap, which would hold the event loop for a second or more."""
         return await anyio.to_thread.run_sync(function, *args, limiter=self._cpu_limiter)
+
+    async def _maybe_off_loop(
+        self, small: bool, function: Callable[[*_Args], _Result], *args: *_Args
+    ) -> _Result:
+        """``function(*args)`` here when its data is ``small`` (a hop to a worker thread
+        costs about 0.1 ms, more than walking ON_LOOP_BYTES), else in a worker thread."""
+        return function(*args) if small else await self._off_loop(function, *args)
 
     # --- memory: the store's methods, off the event loop ---------------------------------
     async def _in_store(self, method: Callable[[*_Args], _Result], *args: *_Args) -> _Result:
@@ -6853,6 +6866,7 @@ class RunContext:
     approvals: SessionApprovals
     pending: PendingExecute
     max_calls: int
+    request_bytes: int = 0  # the size of the request frame: small ones are checked on the event loop
 
     def count_call(self, what: str) -> None:
         """One more proxied call (``what``: the code's words for it); ToolCallCapError past the cap."""
@@ -7120,13 +7134,13 @@ class RequestDesk:
     def __init__(
         self,
         name: str,
-        serve: Callable[[RequestFrame], Awaitable[object]],  # the result: JSON data
+        serve: Callable[[RequestFrame, int], Awaitable[object]],  # (frame, its bytes) -> JSON data
         send: Callable[[ResponseFrame], Awaitable[None]],
         max_bytes: int,
         problems: ProblemLog,
     ) -> None:
         self.name = name  # the sandbox's, for the log
-        self.serve = serve  # a request frame -> its result; BridgeError: an answer for the code
+        self.serve = serve  # a request frame and its size -> its result; BridgeError: an answer for the code
         self.send = send  # one frame into the sandbox
         self.max_bytes = max_bytes  # per request, and of all requests in flight together
         self.problems = problems
@@ -7202,7 +7216,7 @@ class RequestDesk:
         try:
             with scope:
                 try:
-                    result = await self.serve(frame)
+                    result = await self.serve(frame, size)
                 except BridgeError as exc:
                     error = exc.for_sandbox()
                 except Exception as exc:  # a bug here must fail one request, not the bridge
@@ -7554,15 +7568,17 @@ class Sandbox:
             self.exit.saw_kernel_error(frame["message"])
             self.problems.report("kernel error", "sandbox %s kernel: %s", self.name, frame["message"][:500])
 
-    async def _serve(self, frame: RequestFrame) -> object:
-        """One request of the sandbox's, served by the host (see RequestDesk)."""
+    async def _serve(self, frame: RequestFrame, size: int) -> object:
+        """One request of the sandbox's (``size`` bytes on the wire), served by the host (see RequestDesk)."""
         pending = self.pending
         if frame["method"] == mcp_sandbox_kernel.PROGRESS:  # about this session's own call
             await report_progress(pending, frame["params"])  # answered with null
             return None
         run = None
         if pending is not None:
-            run = RunContext(self.container.session_name, self.approvals, pending, self.config.max_tool_calls)
+            run = RunContext(
+                self.container.session_name, self.approvals, pending, self.config.max_tool_calls, size
+            )
         return await self.api.handle(frame["method"], frame["params"], run)
 
     def _on_malformed(self, frame: Frame, exc: ProtocolError) -> None:

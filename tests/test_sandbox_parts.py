@@ -28,7 +28,7 @@ class FakeSandbox:
         self.broken = False
         self.refuse_results = False  # a result frame cannot be sent (too large); an error can
 
-    async def serve(self, frame: RequestFrame) -> object:
+    async def serve(self, frame: RequestFrame, size: int) -> object:
         method = frame["method"]
         self.served.append(method)
         if method == "hold":
