@@ -18,11 +18,19 @@ Search and the four above), for its query sets: "dev" (the search may be tuned o
 Per set: each query's rank of its expected tool, the top hit, and the counts ranked first
 and in the top 3. tests/test_search.py asserts floors on the same counts.
 
+With --eval it ranks the fair evaluation set of benchmarks/search_eval/ (38 real servers'
+tool lists as they serve them, 544 queries written blind from the catalogs alone, split
+into dev and held-out before any tuning): top-1, top-3 and MRR on each split, for the
+bridge's ranking and, side by side, for a baseline from the standard library (SQLite FTS5,
+porter tokenizer, bm25 over the tool's name, description and parameter names), and the
+time per search. Tune on dev only; held-out is for reporting.
+
 It is a measurement, not a test: it always exits 0 (problems are listed under the table).
 Usage:
 
     .venv/bin/python benchmarks/bench_search.py [--verbose]
     .venv/bin/python benchmarks/bench_search.py --catalogue [--set dev] [--counts-only]
+    .venv/bin/python benchmarks/bench_search.py --eval
 """
 
 from __future__ import annotations
@@ -229,6 +237,113 @@ def print_catalogue(sets: Sequence[str], counts_only: bool) -> None:
         )
 
 
+# --- the fair evaluation: search_eval's catalogs and blind queries, against FTS5 -------------
+
+EVAL_DIR = REPO / "benchmarks" / "search_eval"
+
+
+def eval_tools() -> tuple[list[IndexedTool], list[tuple[str, dict[str, Any]]]]:
+    """search_eval's tools, indexed as the bridge indexes them, and as (alias, tool) pairs."""
+    data = json.loads((EVAL_DIR / "catalogs.json").read_text(encoding="utf-8"))
+    indexed: list[IndexedTool] = []
+    pairs: list[tuple[str, dict[str, Any]]] = []
+    for server in data["servers"]:
+        alias = server["alias"]
+        about = server_tokens(
+            [alias, server.get("name"), server.get("title")], server.get("instructions", "")
+        )
+        indexed += index_tools(((alias, tool) for tool in server["tools"]), {alias: about})
+        pairs += [(alias, tool) for tool in server["tools"]]
+    return indexed, pairs
+
+
+class Fts5Baseline:
+    """The standard library's own full-text search over the same tools: SQLite FTS5 with
+    the porter tokenizer, bm25 over the name (split on _ - and case), the description and
+    the parameter names; the query's words OR-ed."""
+
+    def __init__(self, pairs: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        import re
+        import sqlite3
+
+        self.db = sqlite3.connect(":memory:")
+        self.db.execute(
+            "CREATE VIRTUAL TABLE tools USING "
+            "fts5(key UNINDEXED, name, description, params, tokenize='porter')"
+        )
+        for alias, tool in pairs:
+            name = str(tool.get("name", ""))
+            words = re.sub(r"([a-z])([A-Z])", r"\1 \2", name).replace("_", " ").replace("-", " ")
+            schema = tool.get("inputSchema") or {}
+            params = " ".join(str(key).replace("_", " ") for key in (schema.get("properties") or {}))
+            self.db.execute(
+                "INSERT INTO tools VALUES (?, ?, ?, ?)",
+                (
+                    "%s.%s" % (alias, name),
+                    "%s %s" % (alias, words),
+                    str(tool.get("description") or ""),
+                    params,
+                ),
+            )
+
+    def rank(self, query: str, limit: int = MAX_SEARCH_LIMIT) -> list[str]:
+        import re
+
+        words = [word for word in re.findall(r"[A-Za-z0-9]+", query.lower()) if len(word) > 1]
+        if not words:
+            return []
+        match = " OR ".join('"%s"' % word for word in words)
+        rows = self.db.execute(
+            "SELECT key FROM tools WHERE tools MATCH ? ORDER BY bm25(tools, 0, 2.0, 1.0, 0.5) LIMIT ?",
+            (match, limit),
+        )
+        return [row[0] for row in rows]
+
+
+def eval_figures(
+    ranked: Sequence[Sequence[str]], queries: Sequence[dict[str, Any]]
+) -> tuple[float, float, float]:
+    """top-1, top-3 (fractions) and MRR of ``ranked`` (each query's hits, best first)."""
+    ranks = []
+    for hits, query in zip(ranked, queries, strict=True):
+        expected = set(query["expected"])
+        ranks.append(next((i for i, name in enumerate(hits, 1) if name in expected), None))
+    n = len(ranks) or 1
+    top1 = sum(1 for r in ranks if r == 1) / n
+    top3 = sum(1 for r in ranks if r is not None and r <= 3) / n
+    mrr = sum(1 / r for r in ranks if r is not None) / n
+    return top1, top3, mrr
+
+
+def print_eval() -> None:
+    indexed, pairs = eval_tools()
+    queries = json.loads((EVAL_DIR / "queries.json").read_text(encoding="utf-8"))
+    baseline = Fts5Baseline(pairs)
+    servers = len({entry.alias for entry in indexed})
+    print(
+        "search_eval: %d tools of %d servers; dev %d, held-out %d queries (written blind)\n"
+        % (len(indexed), servers, len(queries["dev"]), len(queries["held_out"]))
+    )
+    print("%-10s %-16s %7s %7s %7s" % ("set", "ranking", "top-1", "top-3", "MRR"))
+    times: list[float] = []
+    for name in ("dev", "held_out"):
+        texts = [query["query"] for query in queries[name]]
+        ours = []
+        for text in texts:
+            started = time.perf_counter()
+            hits = rank_tools(text, indexed, MAX_SEARCH_LIMIT)
+            times.append(time.perf_counter() - started)
+            ours.append(["%s.%s" % (alias, tool.get("name")) for _, alias, tool in hits])
+        for label, ranked in (("bridge", ours), ("FTS5 baseline", [baseline.rank(text) for text in texts])):
+            top1, top3, mrr = eval_figures(ranked, queries[name])
+            print("%-10s %-16s %6.1f%% %6.1f%% %7.3f" % (name, label, 100 * top1, 100 * top3, mrr))
+    times.sort()
+    print(
+        "\ntime per search over %d tools (the bridge's ranking): median %.1f ms, p95 %.1f ms"
+        % (len(indexed), 1000 * statistics.median(times), 1000 * times[int(0.95 * (len(times) - 1))])
+    )
+
+
 def render_table(outcomes: Sequence[Outcome]) -> str:
     header = ["#", "query", "expected", "rank", "top hit (score)"]
     rows = [
@@ -266,11 +381,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--counts-only", action="store_true", help="with --catalogue: only the counts (no per-query table)"
     )
+    parser.add_argument(
+        "--eval",
+        action="store_true",
+        help="the fair evaluation set (benchmarks/search_eval): dev and held-out, against an FTS5 baseline",
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.eval:
+        print_eval()
+        return 0
     if args.catalogue:
         print_catalogue(args.set or CATALOGUE_SETS, args.counts_only)
         return 0
