@@ -4396,6 +4396,50 @@ def render_tool_line(server_alias: str, tool: Mapping[str, object]) -> str:
     return _LINE_BREAKS.sub(" ", "mcp_%s.%s" % (server_alias, render_signature(tool)))
 
 
+def argument_problems(
+    server_alias: str, tool: Mapping[str, object], arguments: Mapping[str, object]
+) -> str | None:
+    """Why a call with ``arguments`` (Python or schema names) cannot be what the model
+    meant, with the tool's exact signature so it fixes the call in the same run; None when
+    nothing is wrong. An unknown name counts only where the schema lists its parameters and
+    does not take others (additionalProperties): a server would ignore it silently."""
+    schema = tool.get("inputSchema")
+    schema = schema if isinstance(schema, Mapping) else {}
+    names = parameter_names(schema)  # schema name -> Python name
+    given = {name for name, ident in names.items() if name in arguments or ident in arguments}
+    required = schema.get("required")
+    missing = [
+        names.get(name, name)
+        for name in (required if isinstance(required, list) else [])
+        if isinstance(name, str) and name not in given
+    ]
+    additional = schema.get("additionalProperties")
+    takes_others = not names or additional is True or isinstance(additional, Mapping)
+    known = set(names) | set(names.values())
+    unknown = [] if takes_others else [key for key in arguments if key not in known]
+    if not missing and not unknown:
+        return None
+    said = []
+    if unknown:
+        close = {
+            key: difflib.get_close_matches(key, list(names.values()), n=1, cutoff=0.6) for key in unknown
+        }
+        said.append(
+            "no parameter %s"
+            % ", ".join(
+                "%s (did you mean %s?)" % (key, close[key][0]) if close[key] else key for key in unknown
+            )
+        )
+    if missing:
+        said.append("missing the required %s" % ", ".join(missing))
+    return "mcp_%s.%s was not called: %s. Its signature: %s" % (
+        server_alias,
+        python_identifier(_text(tool.get("name"))),
+        "; ".join(said),
+        render_tool_line(server_alias, tool),
+    )
+
+
 class ToolDoc(TypedDict):
     """One tool's doc, as query_tool_docs and search_tool_docs answer."""
 
@@ -6406,7 +6450,11 @@ class SandboxAPI:
         self, session_name: str, spec: ServerSpec, tool: types.Tool, arguments: Mapping[str, object]
     ) -> ProxiedCall:
         """The call as the server will receive it: the signature shows Python names
-        (user_id), the server knows its own (user-id)."""
+        (user_id), the server knows its own (user-id). ProxyError for a call that names
+        a parameter the tool does not have, or lacks a required one."""
+        problem = argument_problems(spec.alias, _tool_dict(tool), arguments)
+        if problem is not None:
+            raise ProxyError(problem)
         renamed = schema_arguments(tool.input_schema, arguments)
         return proxied_call(self.principal, session_name, spec, tool.name, renamed)
 

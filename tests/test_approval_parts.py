@@ -382,3 +382,36 @@ async def test_a_server_with_resources_but_no_templates_still_lists_its_resource
 
     listed = await bridge.list_all_resources(Session())  # type: ignore[arg-type]
     assert listed == {"resources": [{"uri": "x://a", "name": "a"}], "resourceTemplates": []}
+
+
+def test_a_call_with_a_wrong_or_missing_argument_gets_the_exact_signature() -> None:
+    tool = {
+        "name": "get_issue",
+        "description": "Get an issue.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "owner": {"type": "string"},
+                "repo": {"type": "string"},
+                "issue-number": {"type": "integer"},
+            },
+            "required": ["owner", "repo", "issue-number"],
+        },
+    }
+    said = bridge.argument_problems("github", tool, {"owner": "a", "repo": "b", "issue_numbr": 3})
+    assert said == (
+        "mcp_github.get_issue was not called: no parameter issue_numbr (did you mean issue_number?); "
+        "missing the required issue_number. Its signature: "
+        "mcp_github.get_issue(owner: str, repo: str, issue_number: int) -> Any  # Get an issue"
+    )
+    for right in (
+        {"owner": "a", "repo": "b", "issue_number": 3},
+        {"owner": "a", "repo": "b", "issue-number": 3},
+    ):
+        assert bridge.argument_problems("github", tool, right) is None  # Python or schema names
+    open_ended = {
+        "name": "t",
+        "inputSchema": {"type": "object", "properties": {"a": {}}, "additionalProperties": True},
+    }
+    assert bridge.argument_problems("x", open_ended, {"b": 1}) is None  # takes other names
+    assert bridge.argument_problems("x", {"name": "t", "inputSchema": {"type": "object"}}, {"any": 1}) is None

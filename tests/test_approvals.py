@@ -581,3 +581,27 @@ async def test_a_question_asked_while_no_call_waits_goes_to_the_next_call(
         assert rest["earlier"]["json"] == "wrote later" and rest["json"] == 2, rest
         assert len(asked_at) == 1 and asked_at[0] >= second_started  # through the call that waited
     assert [call["arguments"]["key"] for call in received(record)] == ["a", "later"]
+
+
+async def test_a_wrong_argument_name_is_refused_with_the_signature_before_any_question(
+    engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    env, record = setup(tmp_path, state_dir, engine)
+    asked, elicitation = user(choosing("allow_once"))
+    async with bridge_client(env, elicitation=elicitation) as client:
+        wrong = await run_cell(
+            client,
+            """
+            try:
+                mcp_notes.write_note(key='a', txt='hello')
+            except runtime.MCPError as exc:
+                said = str(exc)
+            said
+            """,
+        )
+        assert wrong["json"] == (
+            "mcp_notes.write_note was not called: no parameter txt (did you mean text?); missing the "
+            "required text. Its signature: mcp_notes.write_note(key: str, text: str) -> dict  # Write one "
+            "note (no annotations: it may change things)"
+        ), wrong
+    assert asked == [] and received(record) == []  # neither asked about nor sent
