@@ -5953,6 +5953,27 @@ class CallLog:
             entry["result"] = None if result is None else canonical_json(result)[:MAX_LOGGED_JSON]
         self._append((json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass"))
 
+    def refused(self, principal: str, session: str, server: str, tool: str, size: int, error: str) -> None:
+        """A call refused before it could be made (``server`` and ``tool`` as the code named
+        them; ``size``: its request's bytes): the policy, an unknown tool, wrong arguments,
+        the cap on calls."""
+        if self.mode == "off":
+            return
+        entry: dict[str, object] = {
+            "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            "principal": principal,
+            "session": session,
+            "server": server[:200],
+            "tool": tool[:200],
+            "arguments_digest": None,
+            "arguments_bytes": size,
+            "decision": "refused",
+            "duration_ms": 0.0,
+            "result_bytes": None,
+            "error": error[:500],
+        }
+        self._append((json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass"))
+
     def _append(self, line: bytes) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -6380,19 +6401,23 @@ class SandboxAPI:
         self, run: RunContext, server: str, tool: str, arguments: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """A proxied tool call: counted, asked about where the policy says so (the call waits
-        for the user), made, and logged, whatever became of it."""
-        run.count_call("mcp_%s.%s(...)" % (server, tool))
-        small = run.request_bytes <= ON_LOOP_BYTES
-        await self._maybe_off_loop(small, check_tool_arguments, arguments or {})
-        client = self.pool.client(server)
-        found = await self._find_tool(client, tool)
-        spec = client.spec
-        call = await self._maybe_off_loop(
-            small, self._call_of, run.session_name, spec, found, arguments or {}
-        )
+        for the user), made, and logged, whatever became of it (a call refused before it
+        could be made too: the policy, an unknown tool, wrong arguments, the cap)."""
+        try:
+            run.count_call("mcp_%s.%s(...)" % (server, tool))
+            small = run.request_bytes <= ON_LOOP_BYTES
+            await self._maybe_off_loop(small, check_tool_arguments, arguments or {})
+            client = self.pool.client(server)
+            found = await self._find_tool(client, tool)
+            spec = client.spec
+            call = await self._maybe_off_loop(
+                small, self._call_of, run.session_name, spec, found, arguments or {}
+            )
+        except BridgeError as exc:
+            self.call_log.refused(self.principal, run.session_name, server, tool, run.request_bytes, str(exc))
+            raise
         renamed = dict(call.arguments)
         reason = approval_reason(spec.name, found.name, _read_only(found), self.config)
-
         return await self._logged(call, run, reason, lambda: client.call_tool(found.name, renamed, run))
 
     # --- what else a server offers: resources and prompts, proxied like tool calls -------

@@ -292,14 +292,17 @@ async def test_the_call_log_and_the_calls_command_and_the_cap_on_calls(
     entries = [json.loads(line) for line in log.splitlines()]
     assert [(entry["tool"], entry["decision"]) for entry in entries] == [
         *[("lookup", "not asked")] * 5,
+        ("lookup", "refused"),  # the sixth: the cap refused it before it became a call
         ("write_note", "denied"),
         ("lookup", "not asked"),
-    ]  # the sixth lookup was refused before it became a call
+    ]
     for entry in entries:
         assert entry["principal"] == "local" and entry["session"] == "default" and entry["server"] == "notes"
-        assert len(entry["arguments_digest"]) == 64 and entry["arguments_bytes"] > 0
+        assert entry["arguments_bytes"] > 0
+        assert entry["decision"] == "refused" or len(entry["arguments_digest"]) == 64
     assert entries[0]["result_bytes"] > 0 and entries[0]["error"] is None
-    assert "was not called" in entries[5]["error"]
+    assert "MCP_BRIDGE_MAX_TOOL_CALLS" in entries[5]["error"]
+    assert "was not called" in entries[6]["error"]
     assert (state_dir / "calls.jsonl").stat().st_mode & 0o777 == 0o600
 
     command = [console_script(), "calls", "--state-dir", str(state_dir)]
@@ -605,3 +608,5 @@ async def test_a_wrong_argument_name_is_refused_with_the_signature_before_any_qu
             "note (no annotations: it may change things)"
         ), wrong
     assert asked == [] and received(record) == []  # neither asked about nor sent
+    (logged,) = [json.loads(line) for line in (state_dir / "calls.jsonl").read_text().splitlines()]
+    assert (logged["tool"], logged["decision"]) == ("write_note", "refused") and "txt" in logged["error"]
