@@ -3814,6 +3814,7 @@ class PooledClient:
         # RunContext.relay): a stdio server's question names no call, so it is passed on
         # only while exactly one call runs.
         self.calls_in_flight: list[CallListener] = []
+        self.call_limits: dict[int, anyio.CancelScope] = {}  # each call's deadline, by id(listener)
         self._start_lock = anyio.Lock()
         self._closed = anyio.Event()
         self._stop = anyio.Event()
@@ -4019,7 +4020,16 @@ class PooledClient:
         """The server asks its client for input (elicitation/create) during a call: passed
         on to the user of the run_python call that made it, when there is exactly one."""
         if len(self.calls_in_flight) == 1:
-            return await self.calls_in_flight[0].relay(self.spec.name, params)
+            # The call's own deadline (MCP_BRIDGE_TOOL_TIMEOUT) stands still while its user answers.
+            limit = self.call_limits.get(id(self.calls_in_flight[0]))
+            saved, started = (limit.deadline, time.monotonic()) if limit is not None else (math.inf, 0.0)
+            if limit is not None:
+                limit.deadline = math.inf
+            try:
+                return await self.calls_in_flight[0].relay(self.spec.name, params)
+            finally:
+                if limit is not None:
+                    limit.deadline = saved + (time.monotonic() - started)
         why = "several of its calls are running, so the bridge cannot tell whose user to ask"
         if not self.calls_in_flight:
             why = "no call of its is running"
@@ -4049,9 +4059,10 @@ class PooledClient:
 
             progress = on_progress
         try:
-            return await session.call_tool(
-                tool, arguments, read_timeout_seconds=self.config.tool_timeout, progress_callback=progress
-            )
+            with anyio.fail_after(self.config.tool_timeout) as limit:
+                if listener is not None:
+                    self.call_limits[id(listener)] = limit
+                return await session.call_tool(tool, arguments, progress_callback=progress)
         except Exception as exc:
             hint = " Ask the tool for less (a filter, a page, a limit)."
             error = self._request_error(session, exc, "the call to %s" % tool, hint)
@@ -4061,6 +4072,7 @@ class PooledClient:
         finally:
             if listener is not None:
                 self.calls_in_flight.remove(listener)
+                self.call_limits.pop(id(listener), None)
 
     async def request(
         self, method: str, send: Callable[[ClientSession], Awaitable[_Result]], listener: CallListener

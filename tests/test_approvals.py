@@ -610,3 +610,18 @@ async def test_a_wrong_argument_name_is_refused_with_the_signature_before_any_qu
     assert asked == [] and received(record) == []  # neither asked about nor sent
     (logged,) = [json.loads(line) for line in (state_dir / "calls.jsonl").read_text().splitlines()]
     assert (logged["tool"], logged["decision"]) == ("write_note", "refused") and "txt" in logged["error"]
+
+
+async def test_a_servers_question_may_take_longer_than_the_tool_timeout(
+    engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    env, _ = setup(tmp_path, state_dir, engine, bridge_tool_timeout="3")
+
+    async def slow_yes(params: types.ElicitRequestFormParams) -> types.ElicitResult:
+        await anyio.sleep(5)  # longer than MCP_BRIDGE_TOOL_TIMEOUT: that clock stands still meanwhile
+        return types.ElicitResult(action="accept", content={"confirm": True})
+
+    _, elicitation = user(slow_yes)
+    async with bridge_client(env, elicitation=elicitation) as client:
+        answer = await run_cell(client, "mcp_notes.confirm_with_user(question='Go on?')")
+        assert answer["json"] == "confirmed", answer
