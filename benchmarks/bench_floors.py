@@ -57,7 +57,12 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 import mcp_server_code_execution_mode as bridge
-from tests.harness import DEFAULT_IMAGE, Engine, text_of  # on the path once bench_core is imported
+from tests.harness import (
+    DEFAULT_IMAGE,
+    Engine,
+    bridge_pids,
+    text_of,
+)  # on the path once bench_core is imported
 
 NOOP_SERVER = Path(__file__).resolve().parent / "noop_server.py"
 NOOP_TOOL = "noop"
@@ -173,23 +178,10 @@ async def spawn_round(
 
 
 def find_bridge_pid(params: StdioServerParameters) -> int | None:
-    """The bridge process started with this state dir (as tests/conftest.py finds it)."""
+    """The bridge process started with this state dir (tests.harness.bridge_pids)."""
     state = (params.env or {}).get("MCP_BRIDGE_STATE_DIR")
-    if state is None:
-        return None
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(b"mcp-server-code-execution-mode" in part for part in cmdline[:2]) and (
-            b"MCP_BRIDGE_STATE_DIR=" + state.encode() in environ
-        ):
-            return int(proc.name)
-    return None
+    pids = bridge_pids(Path(state)) if state is not None else []
+    return pids[0] if pids else None
 
 
 def bare_argv(runtime: str, image: str, profile: Path) -> list[str]:

@@ -30,6 +30,7 @@ from tests.harness import (
     Engine,
     bridge_client,
     bridge_env,
+    bridge_pids,
     console_script,
     isolated_env,
     text_of,
@@ -42,6 +43,7 @@ __all__ = [
     "Engine",
     "bridge_client",
     "bridge_env",
+    "bridge_pids",
     "console_script",
     "text_of",
 ]
@@ -172,24 +174,6 @@ def state_dir(tmp_path: Path) -> Iterator[Path]:
     path = tmp_path / "state"
     path.mkdir()
     yield path
-
-
-def bridge_pids(state_dir: Path) -> list[int]:
-    """Pids of bridge processes started with this (unique) state directory."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(b"mcp-server-code-execution-mode" in part for part in cmdline[:2]) and (
-            b"MCP_BRIDGE_STATE_DIR=" + str(state_dir).encode() in environ
-        ):
-            pids.append(int(proc.name))
-    return pids
 
 
 def claude_desktop_home(tmp_path: Path, servers: dict[str, Any]) -> Path:

@@ -112,5 +112,23 @@ async def modern_bridge_client(
         yield client
 
 
+def bridge_pids(state_dir: Path) -> list[int]:
+    """Pids of bridge processes started with this (unique) state directory."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(b"mcp-server-code-execution-mode" in part for part in cmdline[:2]) and (
+            b"MCP_BRIDGE_STATE_DIR=" + str(state_dir).encode() in environ
+        ):
+            pids.append(int(proc.name))
+    return pids
+
+
 def text_of(result: types.CallToolResult) -> str:
     return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
