@@ -3813,8 +3813,7 @@ class PooledClient:
         # The calls in flight, each with where a question of the server's goes (its run's
         # RunContext.relay): a stdio server's question names no call, so it is passed on
         # only while exactly one call runs.
-        self.calls_in_flight: list[CallListener] = []
-        self.call_limits: dict[int, anyio.CancelScope] = {}  # each call's deadline, by id(listener)
+        self.calls_in_flight: list[tuple[CallListener, anyio.CancelScope]] = []  # with each deadline
         self._start_lock = anyio.Lock()
         self._closed = anyio.Event()
         self._stop = anyio.Event()
@@ -4021,15 +4020,12 @@ class PooledClient:
         on to the user of the run_python call that made it, when there is exactly one."""
         if len(self.calls_in_flight) == 1:
             # The call's own deadline (MCP_BRIDGE_TOOL_TIMEOUT) stands still while its user answers.
-            limit = self.call_limits.get(id(self.calls_in_flight[0]))
-            saved, started = (limit.deadline, time.monotonic()) if limit is not None else (math.inf, 0.0)
-            if limit is not None:
-                limit.deadline = math.inf
+            listener, limit = self.calls_in_flight[0]
+            saved, started, limit.deadline = limit.deadline, time.monotonic(), math.inf
             try:
-                return await self.calls_in_flight[0].relay(self.spec.name, params)
+                return await listener.relay(self.spec.name, params)
             finally:
-                if limit is not None:
-                    limit.deadline = saved + (time.monotonic() - started)
+                limit.deadline = saved + (time.monotonic() - started)
         why = "several of its calls are running, so the bridge cannot tell whose user to ask"
         if not self.calls_in_flight:
             why = "no call of its is running"
@@ -4039,7 +4035,7 @@ class PooledClient:
     async def _on_log(self, params: types.LoggingMessageNotificationParams) -> None:
         """A log message of the server's: to the user of the one call in flight, if one."""
         if len(self.calls_in_flight) == 1:
-            await self.calls_in_flight[0].log(self.spec.name, params)
+            await self.calls_in_flight[0][0].log(self.spec.name, params)
         else:
             logger.info("MCP server %s says (%s): %s", self.spec.name, params.level, str(params.data)[:500])
 
@@ -4048,50 +4044,47 @@ class PooledClient:
     ) -> types.CallToolResult:
         """``listener``: who hears the server's questions, progress and log messages
         during this call (the run_python call it is part of)."""
-        session = await self.ensure_running()
         progress: ProgressFnT | None = None
         if listener is not None:
-            self.calls_in_flight.append(listener)
             heard = listener
 
             async def on_progress(progress: float, total: float | None, message: str | None) -> None:
                 await heard.progress(self.spec.name, progress, total, message)
 
             progress = on_progress
-        try:
-            with anyio.fail_after(self.config.tool_timeout) as limit:
-                if listener is not None:
-                    self.call_limits[id(listener)] = limit
-                return await session.call_tool(tool, arguments, progress_callback=progress)
-        except Exception as exc:
-            hint = " Ask the tool for less (a filter, a page, a limit)."
-            error = self._request_error(session, exc, "the call to %s" % tool, hint)
-            if error is None:
-                raise
-            raise error from None
-        finally:
-            if listener is not None:
-                self.calls_in_flight.remove(listener)
-                self.call_limits.pop(id(listener), None)
+
+        async def send(session: ClientSession) -> types.CallToolResult:
+            return await session.call_tool(tool, arguments, progress_callback=progress)
+
+        hint = " Ask the tool for less (a filter, a page, a limit)."
+        return await self.request("the call to %s" % tool, send, listener, hint)
 
     async def request(
-        self, method: str, send: Callable[[ClientSession], Awaitable[_Result]], listener: CallListener
+        self,
+        what: str,
+        send: Callable[[ClientSession], Awaitable[_Result]],
+        listener: CallListener | None,
+        hint: str = " Ask for less.",
     ) -> _Result:
-        """Any other request (``method``, e.g. resources/read) that ``send`` makes of the
-        server, within MCP_BRIDGE_TOOL_TIMEOUT, its failures told as call_tool's are;
-        ``listener`` hears what the server says meanwhile, as for a tool call."""
+        """The request ``send`` makes of the server (``what``: "the call to X",
+        "resources/read"), within MCP_BRIDGE_TOOL_TIMEOUT, its failures told for the code
+        (_request_error); ``listener`` hears what the server says meanwhile."""
         session = await self.ensure_running()
-        self.calls_in_flight.append(listener)
         try:
-            with anyio.fail_after(self.config.tool_timeout):
-                return await send(session)
+            with anyio.fail_after(self.config.tool_timeout) as limit:
+                entry = None if listener is None else (listener, limit)
+                if entry is not None:
+                    self.calls_in_flight.append(entry)
+                try:
+                    return await send(session)
+                finally:
+                    if entry is not None:
+                        self.calls_in_flight.remove(entry)
         except Exception as exc:
-            error = self._request_error(session, exc, method, " Ask for less.")
+            error = self._request_error(session, exc, what, hint)
             if error is None:
                 raise
             raise error from None
-        finally:
-            self.calls_in_flight.remove(listener)
 
     def _request_error(
         self, session: ClientSession, exc: Exception, request: str, hint: str = ""
@@ -5947,42 +5940,59 @@ class CallLog:
     ) -> None:
         if self.mode == "off":
             return
-        entry: dict[str, object] = {
-            "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
-            "principal": call.principal,
-            "session": call.session_name,
-            "server": call.server,
-            "tool": call.tool,
-            "arguments_digest": call.digest,
-            "arguments_bytes": len(call.arguments_json.encode("utf-8", "surrogatepass")),
-            "decision": decision,
-            "duration_ms": round((time.monotonic() - started) * 1000, 1),
-            "result_bytes": result_bytes,
-            "error": error[:500] if error else None,
-        }
+        full: dict[str, object] = {}
         if self.mode == "full":
-            entry["arguments"] = call.arguments_json[:MAX_LOGGED_JSON]
-            entry["result"] = None if result is None else canonical_json(result)[:MAX_LOGGED_JSON]
-        self._append((json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass"))
+            full["arguments"] = call.arguments_json[:MAX_LOGGED_JSON]
+            full["result"] = None if result is None else canonical_json(result)[:MAX_LOGGED_JSON]
+        self._write(
+            call.principal,
+            call.session_name,
+            call.server,
+            call.tool,
+            call.digest,
+            len(call.arguments_json.encode("utf-8", "surrogatepass")),
+            decision,
+            round((time.monotonic() - started) * 1000, 1),
+            result_bytes,
+            error,
+            full,
+        )
 
     def refused(self, principal: str, session: str, server: str, tool: str, size: int, error: str) -> None:
         """A call refused before it could be made (``server`` and ``tool`` as the code named
         them; ``size``: its request's bytes): the policy, an unknown tool, wrong arguments,
         the cap on calls."""
-        if self.mode == "off":
-            return
+        if self.mode != "off":
+            self._write(principal, session, server[:200], tool[:200], None, size, "refused", 0.0, None, error)
+
+    def _write(
+        self,
+        principal: str,
+        session: str,
+        server: str,
+        tool: str,
+        digest: str | None,
+        size: int,
+        decision: str,
+        duration_ms: float,
+        result_bytes: int | None,
+        error: str | None,
+        full: Mapping[str, object] | None = None,
+    ) -> None:
+        """One line of the log: its fields in one order, whatever wrote them."""
         entry: dict[str, object] = {
             "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
             "principal": principal,
             "session": session,
-            "server": server[:200],
-            "tool": tool[:200],
-            "arguments_digest": None,
+            "server": server,
+            "tool": tool,
+            "arguments_digest": digest,
             "arguments_bytes": size,
-            "decision": "refused",
-            "duration_ms": 0.0,
-            "result_bytes": None,
-            "error": error[:500],
+            "decision": decision,
+            "duration_ms": duration_ms,
+            "result_bytes": result_bytes,
+            "error": error[:500] if error else None,
+            **(full or {}),
         }
         self._append((json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass"))
 

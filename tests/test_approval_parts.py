@@ -304,12 +304,12 @@ async def test_a_servers_question_goes_to_the_one_call_in_flight_or_is_declined_
         relay = Listener()
         none = await client._on_question(None, params)
         assert isinstance(none, types.ErrorData) and "no call of its is running" in none.message
-        client.calls_in_flight.append(relay)
+        client.calls_in_flight.append((relay, anyio.CancelScope()))
         assert isinstance(await client._on_question(None, params), types.ElicitResult)
         assert heard == ["notes: Go on?"]
         await client._on_log(types.LoggingMessageNotificationParams(level="info", data="hello"))
         assert heard == ["notes: Go on?", "notes: hello"]
-        client.calls_in_flight.append(relay)
+        client.calls_in_flight.append((relay, anyio.CancelScope()))
         two = await client._on_question(None, params)
         assert isinstance(two, types.ErrorData) and "cannot tell whose user to ask" in two.message
         group.cancel_scope.cancel()
