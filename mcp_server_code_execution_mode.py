@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import ast
 import base64
+import bisect
 import difflib
 import errno
 import fcntl
@@ -71,7 +72,7 @@ import threading
 import time
 import tomllib
 import urllib.parse
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field, replace
@@ -4482,10 +4483,11 @@ def render_tool_doc(
 # search
 # =============================================================================
 
-_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+|[^\W\d_A-Za-z]+")
+_RAW_WORD = re.compile(r"[A-Za-z]+|[0-9]+|[^\W\d_A-Za-z]+")  # a word as written: GitHub, getFileInfo
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+|[^\W\d_A-Za-z]+")  # its parts: Git, Hub
 _STOP_WORDS = frozenset({
     "a", "an", "and", "any", "are", "as", "at", "be", "by", "can", "could", "do", "does", "for", "from",
-    "how", "i", "if", "in", "into", "is", "it", "its", "me", "my", "of", "on", "or", "please", "some",
+    "how", "i", "if", "in", "into", "is", "it", "its", "me", "my", "not", "of", "on", "or", "please", "some",
     "that", "the", "their", "them", "then", "there", "these", "this", "those", "to", "use", "used",
     "using", "via", "want", "was", "what", "when", "where", "which", "while", "who", "will", "with",
     "would", "you", "your", "tool", "tools",
@@ -4497,16 +4499,22 @@ _SUFFIXES = (
     ("ed", "", 3), ("ly", "", 4), ("s", "", 3),
 )  # fmt: skip
 _KEEP_ENDINGS = ("eed", "ss", "us", "is")  # speed, process, status, analysis
-# Field weights: a tool's name and titles 3; its server's names 2; its description and
-# parameters (names, descriptions and choices, nested ones too) 1; what its server says about itself
-# (description, instructions: the same for all its tools) 0.5.
-_NAME_WEIGHT, _SERVER_WEIGHT, _TEXT_WEIGHT, _ABOUT_WEIGHT = 3.0, 2.0, 1.0, 0.5
-_RELATED_WEIGHT = 0.75  # a word of the same concept (_CONCEPTS), not the word itself
-_NAME_COVERAGE_WEIGHT = 1.0  # times the share of the tool's name that the query covers
+# BM25F (Robertson and Zaragoza) over a tool's fields. Each field has a weight, and a share
+# of its length that dampens a word's count (BM25's b: 0 not at all, 1 in full). The name
+# and titles say what the tool is; its server's names say which service; the description
+# and the parameters (names, descriptions, choices) say what it does; what the server says
+# about itself (description, instructions) is the same for all its tools, so it counts
+# little. Measured on benchmarks/search_eval's dev queries (bench_search.py --eval).
+_FIELDS = ("name", "server", "description", "parameters", "about")
+_FIELD_WEIGHT = (3.0, 2.0, 1.0, 0.6, 0.3)
+_FIELD_LENGTH_NORM = (0.3, 0.0, 0.75, 0.75, 0.5)
+_SATURATION = 1.2  # BM25's k1: how soon more of one word stops adding
+_RELATED_WEIGHT = 0.6  # a word of the same concept (_CONCEPTS), or a part of a camel-case word
+_SPELLING_WEIGHT = 0.7  # times _similarity: a word that starts like the query's (repo, repository)
+_NAME_COVERAGE_WEIGHT = 0.5  # times the share of the tool's name the query covers, times its mean idf
 _UNASKED_DESTRUCTIVE = 0.85  # a destructive tool, when the query asks for no change
 _OTHER_INTENT = 0.85  # a tool that does something else than the query asks (_INTENT_WORDS)
 _GENERIC_NAME_WORDS = frozenset({"get"})  # left out of a name's coverage: get_sum is "sum"
-
 
 # Bounds on what the sandbox may ask of a search (defense in depth: the ranking runs on
 # the host, outside the container's CPU limit).
@@ -4528,7 +4536,8 @@ _CONCEPTS = (
     "remember memory memorize recall",
     "remember store save keep note record",
     "fact observation note knowledge information info",
-    "person people someone somebody user contact human individual friend colleague entity",
+    "person people someone somebody user contact human individual friend colleague coworker teammate "
+    "member employee entity",
     "entity node",
     "folder directory dir",
     "file document",
@@ -4557,7 +4566,7 @@ _CONCEPTS = (
     "url link web page website site webpage internet online browser",
     "get fetch retrieve obtain download",
     "run execute invoke launch evaluate eval",
-    "message chat post send publish share dm",
+    "message chat post send publish share dm submit",
     "channel room conversation chat",
     "reply respond answer",
     "email mail",
@@ -4573,6 +4582,16 @@ _CONCEPTS = (
     "error failure exception",
     "copy duplicate",
     "tree hierarchy recursive",
+    "history log timeline",
+    "latest newest recent last",
+    "version release",
+    "balance money funds",
+    "stop cancel abort halt terminate kill",
+    "pause suspend",
+    "resume restore unpause wake",
+    "append add attach",
+    "monitor watch track observe",
+    "schema structure columns fields properties",
 )
 # Two words that ask for a concept neither says: a term of its own.
 _PHRASES = {
@@ -4621,11 +4640,27 @@ def _stem(word: str) -> str:
     return word[:-1] if len(word) >= 5 and word.endswith("e") else word  # write/writ(ing)
 
 
-def _tokens(text: str) -> tuple[str, ...]:
-    # No cache keyed by text: queries come from the sandbox. Tool texts are tokenized once
-    # per tool list instead (index_tools, kept by the caller).
-    words = (word.lower() for word in _WORD.findall(text))
-    return tuple(_stem(word) for word in words if len(word) > 1 and word not in _STOP_WORDS)
+def _words(text: str) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """Each word of a text in lower case, with its parts where it is written in camel case:
+    "GitHub" -> ("github", ("git", "hub")); "getFileInfo" -> its three words; else no parts.
+    A brand is one word to whoever types it, an identifier several."""
+    for match in _RAW_WORD.finditer(text):
+        parts = _WORD.findall(match.group())
+        yield match.group().lower(), tuple(part.lower() for part in parts) if len(parts) > 1 else ()
+
+
+def _tokens(text: str, whole: bool = True) -> tuple[str, ...]:
+    """The stems of a text's words (stop words and single letters left out), a camel-case
+    word both whole and in its parts ("GitHub": github, git, hub); ``whole`` False: its
+    parts only.
+    No cache keyed by text: queries come from the sandbox. Tool texts are tokenized once
+    per tool list instead (index_tools, kept by the caller)."""
+    stems: list[str] = []
+    for word, parts in _words(text):
+        for item in (word, *parts) if whole or not parts else parts:
+            if len(item) > 1 and item not in _STOP_WORDS:
+                stems.append(_stem(item))
+    return tuple(stems)
 
 
 def _related_stems() -> dict[tuple[str, ...], frozenset[str]]:
@@ -4671,9 +4706,10 @@ class QueryTerm:
 def query_terms(query: str) -> list[QueryTerm]:
     """The terms of a query, at most MAX_SEARCH_TERMS (the first ones): the distinct stems
     of its words, each with the related stems of _CONCEPTS (those of the two-word item it
-    ends too: "pull request" -> "pr"), the compound it makes with the previous word ("time
-    zones" -> "timezone") and, for a city ("Tokyo", "New York"), "timezone" and "time";
-    plus a term for each phrase of _PHRASES ("what time" -> "now")."""
+    ends too: "pull request" -> "pr"), its parts where it is written in camel case ("GitHub"
+    -> "git", "hub"), the compound it makes with the previous word ("time zones" ->
+    "timezone") and, for a city ("Tokyo", "New York"), "timezone" and "time"; plus a term
+    for each phrase of _PHRASES ("what time" -> "now")."""
     terms: dict[str, dict[str, float]] = {}
 
     def add(stem: str) -> dict[str, float]:
@@ -4683,14 +4719,16 @@ def query_terms(query: str) -> list[QueryTerm]:
         return related
 
     recent: list[str] = []  # the last three words, stop words included
-    for match in _WORD.finditer(_text(query)):
+    for word, parts in _words(_text(query)):
         if len(terms) >= MAX_SEARCH_TERMS:
             break
-        word = match.group().lower()
         previous = recent[-1] if recent else ""
         recent = [*recent[-2:], word]
         if len(word) > 1 and word not in _STOP_WORDS:
             related = add(_stem(word))
+            for part in parts:
+                if len(part) > 1 and part not in _STOP_WORDS:
+                    related.setdefault(_stem(part), _RELATED_WEIGHT)
             if len(previous) > 1 and previous not in _STOP_WORDS:
                 related[_stem(previous + word)] = 1.0
                 for other in sorted(_RELATED.get((_stem(previous), _stem(word)), ())):
@@ -4747,7 +4785,7 @@ def _similarity(term: str, token: str) -> float:
     return score
 
 
-def _property_fields(schema: object, fields: list[tuple[object, float]], depth: int = 0) -> None:
+def _property_fields(schema: object, fields: list[object], depth: int = 0) -> None:
     """The names, descriptions and string choices (enum: state "open"/"closed") of a
     schema's properties, nested ones (objects, arrays of objects) included, up to
     _MAX_PROPERTY_DEPTH levels and _MAX_INDEXED_PROPERTIES fields."""
@@ -4757,56 +4795,67 @@ def _property_fields(schema: object, fields: list[tuple[object, float]], depth: 
     for name, prop in properties.items():
         if len(fields) >= _MAX_INDEXED_PROPERTIES:
             return
-        fields.append((name, _TEXT_WEIGHT))
+        fields.append(name)
         if isinstance(prop, Mapping):
-            fields.append((prop.get("description"), _TEXT_WEIGHT))
+            fields.append(prop.get("description"))
             choices = prop.get("enum")
             if isinstance(choices, list):
-                words = " ".join(c for c in choices[:_MAX_INDEXED_CHOICES] if isinstance(c, str))
-                fields.append((words, _TEXT_WEIGHT))
+                fields.append(" ".join(c for c in choices[:_MAX_INDEXED_CHOICES] if isinstance(c, str)))
             items = prop.get("items")
             _property_fields(items if isinstance(items, Mapping) else prop, fields, depth + 1)
 
 
-def server_tokens(names: Iterable[object], about: object = "") -> dict[str, float]:
-    """What a server says about itself, as weighted stems for each of its tools: its names
-    (alias, configured name, serverInfo name and title) at the server weight; ``about``
-    (serverInfo description and instructions, the first MAX_ABOUT_CHARS) at _ABOUT_WEIGHT."""
-    tokens = dict.fromkeys(_tokens(_text(about)[:MAX_ABOUT_CHARS]), _ABOUT_WEIGHT)
-    for name in names:
-        tokens.update(dict.fromkeys(_tokens(_text(name)), _SERVER_WEIGHT))
-    return tokens
+@dataclass(frozen=True)
+class ServerTokens:
+    """What a server says about itself, as stems for each of its tools: its names (alias,
+    configured name, serverInfo name and title: the "server" field) and what it says it is
+    for (serverInfo description and instructions, the first MAX_ABOUT_CHARS: "about")."""
+
+    names: tuple[str, ...] = ()
+    about: tuple[str, ...] = ()
 
 
-def _tool_tokens(
-    server_alias: str, tool: Mapping[str, object], server: Mapping[str, float] | None = None
-) -> dict[str, float]:
-    """Each stem in the tool's text and its server's (server_tokens), with the weight of
-    the heaviest field it appears in."""
+def server_tokens(names: Iterable[object], about: object = "") -> ServerTokens:
+    return ServerTokens(
+        tuple(stem for name in names for stem in _tokens(_text(name))),
+        _tokens(_text(about)[:MAX_ABOUT_CHARS]),
+    )
+
+
+def _tool_fields(
+    alias: str, tool: Mapping[str, object], server: ServerTokens | None
+) -> tuple[Counter[str], ...]:
+    """Each of _FIELDS of a tool, as its stems with their counts (the server's: ``server``,
+    or the alias alone)."""
     annotations = tool.get("annotations")
-    fields: list[tuple[object, float]] = [(tool.get("name"), _NAME_WEIGHT), (tool.get("title"), _NAME_WEIGHT)]
+    names = [tool.get("name"), tool.get("title")]
     if isinstance(annotations, Mapping):
-        fields.append((annotations.get("title"), _NAME_WEIGHT))
-    fields += [(server_alias, _SERVER_WEIGHT), (tool.get("description"), _TEXT_WEIGHT)]
-    _property_fields(tool.get("inputSchema"), fields)
-    tokens = dict(server or {})
-    for text, weight in fields:
-        for token in _tokens(_text(text)):
-            if weight > tokens.get(token, 0.0):
-                tokens[token] = weight
-    return tokens
+        names.append(annotations.get("title"))
+    parameters: list[object] = []
+    _property_fields(tool.get("inputSchema"), parameters)
+
+    def stems(texts: Iterable[object]) -> Counter[str]:
+        return Counter(stem for text in texts for stem in _tokens(_text(text)))
+
+    server = server or ServerTokens(_tokens(alias))
+    return (
+        stems(names), Counter(server.names), stems([tool.get("description")]), stems(parameters),
+        Counter(server.about),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
 class IndexedTool:
-    """A tool as the ranking reads it: its weighted stems (_tool_tokens), the stems of its
-    name (for the name's coverage) and what it does (its intent)."""
+    """A tool as the ranking reads it: each of its _FIELDS as stems with their counts, the
+    stems of its name (for the name's coverage), what it does (its intent) and whether it
+    destroys."""
 
     alias: str
     tool: Mapping[str, object]
-    tokens: Mapping[str, float]
+    fields: tuple[Mapping[str, int], ...]
     name: tuple[str, ...]
     intent: str = ""  # what the tool does (_tool_intent)
+    destructive: bool = False  # its destructiveHint, or a name that starts with delete, remove...
 
 
 def _tool_intent(tool: Mapping[str, object]) -> str:
@@ -4832,108 +4881,127 @@ def _other_intent(asked: str, done: str) -> bool:
 
 def index_tools(
     tools: Iterable[tuple[str, Mapping[str, object]]],
-    servers: Mapping[str, Mapping[str, float]] | None = None,
+    servers: Mapping[str, ServerTokens] | None = None,
 ) -> list[IndexedTool]:
-    """The search index of (server alias, tool) pairs; ``servers``: alias -> server_tokens.
+    """The search entries of (server alias, tool) pairs; ``servers``: alias -> server_tokens.
     A name's words for its coverage leave out _GENERIC_NAME_WORDS and the words every tool
     of its server has in its name, when it has three or more: a prefix ("slack" of
     slack_post_message) says which server, not what the tool does."""
     servers = servers or {}
     pairs = list(tools)
-    names = [_tokens(_text(tool.get("name"))) for _, tool in pairs]
+    names = [_tokens(_text(tool.get("name")), whole=False) for _, tool in pairs]
     shared: dict[str, set[str]] = {}
     count: dict[str, int] = {}
     for (alias, _), name in zip(pairs, names, strict=True):
         shared[alias] = shared[alias] & set(name) if alias in shared else set(name)
         count[alias] = count.get(alias, 0) + 1
-    return [
-        IndexedTool(
-            alias,
-            tool,
-            _tool_tokens(alias, tool, servers.get(alias)),
-            tuple(
-                dict.fromkeys(
-                    word
-                    for word in name
-                    if word not in _GENERIC_NAME_WORDS and (count[alias] < 3 or word not in shared[alias])
-                )
-            ),
-            _tool_intent(tool),
+    entries = []
+    for (alias, tool), name in zip(pairs, names, strict=True):
+        annotations = tool.get("annotations")
+        destructive = isinstance(annotations, Mapping) and annotations.get("destructiveHint") is True
+        entries.append(
+            IndexedTool(
+                alias,
+                tool,
+                _tool_fields(alias, tool, servers.get(alias)),
+                tuple(
+                    dict.fromkeys(
+                        word
+                        for word in name
+                        if word not in _GENERIC_NAME_WORDS and (count[alias] < 3 or word not in shared[alias])
+                    )
+                ),
+                _tool_intent(tool),
+                destructive or (bool(name) and name[0] in _DESTRUCTIVE_STEMS),
+            )
         )
-        for (alias, tool), name in zip(pairs, names, strict=True)
-    ]
+    return entries
 
 
-def _term_matches(term: QueryTerm, vocabulary: set[str]) -> dict[str, float]:
-    """The stems of the vocabulary a term finds, with how well (before field weights)."""
-    found = {token: score for token in vocabulary if (score := _similarity(term.stem, token)) > 0}
-    for stem, weight in term.related.items():
-        if stem in vocabulary and weight > found.get(stem, 0.0):
-            found[stem] = weight
-    return found
+class ToolIndex:
+    """The tools searched at once, as BM25F reads them: each stem -> each tool that has it
+    (its position) -> the stem's count in each field, weighted and dampened by the field's
+    length against its average. Built once per catalogue (the caller keeps it while the
+    tool lists stay the same) and read, never changed, by every search."""
+
+    def __init__(self, tools: Iterable[IndexedTool]) -> None:
+        self.tools = tuple(tools)
+        lengths = [[sum(entry.fields[i].values()) for i in range(len(_FIELDS))] for entry in self.tools]
+        averages = [sum(column) / len(column) or 1.0 for column in zip(*lengths, strict=True)]
+        postings: dict[str, dict[int, float]] = {}
+        for position, (entry, sizes) in enumerate(zip(self.tools, lengths, strict=True)):
+            weighted: dict[str, float] = {}
+            for counts, size, average, weight, norm in zip(
+                entry.fields, sizes, averages, _FIELD_WEIGHT, _FIELD_LENGTH_NORM, strict=True
+            ):
+                damping = 1 - norm + norm * size / average
+                for stem, n in counts.items():
+                    weighted[stem] = weighted.get(stem, 0.0) + weight * n / damping
+            for stem, value in weighted.items():
+                postings.setdefault(stem, {})[position] = value
+        self.postings = postings
+        self.vocabulary = sorted(postings)  # for the words that start like a query's
+
+    def idf(self, stem: str) -> float:
+        """BM25's rarity of a stem among the tools: a word every tool has counts little."""
+        found = len(self.postings.get(stem, ()))
+        return math.log(1 + (len(self.tools) - found + 0.5) / (found + 0.5))
+
+    def matches(self, term: QueryTerm) -> dict[str, float]:
+        """The stems a term finds, with how well: its own 1; a compound 1 and a related word
+        _RELATED_WEIGHT (QueryTerm.related); a word that starts like it or is spelt nearly
+        like it (_similarity: among the words that share its first three letters, or its
+        first letter for a word the tools do not have, a typo maybe) times _SPELLING_WEIGHT."""
+        found = {term.stem: 1.0} if term.stem in self.postings else {}
+        start = term.stem[: 3 if found else 1]
+        for token in self.vocabulary[bisect.bisect_left(self.vocabulary, start) :]:
+            if not token.startswith(start):
+                break
+            if token != term.stem and (score := _similarity(term.stem, token)) > 0:
+                found[token] = _SPELLING_WEIGHT * score
+        for stem, weight in term.related.items():
+            if stem in self.postings and weight > found.get(stem, 0.0):
+                found[stem] = weight
+        return found
 
 
-def _term_scores(entry: IndexedTool, matches: Sequence[Mapping[str, float]]) -> list[float]:
-    """Each term's best match among the tool's stems (``matches``: _term_matches of each
-    term), times the stem's field weight. A stem counts in full for the first term that
-    finds it only, half for the next ("web page" finds a "link" once): two words of one
-    concept are not twice the evidence."""
-    claimed: set[str] = set()
-    scores: list[float] = []
-    for found in matches:
-        best, best_token = 0.0, ""
-        shared = found.keys() & entry.tokens.keys()  # walks the smaller of the two
-        for token in shared:
-            value = found[token] * entry.tokens[token] * (0.5 if token in claimed else 1.0)
-            best, best_token = max((best, best_token), (value, token))
-        claimed.add(best_token)
-        scores.append(best)
-    return scores
-
-
-def _destructive(entry: IndexedTool) -> bool:
-    annotations = entry.tool.get("annotations")
-    if isinstance(annotations, Mapping) and annotations.get("destructiveHint") is True:
-        return True
-    return bool(entry.name) and entry.name[0] in _DESTRUCTIVE_STEMS
-
-
-def rank_tools(
-    query: str, indexed: Sequence[IndexedTool], limit: int = 5
-) -> list[tuple[float, str, Mapping[str, Any]]]:
+def rank_tools(query: str, index: ToolIndex, limit: int = 5) -> list[tuple[float, str, Mapping[str, Any]]]:
     """The ``limit`` best (score, server alias, tool) matches for ``query``, best first.
 
-    Each query term (query_terms) scores its best match among a tool's stems (same stem
-    1.0, prefix 0.7, near spelling up to 0.6, related word 0.75, compound 1.0) times that
-    stem's field weight (name and titles 3, server names 2, description and parameters 1,
-    server description and instructions 0.5); a stem another term found first counts
-    half (_term_scores). The terms' mean is weighted by rarity (BM25's idf over the tools
-    searched: a word every tool has counts little); to it is added the share of the tool's
-    name the query covers (its server's prefix left out). A destructive tool (its
-    destructiveHint, or a name starting with delete/remove/...) scores x0.85 unless the
-    query asks for a change; so does a tool that does something else than the query asks
-    (query_intent: reads when asked to create, creates when asked to delete...). Ties go
-    to the shorter tool name, then alphabetical order, so results are deterministic.
+    BM25F: each query term (query_terms) adds, for each tool, its best match among the
+    stems it finds (ToolIndex.matches: how well, times the stem's rarity, times its
+    weighted count in the tool's fields, saturated). To that is added the share of the
+    tool's name the query covers (its server's prefix left out), times the query's mean
+    rarity. A destructive tool scores x0.85 unless the query asks for a change; so does a
+    tool that does something else than the query asks (query_intent: reads when asked to
+    create, creates when asked to delete...). Ties go to the shorter tool name, then
+    alphabetical order, so results are deterministic.
     """
     terms = query_terms(query)
-    if not terms or limit <= 0:
+    if not terms or limit <= 0 or not index.tools:
         return []
-    vocabulary = {token for entry in indexed for token in entry.tokens}
-    matches = [_term_matches(term, vocabulary) for term in terms]
-    best = [_term_scores(entry, matches) for entry in indexed]
-    count = len(indexed)
-    found_in = [sum(1 for scores in best if scores[i] > 0) for i in range(len(terms))]
-    idf = [math.log(1 + (count - df + 0.5) / (df + 0.5)) for df in found_in]
+    scores: dict[int, float] = {}
+    found: dict[str, float] = {}  # every stem the query finds, and how well: for the names' coverage
+    for term in terms:
+        best: dict[int, float] = {}
+        for stem, match in index.matches(term).items():
+            found[stem] = max(found.get(stem, 0.0), match)
+            rarity = match * index.idf(stem)
+            for position, weighted in index.postings[stem].items():
+                value = rarity * weighted * (_SATURATION + 1) / (_SATURATION + weighted)
+                if value > best.get(position, 0.0):
+                    best[position] = value
+        for position, value in best.items():
+            scores[position] = scores.get(position, 0.0) + value
+    mean_idf = sum(index.idf(term.stem) for term in terms) / len(terms)
     asks_change = any(term.stem in _CHANGE_STEMS for term in terms)
     intent = query_intent(query)
     ranked: list[tuple[float, str, Mapping[str, Any]]] = []
-    for entry, scores in zip(indexed, best, strict=True):
-        mean = sum(weight * score for weight, score in zip(idf, scores, strict=True)) / sum(idf)
-        if mean <= 0:
-            continue
-        covered = sum(max(m.get(word, 0.0) for m in matches) for word in entry.name)
-        score = mean + _NAME_COVERAGE_WEIGHT * covered / max(len(entry.name), 1)
-        if not asks_change and _destructive(entry):
+    for position, matched in scores.items():
+        entry = index.tools[position]
+        covered = sum(found.get(word, 0.0) for word in entry.name) / max(len(entry.name), 1)
+        score = matched + _NAME_COVERAGE_WEIGHT * mean_idf * covered
+        if not asks_change and entry.destructive:
             score *= _UNASKED_DESTRUCTIVE
         elif _other_intent(intent, entry.intent):
             score *= _OTHER_INTENT
@@ -4946,10 +5014,10 @@ def search_tools(
     query: str,
     tools: Sequence[tuple[str, Mapping[str, object]]],
     limit: int = 5,
-    servers: Mapping[str, Mapping[str, float]] | None = None,
+    servers: Mapping[str, ServerTokens] | None = None,
 ) -> list[tuple[float, str, Mapping[str, Any]]]:  # the tools as given (JSON objects)
     """rank_tools over tools not indexed yet."""
-    return rank_tools(query, index_tools(tools, servers), limit)
+    return rank_tools(query, ToolIndex(index_tools(tools, servers)), limit)
 
 
 # =============================================================================
@@ -6252,6 +6320,8 @@ class SandboxAPI:
         self._cpu_limiter = anyio.CapacityLimiter(2)
         # alias -> (the tool list it was built from, its search index); one per server.
         self._search_index: dict[str, tuple[list[types.Tool], list[IndexedTool]]] = {}
+        # The catalogue last searched: each server's entries (in alias order), and their index.
+        self._search_catalogue: tuple[tuple[list[IndexedTool], ...], ToolIndex] | None = None
 
     def server_list(self) -> list[dict[str, str]]:
         """What the kernel needs at start-up to create the ``mcp_<alias>`` objects."""
@@ -6368,12 +6438,12 @@ class SandboxAPI:
         Every configured server is searched, so those not started yet are started here
         (concurrently); a server that fails is left out of the ranking, and the call's
         notices say which and why."""
-        catalogue: list[IndexedTool] = []
+        catalogue: dict[str, list[IndexedTool]] = {}
         skipped: list[tuple[str, str]] = []
 
         async def collect(client: PooledClient) -> None:
             try:
-                catalogue.extend(await self._indexed_tools(client))
+                catalogue[client.spec.alias] = await self._indexed_tools(client)
             except BridgeError as exc:
                 logger.info("search skipped %s: %s", client.spec.alias, exc)
                 skipped.append((client.spec.alias, str(exc)))
@@ -6385,9 +6455,9 @@ class SandboxAPI:
             self.pool.client(alias).notices.append(
                 "runtime.search_tool_docs(...) left out the tools of MCP server %r: %s" % (alias, reason)
             )
-        catalogue.sort(key=lambda entry: (entry.alias, str(entry.tool.get("name"))))
+        servers = tuple(catalogue[alias] for alias in sorted(catalogue))
         ranked = await anyio.to_thread.run_sync(
-            rank_tools, query, catalogue, limit, limiter=self._search_limiter, abandon_on_cancel=True
+            self._ranked, query, servers, limit, limiter=self._search_limiter, abandon_on_cancel=True
         )
         if detail == "line":
             return [render_tool_line(alias, tool) for _, alias, tool in ranked]
@@ -6400,6 +6470,18 @@ class SandboxAPI:
             )
             for score, alias, tool in ranked
         ]
+
+    def _ranked(
+        self, query: str, servers: tuple[list[IndexedTool], ...], limit: int
+    ) -> list[tuple[float, str, Mapping[str, Any]]]:
+        """rank_tools over the servers' entries (_indexed_tools), indexed together once for
+        as long as each server's entries stay the same objects."""
+        kept = self._search_catalogue
+        same = kept is not None and len(kept[0]) == len(servers)
+        if kept is None or not same or any(a is not b for a, b in zip(kept[0], servers, strict=True)):
+            kept = (servers, ToolIndex(entry for entries in servers for entry in entries))
+            self._search_catalogue = kept
+        return rank_tools(query, kept[1], limit)
 
     async def _indexed_tools(self, client: PooledClient) -> list[IndexedTool]:
         """The server's allowed tools, tokenized once per tool list (not per search), with

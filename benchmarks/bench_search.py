@@ -56,6 +56,7 @@ from mcp_server_code_execution_mode import (
     IndexedTool,
     SandboxAPI,
     ServerSpec,
+    ToolIndex,
     index_tools,
     rank_tools,
     server_tokens,
@@ -172,7 +173,7 @@ class CatalogueQuery:
     expected: tuple[str, ...]  # "alias.tool"; any of them is the right call
 
 
-def load_catalogue(path: Path = CATALOGUE) -> tuple[list[IndexedTool], dict[str, list[CatalogueQuery]]]:
+def load_catalogue(path: Path = CATALOGUE) -> tuple[ToolIndex, dict[str, list[CatalogueQuery]]]:
     """The catalogue's tools indexed as SandboxAPI indexes a server's (its alias, name and
     title, and its instructions, as server_tokens), and its query sets by name, "ten"
     being QUERIES."""
@@ -183,7 +184,6 @@ def load_catalogue(path: Path = CATALOGUE) -> tuple[list[IndexedTool], dict[str,
         names = [alias, server.get("name"), server.get("title")]
         about = server_tokens(names, server.get("instructions", ""))
         indexed += index_tools(((alias, tool) for tool in server["tools"]), {alias: about})
-    indexed.sort(key=lambda entry: (entry.alias, str(entry.tool.get("name"))))
     sets = {
         name: [CatalogueQuery(q["query"], tuple(q["expected"])) for q in data[name]]
         for name in ("dev", "held_out")
@@ -191,10 +191,10 @@ def load_catalogue(path: Path = CATALOGUE) -> tuple[list[IndexedTool], dict[str,
     sets["ten"] = [
         CatalogueQuery(q.text, tuple("%s.%s" % (q.server, tool) for tool in q.tools)) for q in QUERIES
     ]
-    return indexed, sets
+    return ToolIndex(indexed), sets
 
 
-def rank_catalogue(indexed: Sequence[IndexedTool], queries: Sequence[CatalogueQuery]) -> list[Outcome]:
+def rank_catalogue(indexed: ToolIndex, queries: Sequence[CatalogueQuery]) -> list[Outcome]:
     """Each query's outcome over the whole catalogue (every hit, up to MAX_SEARCH_LIMIT)."""
     outcomes: list[Outcome] = []
     for query in queries:
@@ -206,7 +206,7 @@ def rank_catalogue(indexed: Sequence[IndexedTool], queries: Sequence[CatalogueQu
     return outcomes
 
 
-def search_times(indexed: Sequence[IndexedTool], queries: Sequence[CatalogueQuery]) -> list[float]:
+def search_times(indexed: ToolIndex, queries: Sequence[CatalogueQuery]) -> list[float]:
     """Seconds each query's search takes over the whole catalogue (tests only guard
     against a blow-up; the time per search is measured here)."""
     times = []
@@ -219,8 +219,8 @@ def search_times(indexed: Sequence[IndexedTool], queries: Sequence[CatalogueQuer
 
 def print_catalogue(sets: Sequence[str], counts_only: bool) -> None:
     indexed, queries = load_catalogue()
-    servers = len({entry.alias for entry in indexed})
-    print("catalogue: %d tools of %d servers (%s)\n" % (len(indexed), servers, CATALOGUE.name))
+    servers = len({entry.alias for entry in indexed.tools})
+    print("catalogue: %d tools of %d servers (%s)\n" % (len(indexed.tools), servers, CATALOGUE.name))
     for name in sets:
         outcomes = rank_catalogue(indexed, queries[name])
         first, top3 = counts(outcomes)
@@ -233,7 +233,7 @@ def print_catalogue(sets: Sequence[str], counts_only: bool) -> None:
         p95 = times[int(0.95 * (len(times) - 1))]
         print(
             "time per search over %d tools: median %.1f ms, p95 %.1f ms (%d searches)"
-            % (len(indexed), 1000 * statistics.median(times), 1000 * p95, len(times))
+            % (len(indexed.tools), 1000 * statistics.median(times), 1000 * p95, len(times))
         )
 
 
@@ -242,7 +242,7 @@ def print_catalogue(sets: Sequence[str], counts_only: bool) -> None:
 EVAL_DIR = REPO / "benchmarks" / "search_eval"
 
 
-def eval_tools() -> tuple[list[IndexedTool], list[tuple[str, dict[str, Any]]]]:
+def eval_tools() -> tuple[ToolIndex, list[tuple[str, dict[str, Any]]]]:
     """search_eval's tools, indexed as the bridge indexes them, and as (alias, tool) pairs."""
     data = json.loads((EVAL_DIR / "catalogs.json").read_text(encoding="utf-8"))
     indexed: list[IndexedTool] = []
@@ -254,7 +254,7 @@ def eval_tools() -> tuple[list[IndexedTool], list[tuple[str, dict[str, Any]]]]:
         )
         indexed += index_tools(((alias, tool) for tool in server["tools"]), {alias: about})
         pairs += [(alias, tool) for tool in server["tools"]]
-    return indexed, pairs
+    return ToolIndex(indexed), pairs
 
 
 class Fts5Baseline:
@@ -300,6 +300,12 @@ class Fts5Baseline:
         return [row[0] for row in rows]
 
 
+def rank_names(index: ToolIndex, query: str) -> list[str]:
+    """The bridge's hits for a query over the index, as "alias.tool", best first."""
+    hits = rank_tools(query, index, MAX_SEARCH_LIMIT)
+    return ["%s.%s" % (alias, tool.get("name")) for _, alias, tool in hits]
+
+
 def eval_figures(
     ranked: Sequence[Sequence[str]], queries: Sequence[dict[str, Any]]
 ) -> tuple[float, float, float]:
@@ -319,10 +325,10 @@ def print_eval() -> None:
     indexed, pairs = eval_tools()
     queries = json.loads((EVAL_DIR / "queries.json").read_text(encoding="utf-8"))
     baseline = Fts5Baseline(pairs)
-    servers = len({entry.alias for entry in indexed})
+    servers = len({entry.alias for entry in indexed.tools})
     print(
         "search_eval: %d tools of %d servers; dev %d, held-out %d queries (written blind)\n"
-        % (len(indexed), servers, len(queries["dev"]), len(queries["held_out"]))
+        % (len(indexed.tools), servers, len(queries["dev"]), len(queries["held_out"]))
     )
     print("%-10s %-16s %7s %7s %7s" % ("set", "ranking", "top-1", "top-3", "MRR"))
     times: list[float] = []
@@ -331,17 +337,25 @@ def print_eval() -> None:
         ours = []
         for text in texts:
             started = time.perf_counter()
-            hits = rank_tools(text, indexed, MAX_SEARCH_LIMIT)
+            ours.append(rank_names(indexed, text))
             times.append(time.perf_counter() - started)
-            ours.append(["%s.%s" % (alias, tool.get("name")) for _, alias, tool in hits])
         for label, ranked in (("bridge", ours), ("FTS5 baseline", [baseline.rank(text) for text in texts])):
             top1, top3, mrr = eval_figures(ranked, queries[name])
             print("%-10s %-16s %6.1f%% %6.1f%% %7.3f" % (name, label, 100 * top1, 100 * top3, mrr))
-    times.sort()
-    print(
-        "\ntime per search over %d tools (the bridge's ranking): median %.1f ms, p95 %.1f ms"
-        % (len(indexed), 1000 * statistics.median(times), 1000 * times[int(0.95 * (len(times) - 1))])
-    )
+    # The issue's bound is per search over 300 tools: the first 300 of the catalogue.
+    smaller = ToolIndex(indexed.tools[:300])
+    times_300 = []
+    for query in queries["dev"] + queries["held_out"]:
+        started = time.perf_counter()
+        rank_names(smaller, query["query"])
+        times_300.append(time.perf_counter() - started)
+    print()
+    for tools, measured in ((len(indexed.tools), times), (300, times_300)):
+        measured.sort()
+        print(
+            "time per search over %d tools (the bridge's ranking): median %.1f ms, p95 %.1f ms"
+            % (tools, 1000 * statistics.median(measured), 1000 * measured[int(0.95 * (len(measured) - 1))])
+        )
 
 
 def render_table(outcomes: Sequence[Outcome]) -> str:

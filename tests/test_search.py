@@ -17,6 +17,7 @@ import pytest
 from pydantic import ValidationError
 
 from mcp_server_code_execution_mode import (
+    _RELATED_WEIGHT,
     MAX_SEARCH_TERMS,
     SearchToolDocsParams,
     query_intent,
@@ -58,8 +59,8 @@ def names(query: str, tools: Sequence[tuple[str, Mapping[str, Any]]], **kwargs: 
 
 def test_a_query_word_brings_the_words_of_its_concept() -> None:
     terms = related("remember a folder")
-    assert terms["folder"]["directory"] == 0.75
-    assert terms["remember"]["memory"] == 0.75
+    assert terms["folder"]["directory"] == _RELATED_WEIGHT
+    assert terms["remember"]["memory"] == _RELATED_WEIGHT
 
 
 def test_two_words_also_find_their_compound() -> None:
@@ -75,7 +76,7 @@ def test_a_question_phrase_adds_the_concept_it_asks_for() -> None:
 
 def test_a_city_of_the_time_zone_database_finds_time_zones() -> None:
     timezone = search_terms("timezone")[0]
-    assert related("the time in Tokyo")["tokyo"][timezone] == 0.75
+    assert related("the time in Tokyo")["tokyo"][timezone] == _RELATED_WEIGHT
     assert timezone in related("the time in New York")["york"]
     assert timezone not in related("the time in Narnia")["narnia"]
 
@@ -85,8 +86,8 @@ def test_tool_is_a_stop_word() -> None:
 
 
 def test_a_two_word_item_brings_its_concept() -> None:
-    assert related("pull request")["request"]["pr"] == 0.75
-    assert related("open a PR")["pr"]["pull"] == 0.75
+    assert related("pull request")["request"]["pr"] == _RELATED_WEIGHT
+    assert related("open a PR")["pr"]["pull"] == _RELATED_WEIGHT
 
 
 def test_the_first_verb_or_question_word_tells_the_intent() -> None:
@@ -128,7 +129,7 @@ def test_a_server_name_and_instructions_are_searched() -> None:
 
 def test_server_instructions_are_indexed_only_up_to_their_cap() -> None:
     tokens = server_tokens([], "x " * 10_000 + "needle")
-    assert "needle" not in tokens
+    assert "needle" not in tokens.about
 
 
 def test_tool_titles_weigh_like_names() -> None:
@@ -245,21 +246,40 @@ def test_search_params_default_to_lines_and_accept_only_the_three_details() -> N
 # ---------------------------------------------------------------- many servers: the catalogue
 
 # benchmarks/search_catalogs.json: thirteen servers' tools in one catalogue and two query
-# sets (dev: tuned on; held_out: never). The floors are the measured counts (dev 15/16
-# first and 15/16 in the top 3, held_out 10/18 and 14/18, ten 10/10 and 10/10) less one
+# sets (dev: tuned on; held_out: never). The floors are the measured counts (dev 12/16
+# first and 16/16 in the top 3, held_out 13/18 and 16/18, ten 10/10 and 10/10) less one
 # query each, so a change that loses a query passes and one that loses two fails.
-CATALOGUE_FLOORS = {"dev": (14, 14), "held_out": (9, 13), "ten": (9, 9)}
+CATALOGUE_FLOORS = {"dev": (11, 15), "held_out": (12, 15), "ten": (9, 9)}
 
 
 def test_query_sets_find_the_right_tool_among_many_servers() -> None:
     indexed, sets = BENCH.load_catalogue()
-    assert len({entry.alias for entry in indexed}) == 13 and len(indexed) >= 100
+    assert len({entry.alias for entry in indexed.tools}) == 13 and len(indexed.tools) >= 100
     assert len(sets["dev"]) >= 15 and len(sets["held_out"]) >= 15
     for name, (first, top3) in CATALOGUE_FLOORS.items():
         outcomes = BENCH.rank_catalogue(indexed, sets[name])
         table = "\n".join("%s: %s (top %s)" % (o.text, o.rank, o.top) for o in outcomes)
         ranked_first, in_top3 = BENCH.counts(outcomes)
         assert ranked_first >= first and in_top3 >= top3, (name, table)
+
+
+# benchmarks/search_eval: 38 real servers' tool lists (699 tools) and 544 queries written
+# blind from them, split into dev (tuned on) and held-out (never tuned on, never looked at
+# query by query) before any tuning. The floors are the counts measured when the ranking
+# was last changed (held-out: 199/272 first, 234/272 in the top 3; dev 206/272 and
+# 247/272) less one query each.
+EVAL_FLOORS = {"held_out": (198, 233), "dev": (205, 246)}
+
+
+def test_the_fair_evaluation_sets_keep_their_measured_figures() -> None:
+    index, _ = BENCH.eval_tools()
+    queries = json.loads((BENCH.EVAL_DIR / "queries.json").read_text(encoding="utf-8"))
+    assert len(index.tools) == 699
+    for name, (first, top3) in EVAL_FLOORS.items():
+        ranked = [BENCH.rank_names(index, query["query"]) for query in queries[name]]
+        top1_share, top3_share, _ = BENCH.eval_figures(ranked, queries[name])
+        count = len(queries[name])
+        assert round(top1_share * count) >= first and round(top3_share * count) >= top3, name
 
 
 # ---------------------------------------------------------------- real servers, real bridge
