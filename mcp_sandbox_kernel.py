@@ -2455,6 +2455,12 @@ class ServerProxy:
         if name not in tools:
             tools = self._tool_names(refresh=True)
         if name not in tools:
+            # The host names the nearest tools by name and by meaning, with their signatures.
+            try:
+                self._runtime._requests.call(QUERY_TOOL_DOCS, {"server": self._alias, "tool": name})
+            except MCPError as exc:
+                if "has no tool" in str(exc):
+                    raise AttributeError(str(exc)) from None
             close = difflib.get_close_matches(name, list(tools), n=3, cutoff=0.5)
             hint = "did you mean %s? " % ", ".join(close) if close else ""
             raise AttributeError(

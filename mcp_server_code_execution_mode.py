@@ -5010,6 +5010,27 @@ def rank_tools(query: str, index: ToolIndex, limit: int = 5) -> list[tuple[float
     return ranked[:limit]
 
 
+GOOD_MATCH = 1 / 3  # query_coverage of a best hit that is worth trusting
+WEAK_SEARCH_SERVERS_FROM = 20  # hits whose servers a weak search names as the likeliest
+
+
+def query_coverage(query: str, index: ToolIndex, tool: Mapping[str, object]) -> float:
+    """How much of a query ``tool`` (one of the index's) matches, 0 to 1: each term's rarity
+    (idf) times how well the tool's stems match it (1: the word itself), over the rarity
+    of all the terms. A best hit under GOOD_MATCH matches no more than scattered words."""
+    entry = next((entry for entry in index.tools if entry.tool is tool), None)
+    terms = query_terms(query)
+    if entry is None or not terms:
+        return 0.0
+    stems = set().union(*entry.fields)
+    rarity = [index.idf(term.stem) for term in terms]
+    matched = [
+        max((how for stem, how in index.matches(term).items() if stem in stems), default=0.0)
+        for term in terms
+    ]
+    return sum(r * m for r, m in zip(rarity, matched, strict=True)) / (sum(rarity) or 1.0)
+
+
 def search_tools(
     query: str,
     tools: Sequence[tuple[str, Mapping[str, object]]],
@@ -6322,6 +6343,7 @@ class SandboxAPI:
         self._search_index: dict[str, tuple[list[types.Tool], list[IndexedTool]]] = {}
         # The catalogue last searched: each server's entries (in alias order), and their index.
         self._search_catalogue: tuple[tuple[list[IndexedTool], ...], ToolIndex] | None = None
+        self.notices: list[str] = []  # for the result of the call whose code made them
 
     def server_list(self) -> list[dict[str, str]]:
         """What the kernel needs at start-up to create the ``mcp_<alias>`` objects."""
@@ -6404,12 +6426,18 @@ class SandboxAPI:
                 return tool
         # A denied tool gets the same answer as a missing one: the sandbox does not learn
         # what the policy hides.
-        names = [python_identifier(tool.name) for tool in tools]
-        close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
-        hint = " Did you mean %s?" % ", ".join(close) if close else ""
+        # The nearest three by name (a typo) and by meaning (create_pr: create_pull_request),
+        # each with its signature, so the model fixes the call in the same run.
+        alias = client.spec.alias
+        docs = {python_identifier(tool.name): _tool_dict(tool) for tool in tools}
+        close = difflib.get_close_matches(name, list(docs), n=3, cutoff=0.5)
+        hits = search_tools(name, [(alias, doc) for doc in docs.values()], limit=3)
+        meant = [python_identifier(_text(doc.get("name"))) for _, _, doc in hits]
+        nearest = list(dict.fromkeys([*meant[:2], *close, *meant]))[:3]
+        hint = " The nearest: %s." % "; ".join(render_tool_line(alias, docs[near]) for near in nearest)
         raise ProxyError(
             "MCP server %r has no tool %r.%s Its tools: %s."
-            % (client.spec.alias, name, hint, ", ".join(names))
+            % (alias, name, hint if nearest else "", ", ".join(docs))
         )
 
     async def list_tools(self, server: str) -> list[dict[str, str]]:
@@ -6430,6 +6458,13 @@ class SandboxAPI:
         chosen = [await self._find_tool(client, tool)] if tool else await self._allowed_tools(client)
         docs = [render_tool_doc(client.spec.alias, _tool_dict(item), detail) for item in chosen]
         return docs[0] if tool else docs
+
+    def drain_notices(self) -> list[str]:
+        """What the servers (ClientPool.drain_notices) and the searches have to tell the
+        result since the last drain, each once."""
+        notices = [*self.pool.drain_notices(), *self.notices]
+        self.notices.clear()
+        return list(dict.fromkeys(notices))
 
     async def search_tool_docs(
         self, query: str, limit: int = 5, detail: Literal["line", "summary", "full"] = "line"
@@ -6456,9 +6491,11 @@ class SandboxAPI:
                 "runtime.search_tool_docs(...) left out the tools of MCP server %r: %s" % (alias, reason)
             )
         servers = tuple(catalogue[alias] for alias in sorted(catalogue))
-        ranked = await anyio.to_thread.run_sync(
+        ranked, weak = await anyio.to_thread.run_sync(
             self._ranked, query, servers, limit, limiter=self._search_limiter, abandon_on_cancel=True
         )
+        if weak is not None:
+            self.notices.append(weak)
         if detail == "line":
             return [render_tool_line(alias, tool) for _, alias, tool in ranked]
         # "line" too: the kernel shows each hit dict as that one line (SearchHit).
@@ -6473,15 +6510,30 @@ class SandboxAPI:
 
     def _ranked(
         self, query: str, servers: tuple[list[IndexedTool], ...], limit: int
-    ) -> list[tuple[float, str, Mapping[str, Any]]]:
+    ) -> tuple[list[tuple[float, str, Mapping[str, Any]]], str | None]:
         """rank_tools over the servers' entries (_indexed_tools), indexed together once for
-        as long as each server's entries stay the same objects."""
+        as long as each server's entries stay the same objects; and, where no tool matches
+        the query well (query_coverage), a notice that says so and where to look instead."""
         kept = self._search_catalogue
         same = kept is not None and len(kept[0]) == len(servers)
         if kept is None or not same or any(a is not b for a, b in zip(kept[0], servers, strict=True)):
             kept = (servers, ToolIndex(entry for entries in servers for entry in entries))
             self._search_catalogue = kept
-        return rank_tools(query, kept[1], limit)
+        index = kept[1]
+        ranked = rank_tools(query, index, max(limit, WEAK_SEARCH_SERVERS_FROM))
+        if ranked and query_coverage(query, index, ranked[0][2]) >= GOOD_MATCH:
+            return ranked[:limit], None
+        likeliest = list(dict.fromkeys(alias for _, alias, _ in ranked))[:3]
+        known = likeliest or sorted({entry.alias for entry in index.tools})[:3]
+        where = (
+            " The likeliest servers: %s; see all of one's tools with runtime.query_tool_docs(%r)."
+            % (", ".join(likeliest), likeliest[0])
+            if likeliest
+            else " See a server's tools with runtime.query_tool_docs(name)%s."
+            % (": %s" % ", ".join(known) if known else "")
+        )
+        what = "matches these words well" if ranked else "matches any of these words"
+        return ranked[:limit], "runtime.search_tool_docs(%r): no tool %s.%s" % (query, what, where)
 
     async def _indexed_tools(self, client: PooledClient) -> list[IndexedTool]:
         """The server's allowed tools, tokenized once per tool list (not per search), with
@@ -8344,7 +8396,7 @@ class SandboxKeeper:
             raise running.failure
         if running.outcome is None:
             return None
-        outcome = running.rest(self.api.pool.drain_notices())
+        outcome = running.rest(self.api.drain_notices())
         sandbox = running.sandbox
         if not sandbox.alive:
             await sandbox.stop()

@@ -339,3 +339,38 @@ async def test_natural_language_queries_find_the_right_tool_on_real_servers(
             assert isinstance(line, str) and len(line.splitlines()) == 1, line
             assert line.startswith("mcp_") and "(" in line and "  # " in line, line
         assert lines[0].startswith("mcp_%s." % query.server), (query.text, lines)
+
+
+WEAK_AND_WRONG_CELL = """
+from mcp import runtime
+weak = runtime.search_tool_docs("bake a chocolate cake with sprinkles")
+good = runtime.search_tool_docs("current time in a timezone")
+try:
+    mcp_time.get_time(timezone="Europe/Paris")
+except AttributeError as exc:
+    wrong = str(exc)
+[len(weak), good[0]["tool"], wrong]
+"""
+
+
+@pytest.mark.anyio
+async def test_a_weak_search_says_so_and_a_wrong_tool_name_gets_the_nearest_signatures(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 21, items 3 and 4: a query no tool matches well gets a notice naming the
+    likeliest servers and query_tool_docs; a good one gets none; a call to a tool the
+    server does not have names the nearest tools (by name and by meaning) with their
+    signatures, so the model can fix the call in the same run."""
+    home = claude_desktop_home(tmp_path, four_servers(tmp_path))
+    async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+        answer = await run_cell(client, WEAK_AND_WRONG_CELL, timeout=120)
+    assert not answer["is_error"], answer["text"]
+    weak_count, good_tool, wrong = eval(answer["value"])
+    assert good_tool == "get_current_time"
+    notices = [n for n in answer["notices"] if n.startswith("runtime.search_tool_docs(")]
+    assert len(notices) == 1, answer["notices"]
+    assert "bake a chocolate cake" in notices[0] and "no tool matches" in notices[0], notices
+    assert "runtime.query_tool_docs(" in notices[0], notices
+    assert weak_count <= 5
+    assert "has no tool 'get_time'" in wrong, wrong
+    assert "The nearest: mcp_time.get_current_time(timezone: str)" in wrong, wrong
