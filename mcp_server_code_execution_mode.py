@@ -3770,6 +3770,220 @@ async def _stop_server_process(process: anyio.abc.Process, stderr_read: anyio.Ev
         logger.warning("MCP server process %d survived SIGKILL; abandoning it", process.pid)
 
 
+# --- tool lists, cached between runs ---------------------------------------------------
+# A search covers every configured server; without a cache it would start each one just
+# to read its tool list. Each server's list as it last gave it live (at start, and again
+# after tools/list_changed) is kept in STATE_DIR/cache/tool-lists.json (a folder of its
+# own: discovery reads every STATE_DIR/*.json as a server config), keyed by a digest of
+# what names the server's program (server_program_key): never its env or headers, which
+# hold tokens. A search uses the cached list of a server this bridge has not started; a
+# call starts it as ever, and its live list replaces the cached one (a new version's too).
+# Bounded (the MAX_CACHED_SERVERS most recently saved, MAX_TOOL_LISTS_BYTES in all, no
+# list over MAX_CACHED_LIST_BYTES) and written atomically (_write_atomically): bridges
+# sharing the state dir may lose an update, never tear the file. An entry older than
+# TOOL_LIST_MAX_AGE is stale; a file or an entry that does not read back as what
+# ToolListCache writes is ignored (logged) and replaced by the next write.
+TOOL_LISTS_PATH = Path("cache") / "tool-lists.json"  # under the state dir
+TOOL_LISTS_FORMAT = 1  # the file's "format"; a file of another format is ignored
+MAX_CACHED_SERVERS = 64
+MAX_TOOL_LISTS_BYTES = 4 * 1024 * 1024
+MAX_CACHED_LIST_BYTES = 1024 * 1024
+TOOL_LIST_MAX_AGE = 7 * 24 * 3600.0  # seconds since an entry was saved
+_CLOCK_SLACK = 60.0  # seconds an entry may seem to have been saved in the future
+_PROGRAM_KEY = re.compile(r"[0-9a-f]{64}")
+
+
+def server_program_key(spec: ServerSpec) -> str:
+    """The tool-list cache's key for ``spec``: a digest of its transport and its command,
+    arguments and folder (stdio) or its URL. Never its env or headers (they hold tokens);
+    the URL only as part of the digest."""
+    if spec.transport == "stdio":
+        named: list[object] = [spec.transport, spec.command, list(spec.args), spec.cwd]
+    else:
+        named = [spec.transport, spec.url]
+    return hashlib.sha256(json.dumps(named).encode()).hexdigest()
+
+
+def _compact_json(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()  # ASCII: as many bytes as characters
+
+
+@dataclass(frozen=True)
+class CachedToolList:
+    """A server's tool list as it last gave it live, what it said about itself then
+    (serverInfo, instructions), and ``entry``: all of it as the cache file holds it."""
+
+    tools: list[types.Tool]
+    server_info: types.Implementation
+    instructions: str | None
+    saved: float  # time.time() when the list was saved
+    entry: dict[str, Any]
+
+    def fresh(self, now: float) -> bool:
+        return now - TOOL_LIST_MAX_AGE <= self.saved <= now + _CLOCK_SLACK
+
+    @classmethod
+    def listed(
+        cls, spec: ServerSpec, initialized: types.InitializeResult, tools: list[types.Tool], now: float
+    ) -> CachedToolList:
+        """What a server just listed live, as its cache entry."""
+        dump = partial(BaseModel.model_dump, mode="json", by_alias=True, exclude_none=True)
+        info = initialized.server_info
+        entry = {
+            "name": spec.name,  # for a person reading the file
+            "saved": now,
+            "serverInfo": dump(info, include={"name", "version", "title", "description"}),
+            "instructions": initialized.instructions,
+            "tools": [dump(tool) for tool in tools],
+        }
+        server_info = types.Implementation.model_validate(entry["serverInfo"], by_name=False)
+        return cls(list(tools), server_info, initialized.instructions, now, entry)
+
+    @classmethod
+    def read_back(cls, entry: object) -> CachedToolList:
+        """An entry of the file, validated as the SDK validates a live answer; ValueError
+        (a pydantic ValidationError among them) when it is not what ``listed`` writes."""
+        if not isinstance(entry, dict):
+            raise ValueError("not a JSON object")
+        saved, instructions, tools = entry.get("saved"), entry.get("instructions"), entry.get("tools")
+        if isinstance(saved, bool) or not isinstance(saved, int | float) or not math.isfinite(saved):
+            raise ValueError("'saved' is not a time")
+        if not (instructions is None or isinstance(instructions, str)) or not isinstance(tools, list):
+            raise ValueError("'instructions' or 'tools' is of the wrong type")
+        server_info = types.Implementation.model_validate(entry.get("serverInfo"), by_name=False)
+        validated = [types.Tool.model_validate(tool, by_name=False) for tool in tools]
+        return cls(validated, server_info, instructions, float(saved), entry)
+
+
+class ToolListCache:
+    """The cached tool lists in ``path`` (STATE_DIR/TOOL_LISTS_PATH): read once, then held
+    in memory. Each save merges its entry into the file as it is then (another bridge may
+    have written it) and rewrites it; saves that arrive while one is written go out
+    together in the next write, so starting many servers at once writes it twice, not
+    once per server."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._entries: dict[str, CachedToolList] | None = None  # None: not read yet
+        self._pending: dict[str, CachedToolList | None] = {}  # key -> entry (None: drop it)
+        self._lock = anyio.Lock()
+
+    async def get(self, spec: ServerSpec) -> CachedToolList | None:
+        """The fresh entry for ``spec``'s program, or None."""
+        async with self._lock:
+            if self._entries is None:
+                self._entries = await anyio.to_thread.run_sync(self._read)
+            found = self._entries.get(server_program_key(spec))
+        return found if found is not None and found.fresh(time.time()) else None
+
+    async def save(
+        self, spec: ServerSpec, initialized: types.InitializeResult, tools: list[types.Tool]
+    ) -> None:
+        """Caches what ``spec``'s server just listed live. A file that cannot be written is
+        logged, not raised: the server works all the same."""
+        listed = CachedToolList.listed(spec, initialized, tools, time.time())
+        size = len(_compact_json(listed.entry))
+        kept: CachedToolList | None = listed
+        if size > MAX_CACHED_LIST_BYTES:
+            logger.info(
+                "MCP server %s: its tool list (%d bytes) is over the %d bytes the tool-list cache keeps of "
+                "one server, so it is not cached",
+                shown_name(spec.name),
+                size,
+                MAX_CACHED_LIST_BYTES,
+            )
+            kept = None  # and an older entry is dropped: it no longer says what the server has
+        self._pending[server_program_key(spec)] = kept
+        async with self._lock:
+            if not self._pending:
+                return  # the write this save waited for took its entry too
+            pending, self._pending = self._pending, {}
+            try:
+                self._entries = await anyio.to_thread.run_sync(self._write, pending)
+            except OSError as exc:
+                logger.warning(
+                    "The tool-list cache %s could not be written (%s); searches start servers to list "
+                    "their tools",
+                    self.path,
+                    exc,
+                )
+
+    def _ignored(self, why: object) -> dict[str, CachedToolList]:
+        logger.info(
+            "The tool-list cache %s is ignored (%s); the next server started rewrites it", self.path, why
+        )
+        return {}
+
+    def _read(self) -> dict[str, CachedToolList]:
+        """Every entry of the file that reads back (stale ones too), by key; none when the
+        file is missing or damaged. Blocking."""
+        try:
+            with open(self.path, "rb") as file:
+                data = file.read(MAX_TOOL_LISTS_BYTES + 1)
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            return self._ignored(exc)
+        if len(data) > MAX_TOOL_LISTS_BYTES:
+            return self._ignored("over %d bytes" % MAX_TOOL_LISTS_BYTES)
+        try:
+            document = json.loads(data)
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+            return self._ignored("not JSON: %s" % _describe_exception(exc))
+        servers = document.get("servers") if isinstance(document, dict) else None
+        if not isinstance(servers, dict) or document.get("format") != TOOL_LISTS_FORMAT:
+            return self._ignored('not {"format": %d, "servers": {...}}' % TOOL_LISTS_FORMAT)
+        entries: dict[str, CachedToolList] = {}
+        for key, entry in servers.items():
+            try:
+                if not _PROGRAM_KEY.fullmatch(key):
+                    raise ValueError("its key is not a digest")
+                entries[key] = CachedToolList.read_back(entry)
+            except ValueError as exc:
+                name = entry.get("name") if isinstance(entry, dict) else None
+                logger.info(
+                    "The tool-list cache %s: the entry of %s is ignored (%s)",
+                    self.path,
+                    shown_name(name) if isinstance(name, str) else "a server",
+                    _describe_exception(exc),
+                )
+        return entries
+
+    def _write(self, pending: Mapping[str, CachedToolList | None]) -> dict[str, CachedToolList]:
+        """The file rewritten with ``pending`` merged in: fresh entries only, the most
+        recently saved first, within the bounds. Blocking; OSError when it cannot be written."""
+        entries = self._read()
+        for key, listed in pending.items():
+            old = entries.pop(key, None)
+            if listed is None:
+                continue
+            if old is not None and old.server_info.version != listed.server_info.version:
+                logger.info(
+                    "MCP server %s is at version %s now (cached: %s); its cached tool list is replaced",
+                    shown_name(listed.entry["name"]),
+                    listed.server_info.version,
+                    old.server_info.version,
+                )
+            entries[key] = listed
+        now = time.time()
+        kept: dict[str, CachedToolList] = {}
+        size = len(_compact_json({"format": TOOL_LISTS_FORMAT, "servers": {}}))
+        for key, listed in sorted(entries.items(), key=lambda item: item[1].saved, reverse=True):
+            if not listed.fresh(now):
+                continue
+            share = len(_compact_json({key: listed.entry})) - 1  # in the file: with its key and a comma
+            if len(kept) == MAX_CACHED_SERVERS or size + share > MAX_TOOL_LISTS_BYTES:
+                break  # the rest were saved earlier: dropped
+            kept[key], size = listed, size + share
+        document = {
+            "format": TOOL_LISTS_FORMAT,
+            "servers": {key: listed.entry for key, listed in kept.items()},
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _write_atomically(self.path, _compact_json(document))
+        return kept
+
+
 _CONNECTION_ENDED = "exited or closed its connection"
 
 
@@ -3799,10 +4013,19 @@ class PooledClient:
     connection fails is stopped the same way (a wedged server would make every later
     call wait out the timeout); the model is told when it is restarted."""
 
-    def __init__(self, spec: ServerSpec, config: BridgeConfig, task_group: anyio.abc.TaskGroup) -> None:
+    def __init__(
+        self,
+        spec: ServerSpec,
+        config: BridgeConfig,
+        task_group: anyio.abc.TaskGroup,
+        tool_list_cache: ToolListCache | None = None,
+    ) -> None:
+        """``tool_list_cache``: where its live tool lists are cached (its pool's), if anywhere."""
         self.spec = spec
         self.config = config
         self.task_group = task_group
+        self.tool_list_cache = tool_list_cache
+        self._cached: CachedToolList | None = None  # what cached_tools() found, kept as the same object
         self.session: ClientSession | None = None
         self.tools: list[types.Tool] = []
         self.initialized: types.InitializeResult | None = None  # serverInfo, instructions
@@ -3878,6 +4101,7 @@ class PooledClient:
                     with anyio.fail_after(self.config.server_start_timeout):
                         self.initialized = await session.initialize()
                         self.tools = await list_all_tools(session)
+                    await self._cache_tools()
                     self.session = owned = session
                     ready.set()
                     await _first_of(stop, closed)
@@ -4012,7 +4236,27 @@ class PooledClient:
             except BaseException:  # cancelled: not refreshed either
                 self.tools_stale = True
                 raise
+            await self._cache_tools()
         return self.tools
+
+    async def cached_tools(self) -> CachedToolList | None:
+        """What a search may use instead of starting this server: its tool list as it last
+        gave it live, to this bridge or an earlier one (ToolListCache), while this bridge
+        has not started it (once it has, its live list counts: list_tools()). None when
+        there is no fresh entry: the server must be started to list its tools. The same
+        object while the entry stays the same."""
+        if self.starts or self.tool_list_cache is None:
+            return None
+        if self._cached is None:
+            self._cached = await self.tool_list_cache.get(self.spec)
+        if self.starts or self._cached is None or not self._cached.fresh(time.time()):
+            return None
+        return self._cached
+
+    async def _cache_tools(self) -> None:
+        """The tool list just listed live, into the cache for later bridges' searches."""
+        if self.tool_list_cache is not None and self.initialized is not None:
+            await self.tool_list_cache.save(self.spec, self.initialized, self.tools)
 
     async def _on_question(
         self, context: object, params: types.ElicitRequestParams
@@ -4150,8 +4394,9 @@ class ClientPool:
     ) -> None:
         self.discovery = discovery
         self.config = config
+        self.tool_list_cache = ToolListCache(config.state_dir / TOOL_LISTS_PATH)
         self.clients = {
-            spec.alias: PooledClient(spec, config, task_group)
+            spec.alias: PooledClient(spec, config, task_group, self.tool_list_cache)
             for spec in discovery.servers
             if server_allowed(spec.name, config)
         }
@@ -6470,9 +6715,9 @@ class SandboxAPI:
         self, query: str, limit: int = 5, detail: Literal["line", "summary", "full"] = "line"
     ) -> list[str] | list[dict[str, object]]:
         """One line per hit (render_tool_line), or docs with their score and line ("summary", "full").
-        Every configured server is searched, so those not started yet are started here
-        (concurrently); a server that fails is left out of the ranking, and the call's
-        notices say which and why."""
+        Every configured server is searched: one this bridge has not started is searched by
+        its cached tool list (ToolListCache) or else started here (concurrently); a server
+        that fails is left out of the ranking, and the call's notices say which and why."""
         catalogue: dict[str, list[IndexedTool]] = {}
         skipped: list[tuple[str, str]] = []
 
@@ -6537,17 +6782,27 @@ class SandboxAPI:
 
     async def _indexed_tools(self, client: PooledClient) -> list[IndexedTool]:
         """The server's allowed tools, tokenized once per tool list (not per search), with
-        what the server said about itself at initialize (a restart brings a new tool list)."""
-        tools = await client.list_tools()
+        what the server said about itself at initialize (a restart brings a new tool list).
+        A server this bridge has not started is searched by its cached list when there is
+        one (PooledClient.cached_tools): a search starts only the servers without one."""
+        listed = await client.cached_tools()
+        info: types.Implementation | None = None
+        instructions: str | None = None
+        if listed is not None:
+            tools, info, instructions = listed.tools, listed.server_info, listed.instructions
+        else:
+            tools, init = await client.list_tools(), client.initialized
+            if init is not None:
+                info, instructions = init.server_info, init.instructions
         cached = self._search_index.get(client.spec.alias)
         if cached is None or cached[0] is not tools:
             allowed = self._permitted(client, tools)
-            alias, init = client.spec.alias, client.initialized
+            alias = client.spec.alias
             names: list[str | None] = [alias, client.spec.name]
             about: list[str | None] = []
-            if init is not None:
-                names += [init.server_info.name, init.server_info.title]
-                about += [init.server_info.description, init.instructions]
+            if info is not None:
+                names += [info.name, info.title]
+                about += [info.description, instructions]
             server = server_tokens(names, "\n".join(text for text in about if text))
             cached = (tools, index_tools(((alias, _tool_dict(tool)) for tool in allowed), {alias: server}))
             self._search_index[client.spec.alias] = cached

@@ -192,7 +192,7 @@ async def test_tool_failures_are_exceptions_the_code_can_catch(
         caught, unknown, typo, positional = eval(result["value"])
         assert "boom" in caught[0] and tuple(caught[1:]) == ("stub", "fail", True)  # JSON: a list
         assert "Unknown MCP server 'nowhere'" in unknown and "stub" in unknown
-        assert "did you mean slow" in typo
+        assert "has no tool 'slo'. The nearest: mcp_stub.slow(" in typo, typo
         assert "keyword arguments only" in positional
 
 
@@ -442,8 +442,12 @@ async def test_policy_hides_and_refuses_denied_servers_and_tools(
         # Denied and missing tools get the same answer: the policy's names stay hidden.
         assert "has no tool 'fail'" in refused and "fail" not in refused.split("Its tools:")[1]
         assert "Unknown MCP server 'time'" in hidden
-        # Word for word, once the names are swapped: nothing tells denied from missing.
-        assert refused.replace("'fail'", "'fair'") == missing, (refused, missing)
+        # The same answer but for the nearest tools (which depend on the name asked for,
+        # and are drawn from the allowed tools only): nothing tells denied from missing.
+        assert missing.startswith("MCP server 'stub' has no tool 'fair'. The nearest: "), missing
+        assert refused.split("Its tools:")[1] == missing.split("Its tools:")[1], (refused, missing)
+        assert refused.startswith("MCP server 'stub' has no tool 'fail'. The nearest: "), refused
+        assert "fail(" not in refused and "fail(" not in missing
         assert hidden.replace("'time'", "'nowhere'") == unknown, (hidden, unknown)
 
 
