@@ -6174,6 +6174,9 @@ class QuestionDesk:
             self.waiting.pop(question.key, None)
         return question
 
+    def has_unsent(self) -> bool:
+        return any(not question.sent for question in self.waiting.values())
+
     def take_unsent(self) -> list[ParkedQuestion]:
         """The questions no input_required result has carried yet (now they are sent)."""
         unsent = [question for question in self.waiting.values() if not question.sent]
@@ -7138,6 +7141,8 @@ class ExecutionOutcome:
     # Of code still running: its execute and the questions for a 2026-07-28 client, which
     # the call then carries as input_required instead of this outcome (see on_call_tool).
     questions: tuple[str, tuple[ParkedQuestion, ...]] | None = None
+    # Of code that went on as an MCP task: the task, which the call returns instead.
+    task: RunTask | None = None
 
 
 # How a call reports progress to its client (MCP notifications/progress): value, total, message.
@@ -8239,6 +8244,9 @@ class RunRequest:
     # The client speaks 2026-07-28: questions end the call with input_required (its retry answers).
     round_trip: bool = False
     resume: Resume | None = None  # a retry that answers them: go on with that code
+    # The client takes MCP tasks (the Tasks extension, 2026-07-28): code still running when
+    # the call must answer goes on as a task (RunTask) instead of answering "still running".
+    as_task: bool = False
     arrived: float = field(default_factory=time.monotonic)  # the client's clock runs from here
 
 
@@ -8281,6 +8289,7 @@ class RunningCode:
         self.failure: Exception | None = None
         self.shown = {"stdout": 0, "stderr": 0}  # characters already returned by "still running"
         self.asking: anyio.abc.TaskGroup | None = None  # where questions are sent (see run)
+        self.task: RunTask | None = None  # when it went on as an MCP task: its end is the task's
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run the code; the questions it asks are sent in ``self.asking``, which lasts as
@@ -8363,12 +8372,18 @@ class RunningCode:
         its client speaks 2026-07-28, and the code's questions (if any) go in it instead,
         the output so far kept for a later answer."""
         elapsed = time.monotonic() - self.request.arrived
-        unsent = self.pending.parked.take_unsent() if round_trip else []
-        output = self.new_output() if not unsent else {"stdout": "", "stderr": ""}
+        # An MCP task's output and questions are the task's (tasks/get), not this call's.
+        unsent = self.pending.parked.take_unsent() if round_trip and self.task is None else []
+        quiet = unsent or self.task is not None
+        output = self.new_output() if not quiet else {"stdout": "", "stderr": ""}
         detail = (
             "Still running after %.0fs (its timeout of %gs still applies). Call run_python again to wait "
             "for the rest of its output and its result (any code; it runs once this code has ended), "
             "or with reset: true to stop it." % (elapsed, self.request.timeout)
+            if self.task is None
+            else "Still running after %.0fs as MCP task %s, whose result comes with the task (its timeout "
+            "of %gs still applies). Call run_python again to wait for its end, or with reset: true to stop "
+            "it." % (elapsed, self.task.id, self.request.timeout)
         )
         if self.pending.awaiting:
             detail += " It is waiting for the user to approve %s." % ", ".join(self.pending.awaiting)
@@ -8392,6 +8407,72 @@ class RunningCode:
             "Reset stopped the code of an earlier call, still running after %.0fs; its result is gone.%s"
             % (elapsed, lost)
         )
+
+
+TASK_POLL_MS = 1000  # how often a client polls a task (pollIntervalMs: a hint)
+MAX_KEPT_TASKS = 1000  # tasks kept at once (Sandboxes.add_task)
+TASK_KEPT_AFTER_TIMEOUT = 3600.0  # a task is kept its code's timeout plus this long (ttlMs)
+
+
+class RunTask:
+    """Code a run_python call left running as an MCP task (the Tasks extension, 2026-07-28):
+    its client polls tasks/get for the call's result, answers the code's questions with
+    tasks/update and may stop it with tasks/cancel. The code's end is the task's, never
+    another call's "earlier" output; the task is kept (Sandboxes.tasks) until its ttl."""
+
+    def __init__(
+        self,
+        keeper: SandboxKeeper,
+        running: RunningCode,
+        notices: list[str],
+        earlier: ExecutionOutcome | None,
+    ) -> None:
+        self.id = secrets.token_urlsafe(18)  # unguessable, and asked for with its principal's too
+        self.keeper = keeper
+        self.running = running
+        self.principal = running.request.principal.name
+        self.client_name = running.request.client_name
+        self.created = self.updated = datetime.now(UTC)
+        self.ttl = running.request.timeout + TASK_KEPT_AFTER_TIMEOUT
+        self.notices = notices  # what the call would have said before the code's outcome
+        self.earlier = earlier  # the end of code an earlier call left running, if it collected one
+        self.outcome: ExecutionOutcome | None = None  # its end, composed like a call's
+        self.failure: Exception | None = None  # what stopped it, when not the code itself
+        self.cancelled: str | None = None  # why it was stopped (tasks/cancel, a reset)
+
+    @property
+    def ended(self) -> bool:
+        return self.outcome is not None or self.failure is not None or self.cancelled is not None
+
+    def expired(self, now: datetime) -> bool:
+        return now - self.created > timedelta(seconds=self.ttl)
+
+    def end(self, outcome: ExecutionOutcome | None, failure: Exception | None = None) -> None:
+        """The code's end (None and no failure: it was stopped), composed as the call's."""
+        if outcome is not None:
+            session = self.keeper.name
+            earlier = None if self.earlier is None else replace(self.earlier, session=session)
+            notices = [*self.notices, *outcome.notices]
+            self.outcome = replace(outcome, notices=notices, earlier=earlier, session=session)
+        elif failure is not None:
+            self.failure = failure
+        elif self.cancelled is None:
+            self.cancelled = "The code was stopped before it ended."
+        self.updated = datetime.now(UTC)
+
+    def status_message(self) -> str:
+        """What a working task is doing, for tasks/get."""
+        running = self.running
+        elapsed = time.monotonic() - running.request.arrived
+        lines = sum("".join(running.pending.streams[name]).count("\n") for name in ("stdout", "stderr"))
+        message = "Running for %.0fs (timeout %gs); %d line(s) of output so far." % (
+            elapsed,
+            running.request.timeout,
+            lines,
+        )
+        if running.pending.awaiting:
+            message += " Waiting for the user to approve %s." % ", ".join(running.pending.awaiting)
+        return message
 
 
 NOT_RUN_WHILE_ASKING = (
@@ -8574,13 +8655,16 @@ class SandboxKeeper:
                 if waiting.questions is not None:  # said when the questions' retry ends
                     self.held_notices = [*notices, NOT_RUN_WHILE_ASKING]
                 return Reply(waiting)
-            # Kept on the keeper until a call returns it: a failure of this call's own
-            # code (a sandbox that cannot start) must not lose it.
-            self.unreported = await self._finish(self.running)
-            if self.unreported is None:
-                notices.append(
-                    "The code of an earlier call was stopped: the call waiting for it was cancelled."
-                )
+            earlier = self.running
+            ended = await self._finish(earlier)
+            if earlier.task is None:
+                # Kept on the keeper until a call returns it: a failure of this call's own
+                # code (a sandbox that cannot start) must not lose it.
+                self.unreported = ended
+                if ended is None:
+                    notices.append(
+                        "The code of an earlier call was stopped: the call waiting for it was cancelled."
+                    )
         if request.reset and self.sandbox is not None:
             await self.sandbox.stop()
             self.sandbox = None
@@ -8596,8 +8680,21 @@ class SandboxKeeper:
             outcome = await self._finish(running)
             assert outcome is not None  # only a cancelled wait stops it, and that raised
         else:
-            outcome = running.still_running(waited_for_earlier=False, round_trip=request.round_trip)
+            return self._went_on(running, request, notices)
         self.last_used = time.monotonic()
+        return self._reply(outcome, notices)
+
+    def _went_on(self, running: RunningCode, request: RunRequest, notices: list[str]) -> Reply:
+        """The reply of a call whose code goes on after it answers: an MCP task, for a
+        client of the Tasks extension (the output so far, the notices and the end of earlier
+        code wait for the task's result), unless the code has questions to carry in an
+        input_required result first; else "still running"."""
+        self.last_used = time.monotonic()
+        if request.as_task and not running.pending.parked.has_unsent():
+            earlier, self.unreported = self.unreported, None
+            running.task = RunTask(self, running, notices, earlier)
+            return Reply(ExecutionOutcome(status="running", task=running.task))
+        outcome = running.still_running(waited_for_earlier=False, round_trip=request.round_trip)
         return self._reply(outcome, notices)
 
     def _reply(self, outcome: ExecutionOutcome, notices: list[str]) -> Reply:
@@ -8619,37 +8716,59 @@ class SandboxKeeper:
                 "were given up after MCP_BRIDGE_APPROVAL_TIMEOUT, or the session was reset). Call "
                 "run_python again without them."
             )
+        if running.task is not None:
+            raise InvalidRequestError(
+                "This code goes on as MCP task %s: answer its questions with tasks/update." % running.task.id
+            )
         running.pending.parked.deliver(resume.answers, resume.digests)
-        if await running.wait(self._left(request), request):
-            outcome = await self._finish(running)
-            assert outcome is not None  # only a cancelled wait stops it, and that raised
-        else:
-            outcome = running.still_running(waited_for_earlier=False, round_trip=True)
-        self.last_used = time.monotonic()
         notices, self.held_notices = self.held_notices, []
+        if not await running.wait(self._left(request), request):
+            return self._went_on(running, request, notices)
+        outcome = await self._finish(running)
+        assert outcome is not None  # only a cancelled wait stops it, and that raised
+        self.last_used = time.monotonic()
         return self._reply(outcome, notices)
 
     async def _stop_for_reset(self, running: RunningCode) -> list[str]:
         """Stop the code an earlier call left running (its end kept when it had ended)."""
         self.running = None
+        if running.task is not None and not running.finished.is_set():
+            running.task.cancelled = "A reset of the session stopped the code before it ended."
         if running.finished.is_set() and running.failure is None:
-            self.unreported = await self._finish(running)  # it ended before the reset
+            ended = await self._finish(running)  # it ended before the reset
+            self.unreported = ended if running.task is None else None
             return []
         if running.finished.is_set():
+            await self._finish_task(running)
             return ["The code of an earlier call could not finish: %s" % running.failure]
         notice = running.stopped_by_reset()
         running.scope.cancel()
         await running.finished.wait()
+        await self._finish_task(running)
         return [notice]
+
+    async def _finish_task(self, running: RunningCode) -> None:
+        """_finish for code that went on as a task and failed or was stopped."""
+        if running.task is not None:
+            with suppress(Exception):  # its failure is the task's now
+                await self._finish(running)
 
     async def _finish(self, running: RunningCode) -> ExecutionOutcome | None:
         """The outcome of code that has ended (what a "still running" answer already
         showed left out), and the session replaced if it died; None when it was stopped
-        (the call waiting for it was cancelled)."""
-        self.running = None
+        (the call waiting for it was cancelled). Code that went on as an MCP task ends
+        its task instead (its outcome or failure), and None is returned."""
+        if self.running is running:
+            self.running = None
+        task = running.task
         if running.failure is not None:
-            raise running.failure
+            if task is None:
+                raise running.failure
+            task.end(None, running.failure)
+            return None
         if running.outcome is None:
+            if task is not None:
+                task.end(None)
             return None
         outcome = running.rest(self.api.drain_notices())
         sandbox = running.sandbox
@@ -8659,7 +8778,34 @@ class SandboxKeeper:
                 self.sandbox = None
             self.lost_reason = "the previous sandbox %s." % sandbox.death_reason
         self.last_used = time.monotonic()
+        if task is not None:
+            task.end(outcome)
+            return None
         return outcome
+
+    async def collect_task(self, task: RunTask) -> None:
+        """End ``task`` if its code has ended and no call holds the session: the call that
+        holds it ends the task itself (it waits for this code first)."""
+        if task.ended or not task.running.finished.is_set() or self.running is not task.running:
+            return
+        try:
+            self._lock.acquire_nowait()
+        except anyio.WouldBlock:
+            return
+        try:
+            if self.running is task.running:
+                await self._finish(task.running)
+        finally:
+            self._lock.release()
+
+    async def cancel_task(self, task: RunTask) -> None:
+        """tasks/cancel: stop the task's code (its output is gone) and end the task."""
+        if task.ended:
+            return
+        task.cancelled = "tasks/cancel stopped the code before it ended."
+        task.running.scope.cancel()
+        await task.running.finished.wait()
+        await self.collect_task(task)
 
     async def watch_idle(self) -> None:
         """Stop the sandbox after idle_timeout seconds without a call."""
@@ -8750,9 +8896,33 @@ class Sandboxes:
         self.ended: dict[str, dict[str, str]] = {}  # principal -> forgotten name -> why its sandbox ended
         self.problems: dict[str, ProblemLog] = {}  # per principal
         self.calls: dict[str, int] = {}  # principal -> run_python calls in flight
+        self.tasks: dict[str, RunTask] = {}  # MCP tasks by id, until their ttl (or MAX_KEPT_TASKS)
         self.closing = anyio.Event()  # set when the bridge begins to shut down
         self._no_calls = anyio.Event()  # set while no call is in flight
         self._no_calls.set()
+
+    def add_task(self, task: RunTask) -> None:
+        """Keep ``task`` for tasks/get, dropping expired tasks and, past MAX_KEPT_TASKS, the
+        oldest ended ones (a task whose code runs is kept: its code is a call in flight)."""
+        now = datetime.now(UTC)
+        for key, kept in list(self.tasks.items()):
+            if kept.expired(now) and kept.ended:
+                del self.tasks[key]
+        ended = [key for key, kept in self.tasks.items() if kept.ended]
+        for key in ended[: max(0, len(self.tasks) + 1 - MAX_KEPT_TASKS)]:
+            del self.tasks[key]
+        self.tasks[task.id] = task
+
+    def task(self, principal: str, task_id: str) -> RunTask:
+        """``principal``'s task ``task_id``; InvalidRequestError when there is none (another
+        principal's task is none of theirs)."""
+        task = self.tasks.get(task_id)
+        if task is None or task.principal != principal or (task.ended and task.expired(datetime.now(UTC))):
+            raise InvalidRequestError(
+                "No task %s here: it ended more than its ttl ago, the bridge restarted, or it was never "
+                "this bridge's." % ascii(task_id[:64])
+            )
+        return task
 
     def of(self, principal: str) -> dict[str, SandboxKeeper]:
         """The sessions of ``principal`` by name."""
@@ -9782,12 +9952,18 @@ def build_server(bridge: Bridge) -> Server[Bridge]:
         version=__version__,
         lifespan=lifespan,
         on_list_tools=on_list_tools,
-        on_call_tool=on_call_tool,
         on_list_resources=on_list_resources,
         on_list_resource_templates=on_list_resource_templates,
         on_read_resource=on_read_resource,
     )
     server.middleware.append(request_state_boundary(bridge))
+    # tools/call the way the constructor registers it, typed for its task result too (a dict).
+    server.add_request_handler("tools/call", types.CallToolRequestParams, on_call_tool)
+    task, update = task_params()
+    server.add_request_handler("tasks/get", task, on_get_task)
+    server.add_request_handler("tasks/update", update, on_update_task)
+    server.add_request_handler("tasks/cancel", task, on_cancel_task)
+    server.extensions[TASKS_EXTENSION] = {}
     return server
 
 
@@ -9879,7 +10055,7 @@ def resume_of(params: types.CallToolRequestParams) -> Resume | None:
 
 async def on_call_tool(
     ctx: ServerRequestContext[Bridge], params: types.CallToolRequestParams
-) -> types.CallToolResult | types.InputRequiredResult:
+) -> types.CallToolResult | types.InputRequiredResult | dict[str, Any]:
     """run_python: its arguments checked, one RunRequest built and run, the outcome rendered."""
     from mcp.shared.exceptions import MCPError as McpProtocolError
 
@@ -9909,13 +10085,15 @@ async def on_call_tool(
             asker=None if round_trip else client_questions(ctx),
             round_trip=round_trip and client_questions(ctx) is not None,
             resume=resume_of(params),
+            as_task=takes_tasks(ctx),
         )
         outcome = await bridge.sandboxes.run(request)
         if outcome.questions is not None:
             return input_required(*outcome.questions)
-        http = bridge.config.transport == "http"
-        limit = HTTP_MAX_RESULT_BYTES if http else None
-        return render_outcome(outcome, bridge.config, limit, client_profile(request.client_name))
+        if outcome.task is not None:
+            bridge.sandboxes.add_task(outcome.task)
+            return {"resultType": "task", **task_fields(outcome.task, "working")}
+        return render_for(bridge, outcome, request.client_name)
     except BridgeError as exc:
         return render_error(exc)
     except Exception as exc:  # a bug of ours: one failed call, rendered for the model, never a dead server
@@ -9926,6 +10104,132 @@ async def on_call_tool(
                 "call again, or with reset: true." % (type(exc).__name__, exc)
             )
         )
+
+
+def render_for(bridge: Bridge, outcome: ExecutionOutcome, client: str | None) -> types.CallToolResult:
+    """render_outcome for ``client`` (its ClientProfile), within the HTTP transport's cap."""
+    limit = HTTP_MAX_RESULT_BYTES if bridge.config.transport == "http" else None
+    return render_outcome(outcome, bridge.config, limit, client_profile(client))
+
+
+# --- MCP tasks (the Tasks extension, SEP-2663) -----------------------------------------
+# A client that declares the extension (2026-07-28) gets, for code still running when the
+# call must answer, a task instead of "still running": it polls tasks/get for the call's
+# result, answers the code's questions (approvals) with tasks/update, stops it with
+# tasks/cancel (RunTask; Sandboxes keeps the tasks).
+
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+
+
+@lru_cache(maxsize=1)
+def task_params() -> tuple[type[BaseModel], type[BaseModel]]:
+    """The params of tasks/get and tasks/cancel, and of tasks/update: built on first use,
+    so that importing the bridge loads no protocol types (tests/test_imports.py)."""
+
+    class TaskParams(types.RequestParams):
+        task_id: str = Field(max_length=64)
+
+    class UpdateTaskParams(TaskParams):
+        input_responses: types.InputResponses = Field(default_factory=dict)
+
+    return TaskParams, UpdateTaskParams
+
+
+def takes_tasks(ctx: ServerRequestContext[Bridge]) -> bool:
+    """Whether this call's client declared the Tasks extension (2026-07-28 only: the SDK
+    cannot deliver a task on an older wire)."""
+    capabilities = ctx.session.client_capabilities
+    extensions = None if capabilities is None else capabilities.extensions
+    return round_trip_client(ctx) and TASKS_EXTENSION in (extensions or {})
+
+
+def task_fields(task: RunTask, status: str) -> dict[str, Any]:
+    """The Task shape the extension defines, with ``status``."""
+    return {
+        "taskId": task.id,
+        "status": status,
+        "createdAt": task.created.isoformat(),
+        "lastUpdatedAt": task.updated.isoformat(),
+        "ttlMs": int(task.ttl * 1000),
+        "pollIntervalMs": TASK_POLL_MS,
+    }
+
+
+def task_detail(bridge: Bridge, task: RunTask) -> dict[str, Any]:
+    """tasks/get's DetailedTask: completed with the call's result (a failure the bridge
+    explains is a result too, as it is for a call), failed, cancelled, input_required
+    with the code's open questions, or working with what the code is doing."""
+    if task.outcome is not None:
+        result = render_for(bridge, task.outcome, task.client_name)
+        return {**task_fields(task, "completed"), "result": _result_fields(result)}
+    if isinstance(task.failure, BridgeError):
+        result = render_error(task.failure)
+        return {**task_fields(task, "completed"), "result": _result_fields(result)}
+    if task.failure is not None:
+        logger.error("task %s failed", task.id, exc_info=task.failure)
+        message = "The bridge hit an internal error (%s); details are in the server log." % (
+            type(task.failure).__name__
+        )
+        return {**task_fields(task, "failed"), "error": {"code": types.INTERNAL_ERROR, "message": message}}
+    if task.cancelled is not None:
+        return {**task_fields(task, "cancelled"), "statusMessage": task.cancelled}
+    desk = task.running.pending.parked
+    questions = [question for question in desk.waiting.values() if not question.answered.is_set()]
+    for question in questions:
+        question.sent = True  # carried by the task: no call carries them too
+    if questions:
+        requests = {
+            question.key: types.ElicitRequest(params=question.params).model_dump(
+                by_alias=True, mode="json", exclude_none=True
+            )
+            for question in questions
+        }
+        fields = task_fields(task, "input_required")
+        return {**fields, "inputRequests": requests, "statusMessage": task.status_message()}
+    return {**task_fields(task, "working"), "statusMessage": task.status_message()}
+
+
+def _result_fields(result: types.CallToolResult) -> dict[str, Any]:
+    return {"resultType": "complete", **result.model_dump(by_alias=True, mode="json", exclude_none=True)}
+
+
+def _own_task(ctx: ServerRequestContext[Bridge], task_id: str) -> RunTask:
+    """The caller's task ``task_id``, or the protocol's invalid-params error."""
+    from mcp.shared.exceptions import MCPError as McpProtocolError
+
+    bridge = ctx.lifespan_context
+    try:
+        return bridge.sandboxes.task(bridge.principals.of_request(ctx.request).name, task_id)
+    except BridgeError as exc:
+        raise McpProtocolError(code=types.INVALID_PARAMS, message=str(exc)) from None
+
+
+async def on_get_task(ctx: ServerRequestContext[Bridge], params: Any) -> dict[str, Any]:  # TaskParams
+    task = _own_task(ctx, params.task_id)
+    await task.keeper.collect_task(task)
+    return {"resultType": "complete", **task_detail(ctx.lifespan_context, task)}
+
+
+async def on_update_task(ctx: ServerRequestContext[Bridge], params: Any) -> dict[str, Any]:
+    """tasks/update (UpdateTaskParams): the user's answers to the task's questions, each
+    bound to the question's own call (the task id is the principal's capability; a key no
+    question has is ignored)."""
+    task = _own_task(ctx, params.task_id)
+    desk = task.running.pending.parked
+    answers = {
+        key: answer
+        for key, answer in params.input_responses.items()
+        if isinstance(answer, types.ElicitResult)
+    }
+    desk.deliver(answers, {key: question.digest for key, question in desk.waiting.items()})
+    task.updated = datetime.now(UTC)
+    return {"resultType": "complete"}
+
+
+async def on_cancel_task(ctx: ServerRequestContext[Bridge], params: Any) -> dict[str, Any]:  # TaskParams
+    task = _own_task(ctx, params.task_id)
+    await task.keeper.cancel_task(task)
+    return {"resultType": "complete"}
 
 
 async def on_list_resources(

@@ -277,6 +277,10 @@ def test_claude_code_shows_its_model_what_the_bridge_meant(
         DISABLE_AUTOUPDATER="1",
         DISABLE_ERROR_REPORTING="1",
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+        # Wait for the bridge to connect before the first model request: by default -p mode
+        # goes on with the server "pending", and on a loaded machine the model then sees no
+        # run_python (seen once in CI).
+        MCP_CONNECTION_NONBLOCKING="false",
     )
 
     def with_port(port: int) -> list[str]:
