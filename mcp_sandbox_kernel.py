@@ -1958,7 +1958,7 @@ class SandboxRuntime:
         lines; ``detail="full"``: with descriptions and schemas."""
         params = {"query": query, "limit": limit, "detail": detail}
         label = "runtime.search_tool_docs(%r)" % (query,)
-        return self._host(SEARCH_TOOL_DOCS, params, label, lambda hits: [_hit(hit) for hit in hits])
+        return self._host(SEARCH_TOOL_DOCS, params, label, _search_hits)
 
     @deferrable
     def capability_summary(self) -> Any:
@@ -2155,6 +2155,16 @@ class SearchHit(dict):  # type: ignore[type-arg]
 
 def _hit(hit: Any) -> Any:
     return SearchHit(hit) if isinstance(hit, dict) and isinstance(hit.get("line"), str) else hit
+
+
+def _search_hits(answer: Any) -> Any:
+    """A search's hits, each printing as its line; where no tool matches the query well,
+    the host's notice is printed to stderr, in the code's output where the search was."""
+    if not isinstance(answer, dict):
+        return answer
+    if isinstance(answer.get("notice"), str):
+        print(answer["notice"], file=sys.stderr)
+    return [_hit(hit) for hit in answer.get("hits") or []]
 
 
 UPDATE_MEMORY_ATTEMPTS = 100
@@ -2452,21 +2462,18 @@ class ServerProxy:
         if name.startswith("__"):
             raise AttributeError(name)
         tools = self._tool_names()
+        if name not in tools and name.startswith("_"):
+            raise AttributeError(name)  # a probe (IPython's _repr_html_...): no tool, no host request
         if name not in tools:
             tools = self._tool_names(refresh=True)
         if name not in tools:
-            # The host names the nearest tools by name and by meaning, with their signatures.
+            # The host's answer names the nearest tools by meaning and by name, with their
+            # signatures, so the model fixes its call in the same run.
             try:
                 self._runtime._requests.call(QUERY_TOOL_DOCS, {"server": self._alias, "tool": name})
             except MCPError as exc:
-                if "has no tool" in str(exc):
-                    raise AttributeError(str(exc)) from None
-            close = difflib.get_close_matches(name, list(tools), n=3, cutoff=0.5)
-            hint = "did you mean %s? " % ", ".join(close) if close else ""
-            raise AttributeError(
-                "mcp_%s has no tool %r; %sits tools: %s"
-                % (self._alias, name, hint, ", ".join(sorted(tools)) or "(none)")
-            )
+                raise AttributeError(str(exc)) from None
+            raise AttributeError("mcp_%s has no tool %r; see dir(mcp_%s)" % (self._alias, name, self._alias))
         function = self._functions.get(name)
         if function is None:
             function = self._functions[name] = tool_function(self._runtime, self._alias, tools[name], name)

@@ -3775,8 +3775,9 @@ async def _stop_server_process(process: anyio.abc.Process, stderr_read: anyio.Ev
 # to read its tool list. Each server's list as it last gave it live (at start, and again
 # after tools/list_changed) is kept in STATE_DIR/cache/tool-lists.json (a folder of its
 # own: discovery reads every STATE_DIR/*.json as a server config), keyed by a digest of
-# what names the server's program (server_program_key): never its env or headers, which
-# hold tokens. A search uses the cached list of a server this bridge has not started; a
+# what names the server's program and how it is set up (server_program_key: its env and
+# headers too, which may hold tokens, so an HMAC with a key of this state dir that never
+# leaves it). A search uses the cached list of a server this bridge has not started; a
 # call starts it as ever, and its live list replaces the cached one (a new version's too).
 # Bounded (the MAX_CACHED_SERVERS most recently saved, MAX_TOOL_LISTS_BYTES in all, no
 # list over MAX_CACHED_LIST_BYTES) and written atomically (_write_atomically): bridges
@@ -3793,15 +3794,61 @@ _CLOCK_SLACK = 60.0  # seconds an entry may seem to have been saved in the futur
 _PROGRAM_KEY = re.compile(r"[0-9a-f]{64}")
 
 
-def server_program_key(spec: ServerSpec) -> str:
-    """The tool-list cache's key for ``spec``: a digest of its transport and its command,
-    arguments and folder (stdio) or its URL. Never its env or headers (they hold tokens);
-    the URL only as part of the digest."""
+def server_program_key(spec: ServerSpec, secret: bytes) -> str:
+    """The tool-list cache's key for ``spec``: an HMAC (with ``secret``, tool_lists_secret)
+    of its transport and its command, arguments, folder and env (stdio) or its URL and
+    headers: two entries that run one program set up differently (another token, another
+    toolset) are two servers. Nothing of them can be read back from the key."""
     if spec.transport == "stdio":
-        named: list[object] = [spec.transport, spec.command, list(spec.args), spec.cwd]
+        named: list[object] = [
+            spec.transport,
+            spec.command,
+            list(spec.args),
+            spec.cwd,
+            sorted(spec.env.items()),
+        ]
     else:
-        named = [spec.transport, spec.url]
-    return hashlib.sha256(json.dumps(named).encode()).hexdigest()
+        named = [spec.transport, spec.url, sorted(spec.headers.items())]
+    return hmac.new(secret, json.dumps(named).encode(), hashlib.sha256).hexdigest()
+
+
+def tool_lists_secret(path: Path) -> bytes:
+    """The key of the tool-list cache's entries, made once (32 random bytes, 0600) in
+    ``path`` and kept; one of this process only where it cannot be kept (logged: the
+    cache then serves this bridge alone). Blocking."""
+    for _ in range(2):
+        try:
+            with open(path, "rb") as file:
+                secret = file.read(64)
+            if len(secret) == 32:
+                return secret
+            raise OSError("it holds %d bytes, not 32" % len(secret))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            logger.info(
+                "The tool-list cache's key %s is unusable (%s): the cache serves this bridge alone", path, exc
+            )
+            return secrets.token_bytes(32)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            continue  # another bridge made it first: read theirs
+        except OSError as exc:
+            logger.info(
+                "The tool-list cache's key %s cannot be made (%s): the cache serves this bridge alone",
+                path,
+                exc,
+            )
+            return secrets.token_bytes(32)
+        with os.fdopen(descriptor, "wb") as file:
+            secret = secrets.token_bytes(32)
+            file.write(secret)
+            file.flush()
+            os.fsync(file.fileno())
+        return secret
+    return secrets.token_bytes(32)
 
 
 def _compact_json(value: object) -> bytes:
@@ -3864,6 +3911,7 @@ class ToolListCache:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._secret = b""  # the entries' keys' HMAC key (tool_lists_secret), read with the file
         self._entries: dict[str, CachedToolList] | None = None  # None: not read yet
         self._pending: dict[str, CachedToolList | None] = {}  # key -> entry (None: drop it)
         self._lock = anyio.Lock()
@@ -3871,9 +3919,8 @@ class ToolListCache:
     async def get(self, spec: ServerSpec) -> CachedToolList | None:
         """The fresh entry for ``spec``'s program, or None."""
         async with self._lock:
-            if self._entries is None:
-                self._entries = await anyio.to_thread.run_sync(self._read)
-            found = self._entries.get(server_program_key(spec))
+            entries = await self._loaded()
+            found = entries.get(server_program_key(spec, self._secret))
         return found if found is not None and found.fresh(time.time()) else None
 
     async def save(
@@ -3893,7 +3940,9 @@ class ToolListCache:
                 MAX_CACHED_LIST_BYTES,
             )
             kept = None  # and an older entry is dropped: it no longer says what the server has
-        self._pending[server_program_key(spec)] = kept
+        async with self._lock:
+            await self._loaded()
+        self._pending[server_program_key(spec, self._secret)] = kept
         async with self._lock:
             if not self._pending:
                 return  # the write this save waited for took its entry too
@@ -3907,6 +3956,13 @@ class ToolListCache:
                     self.path,
                     exc,
                 )
+
+    async def _loaded(self) -> dict[str, CachedToolList]:
+        """The entries, and the key of their keys, read on first use (hold self._lock)."""
+        if self._entries is None:
+            self._secret = await anyio.to_thread.run_sync(tool_lists_secret, self.path.with_suffix(".key"))
+            self._entries = await anyio.to_thread.run_sync(self._read)
+        return self._entries
 
     def _ignored(self, why: object) -> dict[str, CachedToolList]:
         logger.info(
@@ -6591,7 +6647,6 @@ class SandboxAPI:
         self._search_index: dict[str, tuple[list[types.Tool], list[IndexedTool]]] = {}
         # The catalogue last searched: each server's entries (in alias order), and their index.
         self._search_catalogue: tuple[tuple[list[IndexedTool], ...], ToolIndex] | None = None
-        self.notices: list[str] = []  # for the result of the call whose code made them
 
     def server_list(self) -> list[dict[str, str]]:
         """What the kernel needs at start-up to create the ``mcp_<alias>`` objects."""
@@ -6674,14 +6729,18 @@ class SandboxAPI:
                 return tool
         # A denied tool gets the same answer as a missing one: the sandbox does not learn
         # what the policy hides.
-        # The nearest three by name (a typo) and by meaning (create_pr: create_pull_request),
-        # each with its signature, so the model fixes the call in the same run.
+        # The nearest three by meaning (create_pr: create_pull_request) and by name (a typo),
+        # each with its signature, so the model fixes the call in the same run; ranked in
+        # the search's worker thread over the server's index (a miss costs the loop nothing).
         alias = client.spec.alias
         docs = {python_identifier(tool.name): _tool_dict(tool) for tool in tools}
         close = difflib.get_close_matches(name, list(docs), n=3, cutoff=0.5)
-        hits = search_tools(name, [(alias, doc) for doc in docs.values()], limit=3)
+        index = ToolIndex(await self._indexed_tools(client))
+        hits = await anyio.to_thread.run_sync(
+            rank_tools, name, index, 3, limiter=self._search_limiter, abandon_on_cancel=True
+        )
         meant = [python_identifier(_text(doc.get("name"))) for _, _, doc in hits]
-        nearest = list(dict.fromkeys([*meant[:2], *close, *meant]))[:3]
+        nearest = [near for near in dict.fromkeys([*meant[:2], *close, *meant]) if near in docs][:3]
         hint = " The nearest: %s." % "; ".join(render_tool_line(alias, docs[near]) for near in nearest)
         raise ProxyError(
             "MCP server %r has no tool %r.%s Its tools: %s."
@@ -6707,20 +6766,16 @@ class SandboxAPI:
         docs = [render_tool_doc(client.spec.alias, _tool_dict(item), detail) for item in chosen]
         return docs[0] if tool else docs
 
-    def drain_notices(self) -> list[str]:
-        """What the servers (ClientPool.drain_notices) and the searches have to tell the
-        result since the last drain, each once."""
-        notices = [*self.pool.drain_notices(), *self.notices]
-        self.notices.clear()
-        return list(dict.fromkeys(notices))
-
     async def search_tool_docs(
         self, query: str, limit: int = 5, detail: Literal["line", "summary", "full"] = "line"
-    ) -> list[str] | list[dict[str, object]]:
-        """One line per hit (render_tool_line), or docs with their score and line ("summary", "full").
-        Every configured server is searched: one this bridge has not started is searched by
-        its cached tool list (ToolListCache) or else started here (concurrently); a server
-        that fails is left out of the ranking, and the call's notices say which and why."""
+    ) -> dict[str, object]:
+        """{"hits": one line per hit (render_tool_line), or docs with their score and line
+        ("summary", "full"), best first; "notice": where no tool matches the query well,
+        what to do instead (the kernel prints it to the code's stderr, where it asked), else
+        None}. Every configured server is searched: one this bridge has not started is
+        searched by its cached tool list (ToolListCache) or else started here (concurrently);
+        a server that fails is left out of the ranking, and the call's notices say which and
+        why."""
         catalogue: dict[str, list[IndexedTool]] = {}
         skipped: list[tuple[str, str]] = []
 
@@ -6742,12 +6797,10 @@ class SandboxAPI:
         ranked, weak = await anyio.to_thread.run_sync(
             self._ranked, query, servers, limit, limiter=self._search_limiter, abandon_on_cancel=True
         )
-        if weak is not None:
-            self.notices.append(weak)
         if detail == "line":
-            return [render_tool_line(alias, tool) for _, alias, tool in ranked]
+            return {"hits": [render_tool_line(alias, tool) for _, alias, tool in ranked], "notice": weak}
         # "line" too: the kernel shows each hit dict as that one line (SearchHit).
-        return [
+        hits = [
             dict(
                 render_tool_doc(alias, tool, detail),
                 score=round(score, 3),
@@ -6755,6 +6808,7 @@ class SandboxAPI:
             )
             for score, alias, tool in ranked
         ]
+        return {"hits": hits, "notice": weak}
 
     def _ranked(
         self, query: str, servers: tuple[list[IndexedTool], ...], limit: int
@@ -7142,7 +7196,7 @@ class ExecutionOutcome:
     # the call then carries as input_required instead of this outcome (see on_call_tool).
     questions: tuple[str, tuple[ParkedQuestion, ...]] | None = None
     # Of code that went on as an MCP task: the task, which the call returns instead.
-    task: RunTask | None = None
+    task: McpTask | None = None
 
 
 # How a call reports progress to its client (MCP notifications/progress): value, total, message.
@@ -8245,7 +8299,7 @@ class RunRequest:
     round_trip: bool = False
     resume: Resume | None = None  # a retry that answers them: go on with that code
     # The client takes MCP tasks (the Tasks extension, 2026-07-28): code still running when
-    # the call must answer goes on as a task (RunTask) instead of answering "still running".
+    # the call must answer goes on as a task (McpTask) instead of answering "still running".
     as_task: bool = False
     arrived: float = field(default_factory=time.monotonic)  # the client's clock runs from here
 
@@ -8272,6 +8326,14 @@ class Reply:
     earlier: ExecutionOutcome | None = None
 
 
+def composed(reply: Reply, session: str) -> ExecutionOutcome:
+    """A call's outcome from its turn's Reply, once: what is said before the outcome's own
+    notices, and the end of earlier code, in the session that ran it."""
+    earlier = None if reply.earlier is None else replace(reply.earlier, session=session)
+    notices = [*reply.notices, *reply.outcome.notices]
+    return replace(reply.outcome, notices=notices, earlier=earlier, session=session)
+
+
 class RunningCode:
     """One execute running in the keeper's task group, so a call can answer "still running"
     after respond_after seconds and a later call can wait for the rest. Its own timeout
@@ -8289,7 +8351,7 @@ class RunningCode:
         self.failure: Exception | None = None
         self.shown = {"stdout": 0, "stderr": 0}  # characters already returned by "still running"
         self.asking: anyio.abc.TaskGroup | None = None  # where questions are sent (see run)
-        self.task: RunTask | None = None  # when it went on as an MCP task: its end is the task's
+        self.task: McpTask | None = None  # when it went on as an MCP task: its end is the task's
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run the code; the questions it asks are sent in ``self.asking``, which lasts as
@@ -8319,23 +8381,27 @@ class RunningCode:
         asked for approvals from then on. A cancelled wait stops it."""
         self.pending.progress, self.pending.server_log = request.progress, request.server_log
         parked = self.pending.parked
-        self.pending.asker = self._questions(request)
+        # An MCP task's questions go through the task (tasks/get), whoever else waits.
+        asks = self.task is None
+        if asks:
+            self.pending.asker = self._questions(request)
         try:
             async with anyio.create_task_group() as pump:
-                if request.asker is not None and self.asking is not None:
+                if asks and request.asker is not None and self.asking is not None:
                     # The code's questions go to this call's user, each sent for as long as
                     # the code runs; those it asks after this call ends wait for the next one.
                     pump.start_soon(parked.pump, request.asker, self.asking.start_soon)
                 with anyio.move_on_after(seconds or math.inf):
-                    if request.round_trip:  # a question ends the wait: the call carries it
+                    if asks and request.round_trip:  # a question ends the wait: the call carries it
                         await _first_of(self.finished, parked.arrived)
                     else:
                         await self.finished.wait()
                 pump.cancel_scope.cancel()
         except anyio.get_cancelled_exc_class():
-            self.scope.cancel()
-            with anyio.CancelScope(shield=True):
-                await self.finished.wait()
+            if self.task is None:  # the waiting call owns the code: it stops with it
+                self.scope.cancel()
+                with anyio.CancelScope(shield=True):
+                    await self.finished.wait()
             raise
         finally:
             if not self.finished.is_set():
@@ -8410,15 +8476,16 @@ class RunningCode:
 
 
 TASK_POLL_MS = 1000  # how often a client polls a task (pollIntervalMs: a hint)
-MAX_KEPT_TASKS = 1000  # tasks kept at once (Sandboxes.add_task)
 TASK_KEPT_AFTER_TIMEOUT = 3600.0  # a task is kept its code's timeout plus this long (ttlMs)
+MAX_ENDED_TASKS_PER_PRINCIPAL = 16  # ended tasks kept per principal (the oldest ended go first)
 
 
-class RunTask:
+class McpTask:
     """Code a run_python call left running as an MCP task (the Tasks extension, 2026-07-28):
     its client polls tasks/get for the call's result, answers the code's questions with
     tasks/update and may stop it with tasks/cancel. The code's end is the task's, never
-    another call's "earlier" output; the task is kept (Sandboxes.tasks) until its ttl."""
+    another call's "earlier" output, and it is set once: the first end (completed with the
+    outcome, failed, or cancelled) stands. Kept by a TaskBoard until its ttl."""
 
     def __init__(
         self,
@@ -8436,28 +8503,35 @@ class RunTask:
         self.ttl = running.request.timeout + TASK_KEPT_AFTER_TIMEOUT
         self.notices = notices  # what the call would have said before the code's outcome
         self.earlier = earlier  # the end of code an earlier call left running, if it collected one
-        self.outcome: ExecutionOutcome | None = None  # its end, composed like a call's
-        self.failure: Exception | None = None  # what stopped it, when not the code itself
-        self.cancelled: str | None = None  # why it was stopped (tasks/cancel, a reset)
+        self.state: Literal["working", "completed", "failed", "cancelled"] = "working"
+        self.outcome: ExecutionOutcome | None = None  # completed: the call's outcome, until rendered
+        self.failure: Exception | None = None  # failed: what stopped it, when not the code itself
+        self.reason = ""  # cancelled: why
+        self.shown: dict[str, Any] | None = None  # the ended task as tasks/get shows it (task_detail)
 
     @property
     def ended(self) -> bool:
-        return self.outcome is not None or self.failure is not None or self.cancelled is not None
+        return self.state != "working"
 
     def expired(self, now: datetime) -> bool:
         return now - self.created > timedelta(seconds=self.ttl)
 
-    def end(self, outcome: ExecutionOutcome | None, failure: Exception | None = None) -> None:
-        """The code's end (None and no failure: it was stopped), composed as the call's."""
-        if outcome is not None:
-            session = self.keeper.name
-            earlier = None if self.earlier is None else replace(self.earlier, session=session)
-            notices = [*self.notices, *outcome.notices]
-            self.outcome = replace(outcome, notices=notices, earlier=earlier, session=session)
+    def end(
+        self, outcome: ExecutionOutcome | None, failure: Exception | None = None, cancelled: str = ""
+    ) -> None:
+        """The task's end, unless it has one: ``cancelled`` (why), else the code's outcome
+        (composed as the call's would be), else ``failure``, else stopped."""
+        if self.ended:
+            return
+        if cancelled:
+            self.state, self.reason = "cancelled", cancelled
+        elif outcome is not None:
+            self.state = "completed"
+            self.outcome = composed(Reply(outcome, self.notices, self.earlier), self.keeper.name)
         elif failure is not None:
-            self.failure = failure
-        elif self.cancelled is None:
-            self.cancelled = "The code was stopped before it ended."
+            self.state, self.failure = "failed", failure
+        else:
+            self.state, self.reason = "cancelled", "The code was stopped before it ended."
         self.updated = datetime.now(UTC)
 
     def status_message(self) -> str:
@@ -8473,6 +8547,45 @@ class RunTask:
         if running.pending.awaiting:
             message += " Waiting for the user to approve %s." % ", ".join(running.pending.awaiting)
         return message
+
+
+class TaskBoard:
+    """The bridge's MCP tasks by id, for tasks/get, tasks/update and tasks/cancel: each
+    kept until its ttl (its code's timeout plus an hour, so a task whose code runs is
+    kept), and at most MAX_ENDED_TASKS_PER_PRINCIPAL ended ones per principal."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, McpTask] = {}
+
+    def add(self, task: McpTask) -> None:
+        self._prune()
+        self.tasks[task.id] = task
+
+    def get(self, principal: str, task_id: str) -> McpTask:
+        """``principal``'s task ``task_id``; InvalidRequestError when there is none (another
+        principal's task is none of theirs)."""
+        self._prune()
+        task = self.tasks.get(task_id)
+        if task is None or task.principal != principal:
+            raise InvalidRequestError(
+                "No task %s here: it ended more than its ttl ago, newer ended tasks took its place "
+                "(%d are kept), the bridge restarted, or it was never this bridge's."
+                % (ascii(task_id[:64]), MAX_ENDED_TASKS_PER_PRINCIPAL)
+            )
+        return task
+
+    def _prune(self) -> None:
+        now = datetime.now(UTC)
+        ended: dict[str, list[McpTask]] = {}
+        for task in list(self.tasks.values()):
+            if task.expired(now):
+                del self.tasks[task.id]
+            elif task.ended:
+                ended.setdefault(task.principal, []).append(task)
+        for tasks in ended.values():
+            tasks.sort(key=lambda task: task.updated)
+            for task in tasks[: max(0, len(tasks) - MAX_ENDED_TASKS_PER_PRINCIPAL)]:
+                del self.tasks[task.id]
 
 
 NOT_RUN_WHILE_ASKING = (
@@ -8500,9 +8613,11 @@ class SandboxKeeper:
         name: str,
         problems: ProblemLog,
         closing: anyio.Event,
+        board: TaskBoard,
     ) -> None:
         self.config = config
         self.task_group = task_group
+        self.board = board  # where the MCP tasks of its calls are kept (Sandboxes')
         self.api = api
         self.name = name
         self.shared_engine = engine
@@ -8613,10 +8728,7 @@ class SandboxKeeper:
             raise ShuttingDownError(SHUTTING_DOWN)
         if isinstance(holder[0], Exception):
             raise holder[0]
-        reply = holder[0]
-        earlier = None if reply.earlier is None else replace(reply.earlier, session=self.name)
-        notices = [*reply.notices, *reply.outcome.notices]
-        return replace(reply.outcome, notices=notices, earlier=earlier, session=self.name)
+        return composed(holder[0], self.name)
 
     async def take_turn(self, request: RunRequest) -> Reply:
         # The client's clock runs from the call's arrival, also while it waits its turn.
@@ -8692,8 +8804,10 @@ class SandboxKeeper:
         self.last_used = time.monotonic()
         if request.as_task and not running.pending.parked.has_unsent():
             earlier, self.unreported = self.unreported, None
-            running.task = RunTask(self, running, notices, earlier)
-            return Reply(ExecutionOutcome(status="running", task=running.task))
+            running.task = task = McpTask(self, running, notices, earlier)
+            self.board.add(task)  # now: a call cancelled before it answers leaves no orphan
+            self.task_group.start_soon(self._end_task_when_done, task)
+            return Reply(ExecutionOutcome(status="running", task=task))
         outcome = running.still_running(waited_for_earlier=False, round_trip=request.round_trip)
         return self._reply(outcome, notices)
 
@@ -8718,7 +8832,8 @@ class SandboxKeeper:
             )
         if running.task is not None:
             raise InvalidRequestError(
-                "This code goes on as MCP task %s: answer its questions with tasks/update." % running.task.id
+                "These answers are for code that goes on as MCP task %s: the client answers its questions "
+                "through the task. Call run_python again without them." % running.task.id
             )
         running.pending.parked.deliver(resume.answers, resume.digests)
         notices, self.held_notices = self.held_notices, []
@@ -8732,45 +8847,53 @@ class SandboxKeeper:
     async def _stop_for_reset(self, running: RunningCode) -> list[str]:
         """Stop the code an earlier call left running (its end kept when it had ended)."""
         self.running = None
-        if running.task is not None and not running.finished.is_set():
-            running.task.cancelled = "A reset of the session stopped the code before it ended."
+        task = running.task
         if running.finished.is_set() and running.failure is None:
             ended = await self._finish(running)  # it ended before the reset
-            self.unreported = ended if running.task is None else None
+            if task is None:
+                self.unreported = ended
             return []
         if running.finished.is_set():
-            await self._finish_task(running)
+            if task is not None:
+                await self._finish(running)  # its failure is the task's (_finish never raises it)
             return ["The code of an earlier call could not finish: %s" % running.failure]
+        if task is not None:
+            task.end(None, cancelled="A reset of the session stopped the code before it ended.")
         notice = running.stopped_by_reset()
         running.scope.cancel()
         await running.finished.wait()
-        await self._finish_task(running)
+        if task is not None:
+            await self._finish(running)
         return [notice]
-
-    async def _finish_task(self, running: RunningCode) -> None:
-        """_finish for code that went on as a task and failed or was stopped."""
-        if running.task is not None:
-            with suppress(Exception):  # its failure is the task's now
-                await self._finish(running)
 
     async def _finish(self, running: RunningCode) -> ExecutionOutcome | None:
         """The outcome of code that has ended (what a "still running" answer already
         showed left out), and the session replaced if it died; None when it was stopped
         (the call waiting for it was cancelled). Code that went on as an MCP task ends
-        its task instead (its outcome or failure), and None is returned."""
+        its task instead, whatever became of it (its outcome, its failure, or stopped), and
+        None is returned: a task never stays "working" once its code is done."""
         if self.running is running:
             self.running = None
         task = running.task
-        if running.failure is not None:
+        try:
+            outcome = await self._ended_outcome(running)
+        except Exception as exc:
             if task is None:
-                raise running.failure
-            task.end(None, running.failure)
+                raise
+            task.end(None, exc)
             return None
+        if task is None:
+            return outcome
+        task.end(outcome)
+        return None
+
+    async def _ended_outcome(self, running: RunningCode) -> ExecutionOutcome | None:
+        """_finish's outcome: the code's failure raised, None when it was stopped."""
+        if running.failure is not None:
+            raise running.failure
         if running.outcome is None:
-            if task is not None:
-                task.end(None)
             return None
-        outcome = running.rest(self.api.drain_notices())
+        outcome = running.rest(self.api.pool.drain_notices())
         sandbox = running.sandbox
         if not sandbox.alive:
             await sandbox.stop()
@@ -8778,34 +8901,31 @@ class SandboxKeeper:
                 self.sandbox = None
             self.lost_reason = "the previous sandbox %s." % sandbox.death_reason
         self.last_used = time.monotonic()
-        if task is not None:
-            task.end(outcome)
-            return None
         return outcome
 
-    async def collect_task(self, task: RunTask) -> None:
-        """End ``task`` if its code has ended and no call holds the session: the call that
-        holds it ends the task itself (it waits for this code first)."""
-        if task.ended or not task.running.finished.is_set() or self.running is not task.running:
-            return
-        try:
-            self._lock.acquire_nowait()
-        except anyio.WouldBlock:
-            return
-        try:
-            if self.running is task.running:
-                await self._finish(task.running)
-        finally:
-            self._lock.release()
+    async def _end_task_when_done(self, task: McpTask) -> None:
+        """Finish ``task``'s code as soon as it ends, so the task ends even if nobody polls
+        it and the session is free again: here when no call holds the session, else by the
+        call that holds it (every call waits for this code first)."""
+        running = task.running
+        await running.finished.wait()
+        while self.running is running:
+            try:
+                self._lock.acquire_nowait()
+            except anyio.WouldBlock:
+                await anyio.sleep(0.2)
+                continue
+            try:
+                if self.running is running:
+                    await self._finish(running)
+            finally:
+                self._lock.release()
 
-    async def cancel_task(self, task: RunTask) -> None:
-        """tasks/cancel: stop the task's code (its output is gone) and end the task."""
-        if task.ended:
-            return
-        task.cancelled = "tasks/cancel stopped the code before it ended."
+    def cancel_task(self, task: McpTask) -> None:
+        """tasks/cancel: the task ends cancelled (unless it has ended) and its code is
+        stopped; _end_task_when_done finishes it once stopped."""
+        task.end(None, cancelled="tasks/cancel stopped the code before it ended.")
         task.running.scope.cancel()
-        await task.running.finished.wait()
-        await self.collect_task(task)
 
     async def watch_idle(self) -> None:
         """Stop the sandbox after idle_timeout seconds without a call."""
@@ -8896,33 +9016,10 @@ class Sandboxes:
         self.ended: dict[str, dict[str, str]] = {}  # principal -> forgotten name -> why its sandbox ended
         self.problems: dict[str, ProblemLog] = {}  # per principal
         self.calls: dict[str, int] = {}  # principal -> run_python calls in flight
-        self.tasks: dict[str, RunTask] = {}  # MCP tasks by id, until their ttl (or MAX_KEPT_TASKS)
+        self.tasks = TaskBoard()  # the MCP tasks of every session's calls
         self.closing = anyio.Event()  # set when the bridge begins to shut down
         self._no_calls = anyio.Event()  # set while no call is in flight
         self._no_calls.set()
-
-    def add_task(self, task: RunTask) -> None:
-        """Keep ``task`` for tasks/get, dropping expired tasks and, past MAX_KEPT_TASKS, the
-        oldest ended ones (a task whose code runs is kept: its code is a call in flight)."""
-        now = datetime.now(UTC)
-        for key, kept in list(self.tasks.items()):
-            if kept.expired(now) and kept.ended:
-                del self.tasks[key]
-        ended = [key for key, kept in self.tasks.items() if kept.ended]
-        for key in ended[: max(0, len(self.tasks) + 1 - MAX_KEPT_TASKS)]:
-            del self.tasks[key]
-        self.tasks[task.id] = task
-
-    def task(self, principal: str, task_id: str) -> RunTask:
-        """``principal``'s task ``task_id``; InvalidRequestError when there is none (another
-        principal's task is none of theirs)."""
-        task = self.tasks.get(task_id)
-        if task is None or task.principal != principal or (task.ended and task.expired(datetime.now(UTC))):
-            raise InvalidRequestError(
-                "No task %s here: it ended more than its ttl ago, the bridge restarted, or it was never "
-                "this bridge's." % ascii(task_id[:64])
-            )
-        return task
 
     def of(self, principal: str) -> dict[str, SandboxKeeper]:
         """The sessions of ``principal`` by name."""
@@ -8944,7 +9041,7 @@ class Sandboxes:
         self._make_room(principal.name, name)
         problems = self.problems.setdefault(principal.name, ProblemLog())
         keeper = SandboxKeeper(
-            self.config, self.task_group, principal.api, self.engine, name, problems, self.closing
+            self.config, self.task_group, principal.api, self.engine, name, problems, self.closing, self.tasks
         )
         keeper.lost_reason = self.ended.get(principal.name, {}).pop(name, None)
         self.keepers[key] = keeper
@@ -10031,9 +10128,21 @@ def input_required(execute: str, questions: Sequence[ParkedQuestion]) -> types.I
     its retry brings back (sealed by the SDK's RequestStateBoundary, see build_server)."""
     state = {"execute": execute, "digests": {question.key: question.digest for question in questions}}
     return types.InputRequiredResult(
-        input_requests={question.key: types.ElicitRequest(params=question.params) for question in questions},
-        request_state=json.dumps(state),
+        input_requests=elicit_requests(questions), request_state=json.dumps(state)
     )
+
+
+def elicit_requests(questions: Sequence[ParkedQuestion]) -> dict[str, types.InputRequest]:
+    """The questions as the client's input requests, by key (input_required, tasks/get)."""
+    return {question.key: types.ElicitRequest(params=question.params) for question in questions}
+
+
+def elicit_answers(responses: Mapping[str, object] | None) -> dict[str, types.ElicitResult]:
+    """The client's answers to elicitations among its input responses, by key (the others
+    answer nothing the bridge asks)."""
+    return {
+        key: answer for key, answer in (responses or {}).items() if isinstance(answer, types.ElicitResult)
+    }
 
 
 def resume_of(params: types.CallToolRequestParams) -> Resume | None:
@@ -10045,12 +10154,7 @@ def resume_of(params: types.CallToolRequestParams) -> Resume | None:
         execute, digests = str(state["execute"]), dict(state["digests"])
     except (ValueError, KeyError, TypeError):
         raise InvalidRequestError("The requestState of this retry is not one the bridge made.") from None
-    answers = {
-        key: answer
-        for key, answer in (params.input_responses or {}).items()
-        if isinstance(answer, types.ElicitResult)
-    }
-    return Resume(execute, answers, digests)
+    return Resume(execute, elicit_answers(params.input_responses), digests)
 
 
 async def on_call_tool(
@@ -10091,7 +10195,6 @@ async def on_call_tool(
         if outcome.questions is not None:
             return input_required(*outcome.questions)
         if outcome.task is not None:
-            bridge.sandboxes.add_task(outcome.task)
             return {"resultType": "task", **task_fields(outcome.task, "working")}
         return render_for(bridge, outcome, request.client_name)
     except BridgeError as exc:
@@ -10116,7 +10219,7 @@ def render_for(bridge: Bridge, outcome: ExecutionOutcome, client: str | None) ->
 # A client that declares the extension (2026-07-28) gets, for code still running when the
 # call must answer, a task instead of "still running": it polls tasks/get for the call's
 # result, answers the code's questions (approvals) with tasks/update, stops it with
-# tasks/cancel (RunTask; Sandboxes keeps the tasks).
+# tasks/cancel (McpTask; Sandboxes' TaskBoard keeps the tasks).
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 
@@ -10143,7 +10246,7 @@ def takes_tasks(ctx: ServerRequestContext[Bridge]) -> bool:
     return round_trip_client(ctx) and TASKS_EXTENSION in (extensions or {})
 
 
-def task_fields(task: RunTask, status: str) -> dict[str, Any]:
+def task_fields(task: McpTask, status: str) -> dict[str, Any]:
     """The Task shape the extension defines, with ``status``."""
     return {
         "taskId": task.id,
@@ -10155,59 +10258,67 @@ def task_fields(task: RunTask, status: str) -> dict[str, Any]:
     }
 
 
-def task_detail(bridge: Bridge, task: RunTask) -> dict[str, Any]:
-    """tasks/get's DetailedTask: completed with the call's result (a failure the bridge
-    explains is a result too, as it is for a call), failed, cancelled, input_required
-    with the code's open questions, or working with what the code is doing."""
-    if task.outcome is not None:
-        result = render_for(bridge, task.outcome, task.client_name)
-        return {**task_fields(task, "completed"), "result": _result_fields(result)}
-    if isinstance(task.failure, BridgeError):
-        result = render_error(task.failure)
-        return {**task_fields(task, "completed"), "result": _result_fields(result)}
-    if task.failure is not None:
-        logger.error("task %s failed", task.id, exc_info=task.failure)
-        message = "The bridge hit an internal error (%s); details are in the server log." % (
-            type(task.failure).__name__
-        )
-        return {**task_fields(task, "failed"), "error": {"code": types.INTERNAL_ERROR, "message": message}}
-    if task.cancelled is not None:
-        return {**task_fields(task, "cancelled"), "statusMessage": task.cancelled}
+def task_detail(bridge: Bridge, task: McpTask) -> dict[str, Any]:
+    """tasks/get's DetailedTask: working with what the code is doing, input_required with
+    the code's open questions, or the end, shown the same on every poll (task_end)."""
+    if task.ended:
+        if task.shown is None:
+            task.shown = task_end(bridge, task)
+            task.outcome = task.failure = None  # rendered once: the images are not kept twice
+        return {**task_fields(task, task.shown["status"]), **task.shown}
     desk = task.running.pending.parked
     questions = [question for question in desk.waiting.values() if not question.answered.is_set()]
     for question in questions:
         question.sent = True  # carried by the task: no call carries them too
-    if questions:
-        requests = {
-            question.key: types.ElicitRequest(params=question.params).model_dump(
-                by_alias=True, mode="json", exclude_none=True
-            )
-            for question in questions
-        }
-        fields = task_fields(task, "input_required")
-        return {**fields, "inputRequests": requests, "statusMessage": task.status_message()}
-    return {**task_fields(task, "working"), "statusMessage": task.status_message()}
+    if not questions:
+        return {**task_fields(task, "working"), "statusMessage": task.status_message()}
+    requests = {
+        key: request.model_dump(by_alias=True, mode="json", exclude_none=True)
+        for key, request in elicit_requests(questions).items()
+    }
+    return {
+        **task_fields(task, "input_required"),
+        "inputRequests": requests,
+        "statusMessage": task.status_message(),
+    }
 
 
-def _result_fields(result: types.CallToolResult) -> dict[str, Any]:
-    return {"resultType": "complete", **result.model_dump(by_alias=True, mode="json", exclude_none=True)}
+def task_end(bridge: Bridge, task: McpTask) -> dict[str, Any]:
+    """An ended task's status and its fields, rendered once: completed with the call's
+    result (for the task's client, as a call's would be; a failure the bridge explains
+    is a result too, as it is for a call), failed (an internal error, logged once) or
+    cancelled (why)."""
+    if task.state == "cancelled":
+        return {"status": "cancelled", "statusMessage": task.reason}
+    if task.outcome is not None:
+        result = render_for(bridge, task.outcome, task.client_name)
+    elif isinstance(task.failure, BridgeError):
+        result = render_error(task.failure)
+    else:
+        logger.error("MCP task %s failed", task.id, exc_info=task.failure)
+        message = (
+            "The bridge hit an internal error (%s: %s); details are in the server log. Run the code "
+            "again, or with reset: true." % (type(task.failure).__name__, task.failure)
+        )
+        return {"status": "failed", "error": {"code": types.INTERNAL_ERROR, "message": message}}
+    dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return {"status": "completed", "result": {"resultType": "complete", **dumped}}
 
 
-def _own_task(ctx: ServerRequestContext[Bridge], task_id: str) -> RunTask:
+def _own_task(ctx: ServerRequestContext[Bridge], task_id: str) -> McpTask:
     """The caller's task ``task_id``, or the protocol's invalid-params error."""
     from mcp.shared.exceptions import MCPError as McpProtocolError
 
     bridge = ctx.lifespan_context
     try:
-        return bridge.sandboxes.task(bridge.principals.of_request(ctx.request).name, task_id)
+        return bridge.sandboxes.tasks.get(bridge.principals.of_request(ctx.request).name, task_id)
     except BridgeError as exc:
         raise McpProtocolError(code=types.INVALID_PARAMS, message=str(exc)) from None
 
 
-async def on_get_task(ctx: ServerRequestContext[Bridge], params: Any) -> dict[str, Any]:  # TaskParams
-    task = _own_task(ctx, params.task_id)
-    await task.keeper.collect_task(task)
-    return {"resultType": "complete", **task_detail(ctx.lifespan_context, task)}
+async def on_get_task(ctx: ServerRequestContext[Bridge], params: Any) -> dict[str, Any]:
+    """tasks/get (TaskParams, see task_params)."""
+    return {"resultType": "complete", **task_detail(ctx.lifespan_context, _own_task(ctx, params.task_id))}
 
 
 async def on_update_task(ctx: ServerRequestContext[Bridge], params: Any) -> dict[str, Any]:
@@ -10216,19 +10327,14 @@ async def on_update_task(ctx: ServerRequestContext[Bridge], params: Any) -> dict
     question has is ignored)."""
     task = _own_task(ctx, params.task_id)
     desk = task.running.pending.parked
-    answers = {
-        key: answer
-        for key, answer in params.input_responses.items()
-        if isinstance(answer, types.ElicitResult)
-    }
-    desk.deliver(answers, {key: question.digest for key, question in desk.waiting.items()})
-    task.updated = datetime.now(UTC)
+    desk.deliver(elicit_answers(params.input_responses), {key: q.digest for key, q in desk.waiting.items()})
     return {"resultType": "complete"}
 
 
-async def on_cancel_task(ctx: ServerRequestContext[Bridge], params: Any) -> dict[str, Any]:  # TaskParams
+async def on_cancel_task(ctx: ServerRequestContext[Bridge], params: Any) -> dict[str, Any]:
+    """tasks/cancel (TaskParams): answered at once; the code stops in the background."""
     task = _own_task(ctx, params.task_id)
-    await task.keeper.cancel_task(task)
+    task.keeper.cancel_task(task)
     return {"resultType": "complete"}
 
 

@@ -153,8 +153,8 @@ async def measure(workdir: Path) -> tuple[list[Outcome], list[str]]:
                 if not client.running
             ]
             for query in QUERIES:
-                hits: Any = await api.search_tool_docs(query.text, MAX_SEARCH_LIMIT, "summary")
-                lines: Any = await api.search_tool_docs(query.text, 3, "line")
+                hits: Any = (await api.search_tool_docs(query.text, MAX_SEARCH_LIMIT, "summary"))["hits"]
+                lines: Any = (await api.search_tool_docs(query.text, 3, "line"))["hits"]
                 top = "%s.%s" % (hits[0]["server"], hits[0]["tool"]) if hits else "(none)"
                 score = hits[0]["score"] if hits else 0.0
                 expected = "%s.%s" % (query.server, " / ".join(query.tools))

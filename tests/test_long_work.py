@@ -174,10 +174,17 @@ async def run(manager: bridge.SandboxKeeper, code: str, reset: bool = False) -> 
 def keeper_with_fake_sandbox(group: anyio.abc.TaskGroup) -> bridge.SandboxKeeper:
     """A keeper answering "still running" after 1 s; the test replaces its _ensure_sandbox."""
     config = bridge.BridgeConfig(respond_after=1.0)
-    api: Any = SimpleNamespace(drain_notices=list)
+    api: Any = SimpleNamespace(pool=SimpleNamespace(drain_notices=list))
     engine = bridge.SharedEngine(config)
     return bridge.SandboxKeeper(
-        config, group, api, engine, bridge.DEFAULT_SESSION, bridge.ProblemLog(), anyio.Event()
+        config,
+        group,
+        api,
+        engine,
+        bridge.DEFAULT_SESSION,
+        bridge.ProblemLog(),
+        anyio.Event(),
+        bridge.TaskBoard(),
     )
 
 

@@ -357,8 +357,8 @@ except AttributeError as exc:
 async def test_a_weak_search_says_so_and_a_wrong_tool_name_gets_the_nearest_signatures(
     proxy_engine: Engine, state_dir: Path, tmp_path: Path
 ) -> None:
-    """Issue 21, items 3 and 4: a query no tool matches well gets a notice naming the
-    likeliest servers and query_tool_docs; a good one gets none; a call to a tool the
+    """Issue 21, items 3 and 4: a query no tool matches well says so in the code's output,
+    naming the likeliest servers and query_tool_docs; a good one says nothing; a call to a tool the
     server does not have names the nearest tools (by name and by meaning) with their
     signatures, so the model can fix the call in the same run."""
     home = claude_desktop_home(tmp_path, four_servers(tmp_path))
@@ -367,10 +367,11 @@ async def test_a_weak_search_says_so_and_a_wrong_tool_name_gets_the_nearest_sign
     assert not answer["is_error"], answer["text"]
     weak_count, good_tool, wrong = eval(answer["value"])
     assert good_tool == "get_current_time"
-    notices = [n for n in answer["notices"] if n.startswith("runtime.search_tool_docs(")]
-    assert len(notices) == 1, answer["notices"]
-    assert "bake a chocolate cake" in notices[0] and "no tool matches" in notices[0], notices
-    assert "runtime.query_tool_docs(" in notices[0], notices
+    # Said where the code searched, in its output (stderr), once: the good search says nothing.
+    said = [line for line in answer["stderr"].splitlines() if line.startswith("runtime.search_tool_docs(")]
+    assert len(said) == 1, answer["stderr"]
+    assert "bake a chocolate cake" in said[0] and "no tool matches" in said[0], said
+    assert "runtime.query_tool_docs(" in said[0], said
     assert weak_count <= 5
     assert "has no tool 'get_time'" in wrong, wrong
     assert "The nearest: mcp_time.get_current_time(timezone: str)" in wrong, wrong

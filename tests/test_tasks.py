@@ -234,3 +234,34 @@ async def test_a_client_without_the_extension_still_gets_still_running(
             if "late" in text_of(rest):
                 break
         assert "late" in text_of(rest), rest
+
+
+async def test_another_call_during_a_task_takes_nothing_of_it_and_a_reset_cancels_it(
+    engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    env, _ = setup(tmp_path, state_dir, engine, bridge_respond_after="1")
+    async with tasks_client(env, TasksExtension()) as client:
+        code = "import time\nprint('one')\ntime.sleep(3)\nprint('two')\n'task done'"
+        handle = await client.session.call_tool("run_python", {"code": code}, allow_claimed=True)
+        assert isinstance(handle, TaskHandle), handle
+        # Another call to the session waits for the task's code and shows none of its output;
+        # its own code runs once the task's has ended.
+        other = await client.call_tool("run_python", {"code": "'mine'"})
+        while "MCP task" in text_of(other):  # "still running as MCP task ..." (respond_after 1 s)
+            assert "one" not in text_of(other), other
+            other = await client.call_tool("run_python", {"code": "'mine'"})
+        assert "'mine'" in text_of(other) and "one" not in text_of(other), other
+        state = await ask(client.session, get_task(handle.task_id))
+        assert state["status"] == "completed", state
+        assert state["result"]["structuredContent"]["stdout"] == "one\ntwo\n", state
+        assert state["result"]["structuredContent"]["value"] == "task done", state
+
+        # A reset while a task's code runs cancels the task, and says so to the resetting call.
+        long = await client.session.call_tool(
+            "run_python", {"code": "import time\ntime.sleep(60)"}, allow_claimed=True
+        )
+        assert isinstance(long, TaskHandle), long
+        reset = await client.call_tool("run_python", {"code": "'fresh'", "reset": True})
+        assert "'fresh'" in text_of(reset) and "Reset stopped the code" in text_of(reset), reset
+        state = await ask(client.session, get_task(long.task_id))
+        assert state["status"] == "cancelled" and "reset" in state["statusMessage"], state

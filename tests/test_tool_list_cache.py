@@ -28,8 +28,9 @@ pytestmark = pytest.mark.anyio
 
 SECRET = "s3cret-token-value"  # in a server's env, a header and a URL: never in the file
 
-# A real MCP server that notes each start of its process in $STARTS_FILE; its version
-# comes from $ALMANAC_VERSION, and from version 2 on it has one more tool.
+# A real MCP server that notes each start of its process in $STARTS_FILE; its version is
+# what $VERSION_FILE holds (an upgrade changes the program, not its entry), and from
+# version 2 on it has one more tool.
 ALMANAC = '''\
 import os
 
@@ -37,7 +38,8 @@ from mcp.server.mcpserver import MCPServer
 
 with open(os.environ["STARTS_FILE"], "a", encoding="utf-8") as starts:
     starts.write("started\\n")
-version = os.environ["ALMANAC_VERSION"]
+with open(os.environ["VERSION_FILE"], encoding="utf-8") as installed:
+    version = installed.read().strip()
 server = MCPServer("almanac", version=version, instructions="Tides and moons of the coast.")
 
 
@@ -66,9 +68,18 @@ class Almanac:
         self.script = tmp_path / "almanac_server.py"
         self.script.write_text(ALMANAC, encoding="utf-8")
         self.starts_file = tmp_path / "almanac-starts.txt"
+        self.version_file = tmp_path / "almanac-version.txt"
+        self.version_file.write_text("1.0", encoding="utf-8")
 
-    def spec(self, version: str = "1.0") -> bridge.ServerSpec:
-        env = {"STARTS_FILE": str(self.starts_file), "ALMANAC_VERSION": version, "ALMANAC_TOKEN": SECRET}
+    def spec(self, version: str | None = None) -> bridge.ServerSpec:
+        """Its entry; ``version``: install that version first (where the server reads it)."""
+        if version is not None:
+            self.version_file.write_text(version, encoding="utf-8")
+        env = {
+            "STARTS_FILE": str(self.starts_file),
+            "VERSION_FILE": str(self.version_file),
+            "ALMANAC_TOKEN": SECRET,
+        }
         return bridge.ServerSpec("almanac", "almanac", "stdio", sys.executable, (str(self.script),), env=env)
 
     @property
@@ -100,10 +111,16 @@ def cache_file(state_dir: Path) -> Path:
     return state_dir / bridge.TOOL_LISTS_PATH
 
 
+def key_of(state_dir: Path, spec: bridge.ServerSpec) -> str:
+    """``spec``'s key in the cache of ``state_dir`` (whose HMAC key is made if new)."""
+    secret = bridge.tool_lists_secret(cache_file(state_dir).with_suffix(".key"))
+    return bridge.server_program_key(spec, secret)
+
+
 def cached_entry(state_dir: Path, spec: bridge.ServerSpec) -> dict[str, Any]:
     document = json.loads(cache_file(state_dir).read_bytes())
     assert document["format"] == bridge.TOOL_LISTS_FORMAT
-    entry: dict[str, Any] = document["servers"][bridge.server_program_key(spec)]
+    entry: dict[str, Any] = document["servers"][key_of(state_dir, spec)]
     bridge.CachedToolList.read_back(entry)  # what the bridge reads back: valid
     return entry
 
@@ -114,7 +131,7 @@ def tool_names(entry: dict[str, Any]) -> list[str]:
 
 async def hits(api: bridge.SandboxAPI, query: str) -> list[str]:
     found: Any = await api.search_tool_docs(query, 5, "summary")
-    return ["%s.%s" % (hit["server"], hit["tool"]) for hit in found]
+    return ["%s.%s" % (hit["server"], hit["tool"]) for hit in found["hits"]]
 
 
 # --- the cache survives a restart ---------------------------------------------------------
@@ -198,7 +215,7 @@ async def test_a_changed_server_version_replaces_its_cached_entry(almanac: Alman
 # --- a damaged or stale cache is ignored, then rewritten ------------------------------------
 
 
-def a_bad_tool(almanac: Almanac) -> bytes:
+def a_bad_tool(almanac: Almanac, state_dir: Path) -> bytes:
     """A well-formed file whose entry for the almanac has a tool the SDK refuses (no
     inputSchema), beside another server's good entry."""
     tools = [types.Tool(name="ping", input_schema={"type": "object"})]
@@ -211,8 +228,8 @@ def a_bad_tool(almanac: Almanac) -> bytes:
         "tools": [{"name": "poisoned", "description": "no inputSchema"}],
     }
     servers = {
-        bridge.server_program_key(almanac.spec()): bad,
-        bridge.server_program_key(good_spec()): good.entry,
+        key_of(state_dir, almanac.spec()): bad,
+        key_of(state_dir, good_spec()): good.entry,
     }
     return json.dumps({"format": bridge.TOOL_LISTS_FORMAT, "servers": servers}).encode()
 
@@ -222,9 +239,9 @@ def good_spec() -> bridge.ServerSpec:
 
 
 DAMAGE = {
-    "garbage bytes": lambda almanac: b'\x00\xff\xfe{"format": 1, "serv',
-    "JSON of the wrong shape": lambda almanac: b'{"format": 1, "servers": [["almanac", {}]]}',
-    "another format": lambda almanac: b'{"format": 99, "servers": {}}',
+    "garbage bytes": lambda almanac, state_dir: b'\x00\xff\xfe{"format": 1, "serv',
+    "JSON of the wrong shape": lambda almanac, state_dir: b'{"format": 1, "servers": [["almanac", {}]]}',
+    "another format": lambda almanac, state_dir: b'{"format": 99, "servers": {}}',
     "a tool that fails validation": a_bad_tool,
 }
 
@@ -235,7 +252,7 @@ async def test_a_damaged_cache_is_ignored_the_server_started_and_the_file_rewrit
 ) -> None:
     path = cache_file(state_dir)
     path.parent.mkdir(parents=True)
-    path.write_bytes(DAMAGE[damage](almanac))
+    path.write_bytes(DAMAGE[damage](almanac, state_dir))
     spec = almanac.spec()
     async with bridge_of(state_dir, spec) as api:
         assert (await hits(api, "tide times for a harbour"))[0] == "almanac.tide_times"
@@ -255,7 +272,7 @@ async def test_a_stale_cache_entry_is_ignored(almanac: Almanac, state_dir: Path,
         await hits(api, "tides")
     path = cache_file(state_dir)
     document = json.loads(path.read_bytes())
-    document["servers"][bridge.server_program_key(spec)]["saved"] = time.time() - age
+    document["servers"][key_of(state_dir, spec)]["saved"] = time.time() - age
     path.write_text(json.dumps(document))
     async with bridge_of(state_dir, spec) as api:
         assert (await hits(api, "tide times for a harbour"))[0] == "almanac.tide_times"
@@ -295,10 +312,12 @@ async def test_the_cache_is_bounded_private_atomic_and_holds_no_secrets(state_di
     data = path.read_bytes()
     servers = json.loads(data)["servers"]
     assert len(servers) == bridge.MAX_CACHED_SERVERS
-    assert set(servers) == {bridge.server_program_key(spec) for spec in specs[6:]}
+    assert set(servers) == {key_of(state_dir, spec) for spec in specs[6:]}
     assert SECRET.encode() not in data and b"example.com" not in data
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert os.listdir(path.parent) == [path.name]  # no temporary file left behind
+    assert stat.S_IMODE(os.stat(path.with_suffix(".key")).st_mode) == 0o600
+    files = sorted([path.name, path.with_suffix(".key").name])
+    assert sorted(os.listdir(path.parent)) == files  # no temporary file left behind
 
     # Saves made at the same time in one bridge are all kept (written together).
     again = bridge.ToolListCache(path)
@@ -306,11 +325,18 @@ async def test_the_cache_is_bounded_private_atomic_and_holds_no_secrets(state_di
         for spec in specs[:10]:
             group.start_soon(again.save, spec, initialized(spec.name, "2"), some_tools())
     servers = json.loads(path.read_bytes())["servers"]
-    assert all(
-        servers[bridge.server_program_key(spec)]["serverInfo"]["version"] == "2" for spec in specs[:10]
-    )
-    assert len(servers) == bridge.MAX_CACHED_SERVERS and os.listdir(path.parent) == [path.name]
+    assert all(servers[key_of(state_dir, spec)]["serverInfo"]["version"] == "2" for spec in specs[:10])
+    assert len(servers) == bridge.MAX_CACHED_SERVERS and sorted(os.listdir(path.parent)) == files
     assert (await bridge.ToolListCache(path).get(specs[0])) is not None  # a new bridge reads them
+
+    # One program set up two ways (another token, another toolset) is two servers.
+    other = numbered_spec(0)
+    other = bridge.ServerSpec(
+        other.name, other.alias, "stdio", other.command, other.args, env={"TOKEN": "other"}
+    )
+    assert key_of(state_dir, other) != key_of(state_dir, numbered_spec(0))
+    await again.save(other, initialized("other", "9"), some_tools())
+    assert (await bridge.ToolListCache(path).get(numbered_spec(0))).server_info.version == "2"  # type: ignore[union-attr]
 
 
 async def test_the_cache_keeps_no_list_over_its_byte_caps(state_dir: Path) -> None:
@@ -322,11 +348,11 @@ async def test_the_cache_keeps_no_list_over_its_byte_caps(state_dir: Path) -> No
         await cache.save(spec, initialized(spec.name), some_tools(big))
     assert path.stat().st_size <= bridge.MAX_TOOL_LISTS_BYTES
     kept = set(json.loads(path.read_bytes())["servers"])
-    assert kept == {bridge.server_program_key(spec) for spec in specs[1:5]}
+    assert kept == {key_of(state_dir, spec) for spec in specs[1:5]}
     # A list over MAX_CACHED_LIST_BYTES is not cached, and the server's older entry goes.
     await cache.save(specs[4], initialized(specs[4].name), some_tools(big + "x" * (len(big) // 5)))
     kept = set(json.loads(path.read_bytes())["servers"])
-    assert kept == {bridge.server_program_key(spec) for spec in specs[1:4]}
+    assert kept == {key_of(state_dir, spec) for spec in specs[1:4]}
     assert await bridge.ToolListCache(path).get(specs[4]) is None
 
 
@@ -357,4 +383,4 @@ async def test_bridges_sharing_a_state_dir_never_see_a_torn_file(state_dir: Path
         group.start_soon(read)
     assert not torn
     assert json.loads(path.read_bytes())["servers"]  # whichever wrote last: its entries
-    assert os.listdir(path.parent) == [path.name]
+    assert sorted(os.listdir(path.parent)) == sorted([path.name, path.with_suffix(".key").name])
