@@ -234,3 +234,64 @@ async def test_a_reset_says_what_became_of_code_an_earlier_call_left_running() -
         assert again.earlier is not None and again.earlier.value == "'short'", again
         assert not any("Reset stopped" in notice for notice in again.notices), again.notices
         group.cancel_scope.cancel()
+
+
+def state(task: bridge.McpTask) -> str:
+    return task.state  # read anew (mypy would keep an earlier assert's narrowing)
+
+
+async def as_task(manager: bridge.SandboxKeeper, code: str) -> bridge.ExecutionOutcome:
+    """One call to ``manager`` from a client of the MCP Tasks extension."""
+    principal = bridge.Principal(bridge.LOCAL_PRINCIPAL, manager.api)
+    request = bridge.RunRequest(
+        code, 10, False, bridge.DEFAULT_SESSION, principal, as_task=True, round_trip=True
+    )
+    return await manager.answer(request)
+
+
+async def test_an_mcp_task_ends_by_itself_and_a_cancelled_second_call_does_not_stop_it() -> None:
+    # Unit test of the keeper with a fake sandbox (issue 20, item 3): the code of a task
+    # goes on when another call that waits for it is cancelled, ends its task when it
+    # ends (nobody polls), and the task's end, once set, stands.
+    async def ensure_session() -> tuple[Any, list[str]]:
+        return FakeSession({"slow": 2.5}), []
+
+    async with anyio.create_task_group() as group:
+        manager = keeper_with_fake_sandbox(group)
+        manager._ensure_sandbox = ensure_session  # type: ignore[method-assign]
+        first = await as_task(manager, "slow")
+        task = first.task
+        assert (
+            task is not None
+            and task.state == "working"
+            and manager.board.get(task.principal, task.id) is task
+        )
+        with anyio.move_on_after(0.3):  # a second call, given up by its client while it waits
+            await run(manager, "impatient")
+        await anyio.sleep(2.5)  # nobody polls: the task still ends, with its whole output
+        assert state(task) == "completed" and task.outcome is not None, task.state
+        assert task.outcome.value == "'slow'" and task.running.shown == {"stdout": 0, "stderr": 0}
+        assert manager.running is None  # the session is free for the next call
+        task.end(None, cancelled="too late")
+        assert state(task) == "completed"  # the first end stands
+        mine = await run(manager, "next")
+        assert mine.value == "'next'" and mine.earlier is None  # the task's end is the task's alone
+        group.cancel_scope.cancel()
+
+
+async def test_a_cancelled_task_stays_cancelled_and_frees_its_session() -> None:
+    async def ensure_session() -> tuple[Any, list[str]]:
+        return FakeSession({"forever": 600}), []
+
+    async with anyio.create_task_group() as group:
+        manager = keeper_with_fake_sandbox(group)
+        manager._ensure_sandbox = ensure_session  # type: ignore[method-assign]
+        task = (await as_task(manager, "forever")).task
+        assert task is not None
+        manager.cancel_task(task)  # answered at once
+        assert task.state == "cancelled" and "tasks/cancel" in task.reason
+        with anyio.fail_after(5):
+            while manager.running is not None:  # its code stops, and is finished by itself
+                await anyio.sleep(0.05)
+        assert state(task) == "cancelled" and (await run(manager, "after")).value == "'after'"
+        group.cancel_scope.cancel()
