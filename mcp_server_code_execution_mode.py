@@ -2685,6 +2685,31 @@ def read_config_bytes(path: Path, limit: int = MAX_CONFIG_FILE_BYTES) -> tuple[b
     return data, status
 
 
+def write_atomically(path: Path, data: bytes, check: Callable[[], None] | None = None) -> None:
+    """Replace ``path`` by ``data`` in one step: a temporary file beside it, flushed to disk,
+    then os.replace, so a reader finds the old file or the new one, never a torn one. An
+    existing file keeps its mode; a new one is private (0600): config entries and caches
+    may hold tokens. ``check`` runs right before the replace and may raise to keep the
+    file as it is."""
+    try:
+        mode = os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        mode = 0o600
+    temporary = path.with_name(".%s.%s.tmp" % (path.name, secrets.token_hex(4)))
+    try:
+        with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.chmod(temporary, mode)
+        if check is not None:
+            check()
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
 # A JSON string (kept as is), or what JSONC adds to JSON (blanked out).
 _JSON_STRING = r'("(?:\\.|[^"\\])*")'
 _JSONC_COMMENT = re.compile(_JSON_STRING + r"|//[^\n]*|/\*.*?\*/", re.DOTALL)
@@ -3780,7 +3805,7 @@ async def _stop_server_process(process: anyio.abc.Process, stderr_read: anyio.Ev
 # leaves it). A search uses the cached list of a server this bridge has not started; a
 # call starts it as ever, and its live list replaces the cached one (a new version's too).
 # Bounded (the MAX_CACHED_SERVERS most recently saved, MAX_TOOL_LISTS_BYTES in all, no
-# list over MAX_CACHED_LIST_BYTES) and written atomically (_write_atomically): bridges
+# list over MAX_CACHED_LIST_BYTES) and written atomically (write_atomically): bridges
 # sharing the state dir may lose an update, never tear the file. An entry older than
 # TOOL_LIST_MAX_AGE is stale; a file or an entry that does not read back as what
 # ToolListCache writes is ignored (logged) and replaced by the next write.
@@ -4036,7 +4061,7 @@ class ToolListCache:
             "servers": {key: listed.entry for key, listed in kept.items()},
         }
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _write_atomically(self.path, _compact_json(document))
+        write_atomically(self.path, _compact_json(document))
         return kept
 
 
@@ -5827,22 +5852,12 @@ class SavedTools:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         data = data if data.endswith(b"\n") else data + b"\n"
         try:
-            self._write_atomically(path, data)
+            write_atomically(path, data)
         except OSError as exc:
             raise MemoryStoreError("Could not write %s: %s" % (path, exc)) from None
         self._index(path, doc, hashlib.sha256(data).hexdigest())
         # "tools": every saved tool's name, so the kernel does not warn about calls to them.
         return {"name": name, "path": str(path), "tools": [other.stem for other in self._files()]}
-
-    @staticmethod
-    def _write_atomically(path: Path, data: bytes) -> None:
-        temporary = path.with_name(".%s.%s.tmp" % (path.name, secrets.token_hex(4)))
-        try:
-            temporary.write_bytes(data)
-            os.replace(temporary, path)
-        except OSError:
-            temporary.unlink(missing_ok=True)
-            raise
 
     def _files(self) -> list[Path]:
         if not self.directory.is_dir():
@@ -5891,7 +5906,7 @@ class SavedTools:
         """Best effort: an index that cannot be written costs a parse at the next listing."""
         try:
             self.index_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self._write_atomically(self.index_dir / (name + ".json"), json.dumps(record).encode("utf-8"))
+            write_atomically(self.index_dir / (name + ".json"), json.dumps(record).encode("utf-8"))
         except OSError as exc:
             logger.warning("saved tool index %s cannot be written: %s", self.index_dir, exc)
 
@@ -6231,6 +6246,7 @@ class QuestionDesk:
         return question
 
     def has_unsent(self) -> bool:
+        """Whether a question waits that no call or task has carried to the user yet."""
         return any(not question.sent for question in self.waiting.values())
 
     def take_unsent(self) -> list[ParkedQuestion]:
@@ -11689,11 +11705,10 @@ def unchanged_since_read(change: FileChange) -> bool:
 
 
 def _write_atomically(path: Path, data: bytes | None, expect: FileChange | None = None) -> None:
-    """Replace `path` by `data` (None: remove it) in one step: a temporary file beside it,
-    then os.replace. An existing file keeps its mode; a new one is private (0600): server
-    entries often carry tokens. With `expect`, the file is compared with what was read
-    right before the replace, and ConfigChangedError leaves it as it is if another writer
-    (the client itself) changed it in between: replacing it would lose that write."""
+    """write_atomically, or remove `path` when `data` is None. With `expect`, the file is
+    compared with what was read right before the replace, and ConfigChangedError leaves it
+    as it is if another writer (the client itself) changed it in between: replacing it
+    would lose that write."""
 
     def check() -> None:
         if expect is not None and not unchanged_since_read(expect):
@@ -11706,22 +11721,7 @@ def _write_atomically(path: Path, data: bytes | None, expect: FileChange | None 
         check()
         path.unlink(missing_ok=True)
         return
-    try:
-        mode = os.stat(path).st_mode & 0o7777
-    except FileNotFoundError:
-        mode = 0o600
-    temporary = path.with_name(".%s.%s.tmp" % (path.name, secrets.token_hex(4)))
-    try:
-        with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.chmod(temporary, mode)
-        check()
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+    write_atomically(path, data, check)
 
 
 # --- reading a client's files and sorting their entries ------------------------------
