@@ -18,6 +18,8 @@ The script (JSON): {"tool": "mcp__code-execution__run_python",
                     "steps": [{"label": "a1", "input": {"code": "..."}}, ...,
                               {"label": "end", "final": "text"}]}
 A step with "input" answers with a tool_use of "tool" (or the step's own "tool");
+"auto_tool_search": false leaves a deferred tool unloaded (the script's own ToolSearch
+steps then show what a search by words finds);
 a step with "final" answers with text and stop_reason end_turn. The step to answer is
 derived from the request itself (the number of assistant messages already in it), so
 retries of the same request get the same answer. Requests whose `tools` do not name the
@@ -132,7 +134,7 @@ def build_message(body: Json) -> tuple[Json, int | None]:
     }
     if not is_main_loop(body):
         return {**message, "content": [{"type": "text", "text": "OK"}], "stop_reason": "end_turn"}, None
-    if needs_tool_search(body):
+    if STATE.script.get("auto_tool_search", True) and needs_tool_search(body):
         search = {
             "type": "tool_use",
             "id": "toolu_toolsearch",
