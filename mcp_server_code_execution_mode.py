@@ -8566,9 +8566,10 @@ class McpTask:
 
 
 class TaskBoard:
-    """The bridge's MCP tasks by id, for tasks/get, tasks/update and tasks/cancel: each
-    kept until its ttl (its code's timeout plus an hour, so a task whose code runs is
-    kept), and at most MAX_ENDED_TASKS_PER_PRINCIPAL ended ones per principal."""
+    """The bridge's MCP tasks by id, for tasks/get, tasks/update and tasks/cancel: a task
+    whose code runs is kept (its code is a call in flight, under that cap); an ended one
+    until its ttl (its code's timeout plus an hour), and at most
+    MAX_ENDED_TASKS_PER_PRINCIPAL ended ones per principal."""
 
     def __init__(self) -> None:
         self.tasks: dict[str, McpTask] = {}
@@ -8594,9 +8595,11 @@ class TaskBoard:
         now = datetime.now(UTC)
         ended: dict[str, list[McpTask]] = {}
         for task in list(self.tasks.values()):
+            if not task.ended:
+                continue  # its code runs (an approval may have paused its timeout past the ttl)
             if task.expired(now):
                 del self.tasks[task.id]
-            elif task.ended:
+            else:
                 ended.setdefault(task.principal, []).append(task)
         for tasks in ended.values():
             tasks.sort(key=lambda task: task.updated)

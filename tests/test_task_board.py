@@ -59,6 +59,8 @@ def test_a_task_goes_after_its_ttl_and_its_first_end_stands() -> None:
     old = task("alice", timeout=10)
     old.created -= timedelta(seconds=10 + bridge.TASK_KEPT_AFTER_TIMEOUT + 1)
     board.add(old)
+    assert board.get("alice", old.id) is old  # its code still runs (an approval paused it)
+    old.end(bridge.ExecutionOutcome(status="ok"))
     with pytest.raises(bridge.InvalidRequestError):
         board.get("alice", old.id)
 
