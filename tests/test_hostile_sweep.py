@@ -18,7 +18,9 @@ import mcp_server_code_execution_mode as bridge
 from mcp_server_code_execution_mode import OwnerIdentity, container_name, process_start_time, sweep_orphans
 from tests.conftest import Engine, bridge_client, bridge_env
 
-pytestmark = pytest.mark.anyio
+# Alone: a bridge another test starts meanwhile sweeps this host's dead owners' sandboxes,
+# the stand-in orphans of these tests included (seen once in CI, on Docker).
+pytestmark = [pytest.mark.anyio, pytest.mark.alone]
 
 # `sleep` as PID 1 ignores SIGTERM, which would make every `rm --force` on Podman wait 10 s.
 SLEEPER = ["sh", "-c", 'trap "exit 0" TERM; sleep 300 & wait']
