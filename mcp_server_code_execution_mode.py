@@ -5291,8 +5291,31 @@ class ToolIndex:
         return found
 
 
+@dataclass(frozen=True)
+class QueryMatches:
+    """A query, its terms (query_terms) and, for each, the stems of an index it finds and
+    how well (ToolIndex.matches): found once per search, read by the ranking
+    (rank_matches) and by query_coverage."""
+
+    query: str
+    terms: list[QueryTerm]
+    found: list[dict[str, float]]
+
+
+def match_query(query: str, index: ToolIndex) -> QueryMatches:
+    terms = query_terms(query)
+    return QueryMatches(query, terms, [index.matches(term) for term in terms])
+
+
 def rank_tools(query: str, index: ToolIndex, limit: int = 5) -> list[tuple[float, str, Mapping[str, Any]]]:
-    """The ``limit`` best (score, server alias, tool) matches for ``query``, best first.
+    """rank_matches of ``query`` over ``index``."""
+    return rank_matches(match_query(query, index), index, limit)
+
+
+def rank_matches(
+    matches: QueryMatches, index: ToolIndex, limit: int = 5
+) -> list[tuple[float, str, Mapping[str, Any]]]:
+    """The ``limit`` best (score, server alias, tool) matches for the query, best first.
 
     BM25F: each query term (query_terms) adds, for each tool, its best match among the
     stems it finds (ToolIndex.matches: how well, times the stem's rarity, times its
@@ -5303,14 +5326,14 @@ def rank_tools(query: str, index: ToolIndex, limit: int = 5) -> list[tuple[float
     create, creates when asked to delete...). Ties go to the shorter tool name, then
     alphabetical order, so results are deterministic.
     """
-    terms = query_terms(query)
+    terms = matches.terms
     if not terms or limit <= 0 or not index.tools:
         return []
     scores: dict[int, float] = {}
     found: dict[str, float] = {}  # every stem the query finds, and how well: for the names' coverage
-    for term in terms:
+    for term_found in matches.found:
         best: dict[int, float] = {}
-        for stem, match in index.matches(term).items():
+        for stem, match in term_found.items():
             found[stem] = max(found.get(stem, 0.0), match)
             rarity = match * index.idf(stem)
             for position, weighted in index.postings[stem].items():
@@ -5321,7 +5344,7 @@ def rank_tools(query: str, index: ToolIndex, limit: int = 5) -> list[tuple[float
             scores[position] = scores.get(position, 0.0) + value
     mean_idf = sum(index.idf(term.stem) for term in terms) / len(terms)
     asks_change = any(term.stem in _CHANGE_STEMS for term in terms)
-    intent = query_intent(query)
+    intent = query_intent(matches.query)
     ranked: list[tuple[float, str, Mapping[str, Any]]] = []
     for position, matched in scores.items():
         entry = index.tools[position]
@@ -5340,19 +5363,18 @@ GOOD_MATCH = 1 / 3  # query_coverage of a best hit that is worth trusting
 WEAK_SEARCH_SERVERS_FROM = 20  # hits whose servers a weak search names as the likeliest
 
 
-def query_coverage(query: str, index: ToolIndex, tool: Mapping[str, object]) -> float:
-    """How much of a query ``tool`` (one of the index's) matches, 0 to 1: each term's rarity
-    (idf) times how well the tool's stems match it (1: the word itself), over the rarity
-    of all the terms. A best hit under GOOD_MATCH matches no more than scattered words."""
+def query_coverage(matches: QueryMatches, index: ToolIndex, tool: Mapping[str, object]) -> float:
+    """How much of the query ``tool`` (one of the index's) matches, 0 to 1: each term's
+    rarity (idf) times how well the tool's stems match it (1: the word itself), over the
+    rarity of all the terms. A best hit under GOOD_MATCH matches no more than scattered
+    words."""
     entry = next((entry for entry in index.tools if entry.tool is tool), None)
-    terms = query_terms(query)
-    if entry is None or not terms:
+    if entry is None or not matches.terms:
         return 0.0
     stems = set().union(*entry.fields)
-    rarity = [index.idf(term.stem) for term in terms]
+    rarity = [index.idf(term.stem) for term in matches.terms]
     matched = [
-        max((how for stem, how in index.matches(term).items() if stem in stems), default=0.0)
-        for term in terms
+        max((how for stem, how in found.items() if stem in stems), default=0.0) for found in matches.found
     ]
     return sum(r * m for r, m in zip(rarity, matched, strict=True)) / (sum(rarity) or 1.0)
 
@@ -5364,7 +5386,14 @@ def search_tools(
     servers: Mapping[str, ServerTokens] | None = None,
 ) -> list[tuple[float, str, Mapping[str, Any]]]:  # the tools as given (JSON objects)
     """rank_tools over tools not indexed yet."""
-    return rank_tools(query, ToolIndex(index_tools(tools, servers)), limit)
+    return rank_entries(query, index_tools(tools, servers), limit)
+
+
+def rank_entries(
+    query: str, entries: Iterable[IndexedTool], limit: int = 5
+) -> list[tuple[float, str, Mapping[str, Any]]]:
+    """rank_tools over entries not yet in an index of their own."""
+    return rank_tools(query, ToolIndex(entries), limit)
 
 
 # =============================================================================
@@ -6751,9 +6780,9 @@ class SandboxAPI:
         alias = client.spec.alias
         docs = {python_identifier(tool.name): _tool_dict(tool) for tool in tools}
         close = difflib.get_close_matches(name, list(docs), n=3, cutoff=0.5)
-        index = ToolIndex(await self._indexed_tools(client))
+        entries = await self._indexed_tools(client)
         hits = await anyio.to_thread.run_sync(
-            rank_tools, name, index, 3, limiter=self._search_limiter, abandon_on_cancel=True
+            rank_entries, name, entries, 3, limiter=self._search_limiter, abandon_on_cancel=True
         )
         meant = [python_identifier(_text(doc.get("name"))) for _, _, doc in hits]
         nearest = [near for near in dict.fromkeys([*meant[:2], *close, *meant]) if near in docs][:3]
@@ -6838,8 +6867,9 @@ class SandboxAPI:
             kept = (servers, ToolIndex(entry for entries in servers for entry in entries))
             self._search_catalogue = kept
         index = kept[1]
-        ranked = rank_tools(query, index, max(limit, WEAK_SEARCH_SERVERS_FROM))
-        if ranked and query_coverage(query, index, ranked[0][2]) >= GOOD_MATCH:
+        matches = match_query(query, index)  # once: the ranking and the coverage read it
+        ranked = rank_matches(matches, index, max(limit, WEAK_SEARCH_SERVERS_FROM))
+        if ranked and query_coverage(matches, index, ranked[0][2]) >= GOOD_MATCH:
             return ranked[:limit], None
         likeliest = list(dict.fromkeys(alias for _, alias, _ in ranked))[:3]
         known = likeliest or sorted({entry.alias for entry in index.tools})[:3]
@@ -8554,7 +8584,9 @@ class McpTask:
         """What a working task is doing, for tasks/get."""
         running = self.running
         elapsed = time.monotonic() - running.request.arrived
-        lines = sum("".join(running.pending.streams[name]).count("\n") for name in ("stdout", "stderr"))
+        lines = sum(
+            chunk.count("\n") for name in ("stdout", "stderr") for chunk in running.pending.streams[name]
+        )
         message = "Running for %.0fs (timeout %gs); %d line(s) of output so far." % (
             elapsed,
             running.request.timeout,
@@ -8924,21 +8956,13 @@ class SandboxKeeper:
 
     async def _end_task_when_done(self, task: McpTask) -> None:
         """Finish ``task``'s code as soon as it ends, so the task ends even if nobody polls
-        it and the session is free again: here when no call holds the session, else by the
-        call that holds it (every call waits for this code first)."""
+        it and the session is free again: here, at its turn at the session, unless a call
+        that held the session first finished it (every call waits for this code first)."""
         running = task.running
         await running.finished.wait()
-        while self.running is running:
-            try:
-                self._lock.acquire_nowait()
-            except anyio.WouldBlock:
-                await anyio.sleep(0.2)
-                continue
-            try:
-                if self.running is running:
-                    await self._finish(running)
-            finally:
-                self._lock.release()
+        async with self._lock:
+            if self.running is running:
+                await self._finish(running)
 
     def cancel_task(self, task: McpTask) -> None:
         """tasks/cancel: the task ends cancelled (unless it has ended) and its code is

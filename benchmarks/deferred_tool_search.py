@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.harness import console_script  # noqa: E402
-from tests.test_real_clients import FAKES, SERVER, client_env  # noqa: E402
+from tests.test_real_clients import SERVER, client_env, run_against_fake  # noqa: E402
 
 QUERIES = (
     "run Python",
@@ -51,13 +49,16 @@ TOOL = "mcp__%s__run_python" % SERVER
 
 def run(claude: str, folder: Path) -> list[dict[str, Any]]:
     """The fake model API's turns after Claude Code ran the script in ``folder``."""
-    (folder / "work").mkdir(parents=True)
     steps = [
         {"label": "q%d" % n, "tool": "ToolSearch", "input": {"query": query, "max_results": 5}}
         for n, query in enumerate(QUERIES)
     ]
-    script = {"tool": TOOL, "auto_tool_search": False, "steps": [*steps, {"label": "end", "final": "Done."}]}
-    (folder / "script.json").write_text(json.dumps(script))
+    scripted = {
+        "tool": TOOL,
+        "auto_tool_search": False,
+        "steps": [*steps, {"label": "end", "final": "Done."}],
+    }
+    folder.mkdir(parents=True)
     server_env = {
         "MCP_BRIDGE_RUNTIME": os.environ.get("MCP_BRIDGE_RUNTIME", "podman"),
         "MCP_BRIDGE_IMAGE": os.environ.get("MCP_BRIDGE_IMAGE", "localhost/mcp-sandbox-python:bookworm"),
@@ -69,56 +70,30 @@ def run(claude: str, folder: Path) -> list[dict[str, Any]]:
         "mcpServers": {SERVER: {"type": "stdio", "command": console_script(), "args": [], "env": server_env}}
     }
     (folder / "mcp.json").write_text(json.dumps(config))
-    command = [
-        sys.executable,
-        str(FAKES / "fake_anthropic.py"),
-        "--port",
-        "0",
-        "--script",
-        str(folder / "script.json"),
+    env = client_env(
+        folder / "claude-home",
+        ANTHROPIC_API_KEY="sk-ant-fake",
+        DISABLE_TELEMETRY="1",
+        DISABLE_AUTOUPDATER="1",
+        DISABLE_ERROR_REPORTING="1",
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+        MCP_CONNECTION_NONBLOCKING="false",
+    )
+    argv = [claude, "-p", "go", "--mcp-config", str(folder / "mcp.json"), "--strict-mcp-config"]
+    argv += [
+        "--allowedTools",
+        TOOL,
+        "--output-format",
+        "stream-json",
+        "--verbose",
+        "--no-session-persistence",
     ]
-    with (folder / "fake.log").open("wb") as log:
-        api = subprocess.Popen([*command, "--out", str(folder)], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 30
-        while not (folder / "port").exists():
-            if api.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the fake model API did not start: %s" % (folder / "fake.log").read_text())
-            time.sleep(0.05)
-        env = client_env(
-            folder / "claude-home",
-            ANTHROPIC_API_KEY="sk-ant-fake",
-            ANTHROPIC_BASE_URL="http://127.0.0.1:%s" % (folder / "port").read_text(),
-            DISABLE_TELEMETRY="1",
-            DISABLE_AUTOUPDATER="1",
-            DISABLE_ERROR_REPORTING="1",
-            CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
-            MCP_CONNECTION_NONBLOCKING="false",
-        )
-        argv = [claude, "-p", "go", "--mcp-config", str(folder / "mcp.json"), "--strict-mcp-config"]
-        argv += [
-            "--allowedTools",
-            TOOL,
-            "--output-format",
-            "stream-json",
-            "--verbose",
-            "--no-session-persistence",
-        ]
-        with (folder / "out.jsonl").open("wb") as out, (folder / "err.log").open("wb") as err:
-            subprocess.run(
-                argv,
-                cwd=folder / "work",
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                timeout=300,
-                check=True,
-            )
-    finally:
-        api.send_signal(signal.SIGINT)
-        api.wait(10)
-    return [json.loads(line) for line in (folder / "turns.jsonl").read_text().splitlines()]
+
+    def with_port(port: int) -> list[str]:
+        env["ANTHROPIC_BASE_URL"] = "http://127.0.0.1:%d" % port
+        return argv
+
+    return run_against_fake("fake_anthropic.py", scripted, folder / "run", with_port, env)
 
 
 def found_tools(turn: dict[str, Any]) -> list[str]:
@@ -142,7 +117,7 @@ def main(argv: list[str]) -> int:
         [argv[0], "--version"], capture_output=True, text=True, check=True
     ).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="deferred-search-") as folder:
-        turns = run(argv[0], Path(folder) / "run")
+        turns = run(argv[0], Path(folder) / "deferred")
     print("Claude Code %s: ToolSearch by words, rank of run_python among its results (max 5)\n" % version)
     print("%-32s %s" % ("query", "rank"))
     for turn in turns[1:]:

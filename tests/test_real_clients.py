@@ -136,12 +136,12 @@ def client_env(home: Path, **settings: str) -> dict[str, str]:
 
 
 def run_against_fake(
-    fake: str, steps: list[tuple[str, Json]], run: Path, argv: Callable[[int], list[str]], env: dict[str, str]
+    fake: str, scripted: Json, run: Path, argv: Callable[[int], list[str]], env: dict[str, str]
 ) -> list[Json]:
-    """Starts ``fake`` (a script in tests/clients) with the script of ``steps``, runs the
+    """Starts ``fake`` (a script in tests/clients) with ``scripted`` (script()), runs the
     client ``argv(port)`` to its end and gives back the fake's turns.jsonl."""
     (run / "work").mkdir(parents=True)  # the client's folder: empty, no git repository
-    (run / "script.json").write_text(json.dumps(script(steps), indent=1))
+    (run / "script.json").write_text(json.dumps(scripted, indent=1))
     command = [sys.executable, str(FAKES / fake), "--port", "0", "--script", str(run / "script.json")]
     with (run / "fake.log").open("wb") as log:
         api = subprocess.Popen([*command, "--out", str(run)], stdout=log, stderr=subprocess.STDOUT)
@@ -176,7 +176,8 @@ def run_against_fake(
     stderr = (run / "client_stderr.log").read_text(errors="replace")
     assert ended.returncode == 0, "the client exited %d (%s):\n%s" % (ended.returncode, run, stderr[-3000:])
     turns = [json.loads(line) for line in (run / "turns.jsonl").read_text().splitlines()]
-    assert turns and turns[-1]["step"] == len(steps), "the script did not reach its end (%s)" % run
+    last = len(scripted["steps"]) - 1  # the final answer's step
+    assert turns and turns[-1]["step"] == last, "the script did not reach its end (%s)" % run
     return turns
 
 
@@ -287,7 +288,7 @@ def test_claude_code_shows_its_model_what_the_bridge_meant(
         env["ANTHROPIC_BASE_URL"] = "http://127.0.0.1:%d" % port
         return argv
 
-    turns = run_against_fake("fake_anthropic.py", steps, run, with_port, env)
+    turns = run_against_fake("fake_anthropic.py", script(steps), run, with_port, env)
     got = claude_results(turns, steps)
     why = json.dumps(got, indent=1)[:6000]
 
@@ -413,7 +414,7 @@ def test_codex_shows_its_model_what_the_bridge_meant(
         ]
 
     env = client_env(tmp_path / "codex-user-home", CODEX_HOME=str(codex_home), FAKE_OPENAI_KEY="sk-fake")
-    turns = run_against_fake("fake_openai.py", steps, run, with_port, env)
+    turns = run_against_fake("fake_openai.py", script(steps), run, with_port, env)
     got = codex_outputs(turns, steps)
     why = json.dumps(got, indent=1)[:6000]
 
