@@ -52,6 +52,7 @@ import os
 import queue
 import random
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -698,6 +699,11 @@ class Channel:
             if not self.output_closed:
                 self.output_closed = True
                 os.close(self.out_fd)
+
+    def move_to(self, fd: int) -> None:
+        """Send and receive on ``fd`` (a connected socket) from now on; numbering goes on."""
+        with self._lock:
+            self.in_fd = self.out_fd = fd
 
     def receive(self) -> Frame | None:
         """The next frame, or None at end of input (the bridge has gone)."""
@@ -3686,6 +3692,40 @@ def boot_payload(kernel_source: str, config: dict[str, Any]) -> bytes:
     return b"%d\n" % len(body) + body
 
 
+# --- the socket channel ---------------------------------------------------------------
+# Every byte on stdin and stdout passes through the engine's relay (conmon and the podman
+# CLI, or dockerd and containerd's shim): most of a warm call's time. Where the bridge
+# shares the IPC mount, it listens on a Unix socket there (session.json's "socket"); the
+# supervisor connects once, before the executor (and any code) exists, and the bridge
+# accepts that one connection and removes the socket file. The frames go over the socket,
+# signed as on stdio. Where the socket cannot be reached (Docker Desktop's VM, gVisor,
+# SELinux labels) the channel stays on stdio, and the reason goes to stderr.
+SOCKET_CONNECT_TIMEOUT = 5.0
+
+
+def connect_to_bridge(path: str) -> socket.socket | str:
+    """A connected socket to the bridge at ``path``, or why there is none."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(SOCKET_CONNECT_TIMEOUT)
+    try:
+        sock.connect(path)
+    except OSError as exc:
+        sock.close()
+        return "%s: %s" % (path, exc.strerror or exc)
+    sock.settimeout(None)
+    return sock
+
+
+def stop_at_end_of_stdin() -> None:
+    """Thread: with the frames on the socket, the bridge closing the container's stdin
+    (or going away) still stops the sandbox, as it does on stdio."""
+    with contextlib.suppress(OSError):
+        while os.read(0, 1 << 16):
+            pass
+    kill_descendants()
+    os._exit(0)
+
+
 def _read_config(path: str) -> dict[str, Any]:
     if not path:
         return {}
@@ -3735,6 +3775,15 @@ def main(argv: list[str], booted: dict[str, Any] | None = None) -> int:
         )
         return 2
     channel.key = bytes.fromhex(first["key"])
+    socket_path = config.get("socket")
+    if isinstance(socket_path, str) and socket_path:
+        connected = connect_to_bridge(socket_path)
+        if isinstance(connected, str):
+            sys.stderr.write("kernel: the frames stay on stdio (no socket channel: %s)\n" % connected)
+            sys.stderr.flush()
+        else:
+            channel.move_to(connected.detach())  # non-inheritable: no executor holds it
+            threading.Thread(target=stop_at_end_of_stdin, name="stdin-watch", daemon=True).start()
     Supervisor(channel, config, config_path, boot).serve()
     return 0
 

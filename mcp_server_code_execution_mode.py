@@ -428,6 +428,7 @@ SHUTTING_DOWN = (
 
 EngineName = Literal["podman", "docker", "kubernetes"]
 KernelDelivery = Literal["auto", "mount", "stdin"]
+FrameChannel = Literal["auto", "stdio"]
 OutputMode = Literal["compact", "toon"]
 ServeTransport = Literal["stdio", "http"]
 ProjectServers = Literal["trusted", "all", "none"]
@@ -590,6 +591,7 @@ class BridgeConfig:
     max_tool_result_bytes: int = 16 * 1024 * 1024
     oci_runtime: str | None = None
     kernel_delivery: KernelDelivery = "auto"
+    frame_channel: FrameChannel = "auto"
     kube_namespace: str | None = None  # None: kubectl's current namespace
     kube_context: str | None = None  # None: kubectl's current context
     kube_runtime_class: str | None = None  # e.g. gvisor
@@ -969,6 +971,13 @@ OPTIONS: tuple[Option, ...] = (
         _choice("auto", "mount", "stdin"),
         "how the kernel reaches the sandbox: a read-only mount, or its stdin (engines that cannot see "
         "this machine's files); auto: stdin for a remote engine (DOCKER_HOST, CONTAINER_HOST, ...)",
+    ),
+    Option(
+        "frame_channel",
+        "MCP_BRIDGE_FRAME_CHANNEL",
+        _choice("auto", "stdio"),
+        "where frames between the bridge and the sandbox go: auto: a Unix socket in the IPC mount "
+        "(Linux, a local engine), else the container's stdin/stdout; stdio: always stdin/stdout",
     ),
     Option(
         "kube_namespace",
@@ -1354,6 +1363,9 @@ SESSION_CONFIG_FILENAME = "session.json"
 DEFAULT_SESSION = mcp_sandbox_kernel.DEFAULT_SESSION  # the session of a call that names none
 SECCOMP_FILENAME = "seccomp.json"
 IPC_MOUNT = "/ipc"
+# The frames' Unix socket in the IPC directory (see the kernel's "socket channel"): the
+# bridge listens, the supervisor connects once, the bridge removes the file at once.
+CHANNEL_SOCKET_FILENAME = "channel.sock"
 WORKDIR = "/workspace"
 # Frames from the sandbox (or lines from a proxied server) that complete more than this
 # many bytes in one read are decoded in a worker thread: decoding megabytes takes long
@@ -7201,6 +7213,8 @@ def _tool_dict(tool: types.Tool) -> dict[str, Any]:
 # =============================================================================
 
 SIGKILL_EXIT = 128 + signal.SIGKILL
+# How long after its socket closed the kernel's container has to end before it is removed.
+SOCKET_CLOSED_GRACE = 5.0
 # How long after the grace period the supervisor has to kill the code and start a fresh
 # executor before the bridge gives up on it and removes the container.
 SUPERVISOR_MARGIN = 5.0
@@ -7547,6 +7561,27 @@ class SandboxServices(ServerDirectory, Protocol):
 # --- a sandbox's parts: its container, its request desk, its exit, its outcome ----------
 
 
+def listen_in(directory: Path, name: str) -> socket.socket:
+    """A Unix socket listening at ``directory/name`` that anyone who can reach the
+    directory may connect to (the sandbox's user is not the bridge's). Bound through the
+    directory's descriptor: a socket's path is limited to 107 bytes, a state directory's
+    is not."""
+    with suppress(FileNotFoundError):  # a stale file would make bind fail
+        (directory / name).unlink()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    directory_fd = os.open(directory, os.O_PATH | os.O_DIRECTORY)
+    try:
+        listener.bind("/proc/self/fd/%d/%s" % (directory_fd, name))
+        (directory / name).chmod(0o666)
+        listener.listen(1)
+    except OSError:
+        listener.close()
+        raise
+    finally:
+        os.close(directory_fd)
+    return listener
+
+
 class SandboxContainer:
     """One sandbox's container on the engine's side: its name, its private IPC directory
     (the kernel, its settings, the seccomp profile), the launch spec, the process that
@@ -7568,6 +7603,7 @@ class SandboxContainer:
         self.session_name = session_name
         self.name = container_name(owner)
         self.ipc_dir = ipc_root / session_dir_name(owner, self.name) / "ipc"
+        self.listener: socket.socket | None = None  # the frames' socket, until the kernel connects
 
     @property
     def kernel_via_stdin(self) -> bool:
@@ -7576,6 +7612,19 @@ class SandboxContainer:
         machine's files (MCP_BRIDGE_KERNEL_DELIVERY)."""
         delivery = self.config.kernel_delivery
         return delivery == "stdin" or (delivery == "auto" and self.engine.remote)
+
+    @property
+    def frames_via_socket(self) -> bool:
+        """Whether the bridge offers the kernel a Unix socket in the IPC mount for its frames
+        (MCP_BRIDGE_FRAME_CHANNEL): only where the engine runs the container on this Linux
+        machine. Where the socket is still out of reach (Docker Desktop's VM, gVisor) the
+        kernel keeps its frames on stdio."""
+        return (
+            self.config.frame_channel == "auto"
+            and sys.platform == "linux"
+            and not self.kernel_via_stdin
+            and not self.engine.remote
+        )
 
     def session_config(self) -> dict[str, Any]:
         """The kernel's settings: session.json in the mount, or part of the boot payload."""
@@ -7593,6 +7642,7 @@ class SandboxContainer:
             # Named by runtime.discovered_servers() and by the error for an unknown mcp_<alias>.
             "config_problems": self.api.config_problems(),
             "saved_tools": True,  # the executor asks for them before its first call
+            **({"socket": "%s/%s" % (IPC_MOUNT, CHANNEL_SOCKET_FILENAME)} if self.frames_via_socket else {}),
         }
 
     def prepare_ipc_dir(self) -> None:
@@ -7612,6 +7662,21 @@ class SandboxContainer:
         (self.ipc_dir / SESSION_CONFIG_FILENAME).write_text(json.dumps(self.session_config()))
         for path in self.ipc_dir.iterdir():
             path.chmod(0o644)
+        if self.frames_via_socket:
+            try:
+                self.listener = listen_in(self.ipc_dir, CHANNEL_SOCKET_FILENAME)
+            except OSError as exc:  # the kernel finds no socket and stays on stdio
+                logger.warning("sandbox %s: no socket for its frames (%s): stdio instead", self.name, exc)
+
+    def take_listener(self) -> socket.socket | None:
+        """The frames' listening socket, handed over once; its file is gone from then on
+        (no one else in the sandbox can connect: the kernel's connection is the only one)."""
+        listener, self.listener = self.listener, None
+        return listener
+
+    def remove_socket_file(self) -> None:
+        with suppress(OSError):
+            (self.ipc_dir / CHANNEL_SOCKET_FILENAME).unlink()
 
     def launch_spec(self) -> LaunchSpec:
         return LaunchSpec(
@@ -7697,6 +7762,9 @@ class SandboxContainer:
                 await run_command(leftover)
             except (TimeoutError, OSError) as exc:  # swept by label at the next start
                 logger.warning("could not remove sandbox %s: %s", self.name, exc)
+        listener = self.take_listener()
+        if listener is not None:
+            listener.close()
         shutil.rmtree(self.ipc_dir.parent, ignore_errors=True)
 
 
@@ -8035,6 +8103,9 @@ class Sandbox:
         self.desk = RequestDesk(self.name, self._serve, self.send, config.max_tool_result_bytes, problems)
         self.approvals = SessionApprovals(config)  # what the user allowed for this session
         self.frame_key = secrets.token_bytes(32)  # signs what the supervisor sends (see the kernel)
+        # The kernel's socket connection once its first frame arrived there; until then (and
+        # where it has none) frames to the kernel go to the container's stdin.
+        self._socket: anyio.abc.ByteSendStream | None = None
         self._write_lock = anyio.Lock()
         self._reader_scopes: list[anyio.CancelScope] = []
 
@@ -8056,9 +8127,13 @@ class Sandbox:
             raise
 
     async def _start(self, task_group: anyio.abc.TaskGroup) -> None:
-        self.process = await self.container.open_process()
+        self.process = process = await self.container.open_process()
+        assert process.stdout is not None
         self.desk.task_group = task_group
-        task_group.start_soon(self._read_frames)
+        task_group.start_soon(self._read_frames, process.stdout)
+        listener = self.container.take_listener()
+        if listener is not None:
+            task_group.start_soon(self._frames_from_socket, listener)
         task_group.start_soon(self._read_stderr)
         with anyio.move_on_after(self.config.start_timeout):
             # Within the start timeout: an engine still pulling the image reads nothing yet.
@@ -8080,18 +8155,59 @@ class Sandbox:
     async def send(self, frame: InterruptFrame | ResponseFrame) -> None:
         await self.send_bytes(encode_frame(frame, self.config.max_frame_bytes))
 
-    async def send_bytes(self, data: bytes) -> None:
-        assert self.process is not None and self.process.stdin is not None
-        async with self._write_lock:
-            await self.process.stdin.send(data)
+    @property
+    def channel(self) -> Literal["stdio", "socket"]:
+        """Where the frames go: the container's stdin and stdout, or the kernel's socket."""
+        return "stdio" if self._socket is None else "socket"
 
-    async def _read_frames(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
+    async def send_bytes(self, data: bytes) -> None:
+        out = self._socket or (None if self.process is None else self.process.stdin)
+        assert out is not None
+        async with self._write_lock:
+            await out.send(data)
+
+    async def _frames_from_socket(self, listener: socket.socket) -> None:
+        """Take the kernel's connection to the frames' socket, if it makes one before its
+        hello, and read its frames; only one connection is taken, and the socket's file is
+        removed then (or once the hello came over stdio: the kernel could not connect)."""
+        connection: anyio.abc.SocketStream | None = None
+        with self._reader_scope():
+            try:
+                server = await anyio.abc.SocketListener.from_socket(listener)
+            except OSError as exc:
+                listener.close()
+                logger.warning("sandbox %s: its frames' socket is unusable (%s)", self.name, exc)
+                return
+            async with server, anyio.create_task_group() as waiting:
+
+                async def accept() -> None:
+                    nonlocal connection
+                    connection = await server.accept()
+                    waiting.cancel_scope.cancel()
+
+                async def hello_over_stdio() -> None:
+                    await _first_of(self.hello_received, self.exited)
+                    waiting.cancel_scope.cancel()
+
+                waiting.start_soon(accept)
+                waiting.start_soon(hello_over_stdio)
+            self.container.remove_socket_file()
+        if connection is not None:
+            async with connection:
+                await self._read_frames(connection, answers=connection)
+
+    async def _read_frames(
+        self, frames_in: anyio.abc.ByteReceiveStream, answers: anyio.abc.ByteSendStream | None = None
+    ) -> None:
+        """Read and dispatch the frames arriving on ``frames_in``: the container's stdout, or
+        the kernel's socket connection (``answers``, where the bridge's frames go from the
+        first authentic frame on it: only the kernel holds the key)."""
+        via_socket = answers is not None
         decoder = FrameDecoder(self.config.max_frame_bytes, key=self.frame_key)
         unauthentic = 0
         with self._reader_scope():
             try:
-                async for chunk in self.process.stdout:
+                async for chunk in frames_in:
                     if decoder.buffered + len(chunk) > DECODE_IN_THREAD_BYTES and b"\n" in chunk:
                         # One reader per session: frames are still decoded in order.
                         frames = await anyio.to_thread.run_sync(decoder.feed_sized, chunk)
@@ -8105,13 +8221,15 @@ class Sandbox:
                             self.name,
                         )
                     for frame, size in frames:
+                        if answers is not None:
+                            self._socket, answers = answers, None
                         await self._dispatch(frame, size)
             except ProtocolError as exc:
                 logger.error("sandbox %s broke the frame protocol: %s", self.name, exc)
                 await self._kill("broke the frame protocol (%s)" % exc)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass
-            await self._on_exit()
+            await (self._on_socket_closed() if via_socket else self._on_exit())
 
     async def _read_stderr(self) -> None:
         # The kernel's own diagnostics (not user output, which arrives as frames).
@@ -8188,6 +8306,15 @@ class Sandbox:
     def cancel_requests(self, request_id: FrameId | None = None) -> None:
         """Cancel one outstanding sandbox request, or all of them (end of an execute)."""
         self.desk.cancel(request_id)
+
+    async def _on_socket_closed(self) -> None:
+        """The kernel's socket ended: the kernel has exited and its container is ending,
+        which the stdout reader reports. A container still there after a few seconds (a
+        kernel that closed its socket and lives on) is removed."""
+        with anyio.move_on_after(SOCKET_CLOSED_GRACE):
+            await self.exited.wait()
+        if not self.exited.is_set():
+            await self._kill("closed its frame channel")
 
     async def _on_exit(self) -> None:
         assert self.process is not None
