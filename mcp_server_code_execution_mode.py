@@ -3638,6 +3638,34 @@ def server_environment(
     return env | dict(entry_env)
 
 
+# --- how large a stdio server's messages are -------------------------------------------
+# Data this small is walked on the event loop: a hop to a worker thread costs about 0.1 ms,
+# more than walking it (see SandboxAPI._maybe_off_loop).
+ON_LOOP_BYTES = 64 * 1024
+
+
+class WireWatch:
+    """Counts the messages over ON_LOOP_BYTES that a server's transport read (a stdio
+    transport measures each line): a result that arrived while the count stayed the same
+    was small. Where the transport measures nothing (HTTP, Windows) no result is small."""
+
+    def __init__(self) -> None:
+        self.measured = False
+        self.large = 0
+
+    def saw(self, size: int) -> None:
+        if size > ON_LOOP_BYTES:
+            self.large += 1
+
+    def mark(self) -> int | None:
+        """Before a request: what small_since needs."""
+        return self.large if self.measured else None
+
+    def small_since(self, mark: int | None) -> bool:
+        """After its answer: whether every message read since ``mark`` was small."""
+        return mark is not None and self.large == mark
+
+
 # --- what a stdio server's process says, and how it ends --------------------------------
 STDERR_TAIL_LINES = 10  # last lines of a server's stderr kept for the error when it fails to start
 MAX_STDERR_LINE_CHARS = 300  # of one stderr line, in the log and in that error
@@ -3708,18 +3736,21 @@ async def _open_server_process(params: StdioServerParameters) -> anyio.abc.Proce
 
 @asynccontextmanager
 async def capped_stdio_transport(
-    params: StdioServerParameters, cap: int, process_log: ServerProcessLog
+    params: StdioServerParameters, cap: int, process_log: ServerProcessLog, wire: WireWatch | None = None
 ) -> AsyncIterator[Any]:
     """What the SDK's stdio_client does (on POSIX), with a linear, capped reader: a line
     over `cap` + RESULT_ENVELOPE_SLACK bytes is never held. If it answered one of our
     requests, that request gets an error naming the cap and the connection stays;
     otherwise (no id found) the connection is ended so the server is restarted. The
-    server's stderr goes to `process_log`, which also learns how the process ended."""
+    server's stderr goes to `process_log`, which also learns how the process ended;
+    `wire` hears the size of each line."""
     from mcp.shared.message import SessionMessage
 
     process = await _open_server_process(params)
     stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
     assert stdin is not None and stdout is not None and stderr is not None
+    if wire is not None:
+        wire.measured = True
     stderr_read = anyio.Event()
     read_send, read_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_send, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
@@ -3732,6 +3763,8 @@ async def capped_stdio_transport(
                 while True:
                     chunk = await stdout.receive(_READ_CHUNK)
                     for line in splitter.feed(chunk):
+                        if wire is not None:
+                            wire.saw(line.size if isinstance(line, OversizedLine) else len(line))
                         if not delivering:
                             item = None
                         elif isinstance(line, bytes) and len(line) > DECODE_IN_THREAD_BYTES:
@@ -4131,6 +4164,7 @@ class PooledClient:
         # RunContext.relay): a stdio server's question names no call, so it is passed on
         # only while exactly one call runs.
         self.calls_in_flight: list[tuple[CallListener, anyio.CancelScope]] = []  # with each deadline
+        self.wire = WireWatch()  # how large its messages are, where its transport measures them
         self._start_lock = anyio.Lock()
         self._closed = anyio.Event()
         self._stop = anyio.Event()
@@ -4255,7 +4289,7 @@ class PooledClient:
                     yield streams
             else:
                 cap = self.config.max_tool_result_bytes
-                async with capped_stdio_transport(params, cap, process_log) as streams:
+                async with capped_stdio_transport(params, cap, process_log, self.wire) as streams:
                     yield streams
             return
         assert spec.url is not None
@@ -6661,9 +6695,6 @@ def parse_params(method: str, model: type[_Params], params: Mapping[str, object]
 MAX_CONFIG_PROBLEMS = 20  # unusable config files named to the kernel (a line each)
 
 
-ON_LOOP_BYTES = 64 * 1024  # a request this small is checked on the event loop (see _maybe_off_loop)
-
-
 class SandboxAPI:
     """Serves the sandbox's ``request`` frames: discovery, docs, search and tool calls.
     Every request is validated here, on the host: only configured, allowed servers and
@@ -6700,6 +6731,8 @@ class SandboxAPI:
         # Other CPU-bound work on what the sandbox or a server sent (walking a call's
         # arguments, measuring its result: megabytes each) also runs in worker threads.
         self._cpu_limiter = anyio.CapacityLimiter(2)
+        # alias -> the permitted tools as calls look them up (ToolTable); one per server.
+        self._tool_tables: dict[str, ToolTable] = {}
         # alias -> (the tool list it was built from, its search index); one per server.
         self._search_index: dict[str, tuple[list[types.Tool], list[IndexedTool]]] = {}
         # The catalogue last searched: each server's entries (in alias order), and their index.
@@ -6751,9 +6784,16 @@ class SandboxAPI:
         return {"servers": servers, "problems": [*self.pool.discovery.problems, *self.tool_pattern_problems]}
 
     async def _allowed_tools(self, client: PooledClient) -> list[types.Tool]:
+        return (await self._tool_table(client)).tools
+
+    async def _tool_table(self, client: PooledClient) -> ToolTable:
         tools = await client.list_tools()
-        self._check_tool_patterns()
-        return self._permitted(client, tools)
+        table = self._tool_tables.get(client.spec.alias)
+        if table is None or table.listed is not tools:
+            self._check_tool_patterns()
+            table = ToolTable.of(tools, self._permitted(client, tools))
+            self._tool_tables[client.spec.alias] = table
+        return table
 
     def _check_tool_patterns(self) -> None:
         """A tool pattern that matches nothing is reported once its servers have listed tools."""
@@ -6779,11 +6819,13 @@ class SandboxAPI:
     def _permitted(self, client: PooledClient, tools: list[types.Tool]) -> list[types.Tool]:
         return [tool for tool in tools if tool_allowed(client.spec.name, tool.name, self.config)]
 
-    async def _find_tool(self, client: PooledClient, name: str) -> types.Tool:
-        tools = await self._allowed_tools(client)
-        for tool in tools:
-            if name in (tool.name, python_identifier(tool.name)):
-                return tool
+    async def _find_tool(self, client: PooledClient, name: str) -> tuple[types.Tool, dict[str, Any]]:
+        """The tool the code calls ``name`` and its dict; ProxyError naming the nearest."""
+        table = await self._tool_table(client)
+        found = table.by_name.get(name)
+        if found is not None:
+            return found
+        tools = table.tools
         # A denied tool gets the same answer as a missing one: the sandbox does not learn
         # what the policy hides.
         # The nearest three by meaning (create_pr: create_pull_request) and by name (a typo),
@@ -6819,9 +6861,10 @@ class SandboxAPI:
         self, server: str, tool: str | None = None, detail: Literal["summary", "full"] = "summary"
     ) -> object:
         client = self.pool.client(server)  # detail was checked by QueryToolDocsParams
-        chosen = [await self._find_tool(client, tool)] if tool else await self._allowed_tools(client)
-        docs = [render_tool_doc(client.spec.alias, _tool_dict(item), detail) for item in chosen]
-        return docs[0] if tool else docs
+        if tool:
+            return render_tool_doc(client.spec.alias, (await self._find_tool(client, tool))[1], detail)
+        table = await self._tool_table(client)
+        return [render_tool_doc(client.spec.alias, doc, detail) for doc in table.docs]
 
     async def search_tool_docs(
         self, query: str, limit: int = 5, detail: Literal["line", "summary", "full"] = "line"
@@ -6934,17 +6977,19 @@ class SandboxAPI:
             small = run.request_bytes <= ON_LOOP_BYTES
             await self._maybe_off_loop(small, check_tool_arguments, arguments or {})
             client = self.pool.client(server)
-            found = await self._find_tool(client, tool)
+            found, doc = await self._find_tool(client, tool)
             spec = client.spec
             call = await self._maybe_off_loop(
-                small, self._call_of, run.session_name, spec, found, arguments or {}
+                small, self._call_of, run.session_name, spec, found, doc, arguments or {}
             )
         except BridgeError as exc:
             self.call_log.refused(self.principal, run.session_name, server, tool, run.request_bytes, str(exc))
             raise
         renamed = dict(call.arguments)
         reason = approval_reason(spec.name, found.name, _read_only(found), self.config)
-        return await self._logged(call, run, reason, lambda: client.call_tool(found.name, renamed, run))
+        return await self._logged(
+            call, run, reason, client, lambda: client.call_tool(found.name, renamed, run)
+        )
 
     # --- what else a server offers: resources and prompts, proxied like tool calls -------
     # Their policy names are the MCP methods (server.resources/read, ...): tool patterns
@@ -6995,15 +7040,20 @@ class SandboxAPI:
             )
         call = proxied_call(self.principal, run.session_name, spec, method, arguments)
         reason = approval_reason(spec.name, method, True, self.config)
-        return await self._logged(call, run, reason, lambda: client.request(method, send, run))
+        return await self._logged(call, run, reason, client, lambda: client.request(method, send, run))
 
     def _call_of(
-        self, session_name: str, spec: ServerSpec, tool: types.Tool, arguments: Mapping[str, object]
+        self,
+        session_name: str,
+        spec: ServerSpec,
+        tool: types.Tool,
+        doc: Mapping[str, object],
+        arguments: Mapping[str, object],
     ) -> ProxiedCall:
         """The call as the server will receive it: the signature shows Python names
         (user_id), the server knows its own (user-id). ProxyError for a call that names
         a parameter the tool does not have, or lacks a required one."""
-        problem = argument_problems(spec.alias, _tool_dict(tool), arguments)
+        problem = argument_problems(spec.alias, doc, arguments)
         if problem is not None:
             raise ProxyError(problem)
         renamed = schema_arguments(tool.input_schema, arguments)
@@ -7014,17 +7064,20 @@ class SandboxAPI:
         call: ProxiedCall,
         run: RunContext,
         reason: str | None,
+        client: PooledClient,
         send: Callable[[], Awaitable[BaseModel | dict[str, Any]]],
     ) -> dict[str, Any]:
-        """``send()`` once the user approved ``call`` (where ``reason`` says to ask), its
-        result as JSON data within the result cap; the call log hears how it went."""
+        """``send()`` to ``client`` once the user approved ``call`` (where ``reason`` says to
+        ask), its result as JSON data within the result cap; the call log hears how it went."""
         started, decision, size, payload = time.monotonic(), "not asked", None, None
         error: str | None = "cancelled: the run_python call ended"
         try:
             if reason is not None:
                 decision = "cancelled while asking the user"
                 decision = await run.approve(call, reason)  # ApprovalDeniedError: not sent
-            payload, size = await self._off_loop(result_payload, await send())
+            mark = client.wire.mark()
+            result = await send()
+            payload, size = await self._maybe_off_loop(client.wire.small_since(mark), result_payload, result)
             if size > self.config.max_tool_result_bytes:
                 raise ProxyError(
                     "The result of mcp_%s.%s is %d bytes, over the %d-byte cap "
@@ -7206,6 +7259,29 @@ def result_payload(result: BaseModel | dict[str, Any]) -> tuple[dict[str, Any], 
 
 def _tool_dict(tool: types.Tool) -> dict[str, Any]:
     return tool.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+@dataclass(frozen=True)
+class ToolTable:
+    """A server's permitted tools as calls look them up, built once per tool list (the
+    ``listed`` object, identical while the list stays): in order with their dicts (what
+    the signature checks read), and each by its name and by its Python name."""
+
+    listed: list[types.Tool]
+    tools: list[types.Tool]
+    docs: list[dict[str, Any]]
+    by_name: dict[str, tuple[types.Tool, dict[str, Any]]]
+
+    @classmethod
+    def of(cls, listed: list[types.Tool], permitted: list[types.Tool]) -> ToolTable:
+        docs = [_tool_dict(tool) for tool in permitted]
+        pairs = list(zip(permitted, docs, strict=True))
+        by_name: dict[str, tuple[types.Tool, dict[str, Any]]] = {}
+        for tool, doc in pairs:  # a name first, then the Python names; the first tool wins
+            by_name.setdefault(tool.name, (tool, doc))
+        for tool, doc in pairs:
+            by_name.setdefault(python_identifier(tool.name), (tool, doc))
+        return cls(listed, permitted, docs, by_name)
 
 
 # =============================================================================
@@ -8836,6 +8912,9 @@ class SandboxKeeper:
             self.start_failure = (str(exc), time.monotonic()) if missing else None
             raise
         self.start_failure = None
+        if self.closing.is_set():  # the bridge began to close while it started: no one else removes it
+            await sandbox.stop()
+            raise ShuttingDownError(SHUTTING_DOWN)
         self.sandbox = sandbox
         notices = []
         if self.lost_reason:
@@ -8869,6 +8948,8 @@ class SandboxKeeper:
             try:
                 _, notices = await self._ensure_sandbox()
                 self.held_notices.extend(notices)  # for the first call's result
+            except ShuttingDownError:
+                pass
             except BridgeError as exc:
                 logger.warning("pre-warm failed (run_python will retry): %s", exc)
             except Exception:  # a background start-up step must never end the server
@@ -10169,13 +10250,32 @@ class Bridge:
     the handlers by the SDK's lifespan: the config and its run_python tool, the pool of
     proxied MCP servers, who calls (principals) and every sandbox (sandboxes)."""
 
-    def __init__(self, config: BridgeConfig, pool: ClientPool, sandboxes: Sandboxes) -> None:
+    def __init__(
+        self,
+        config: BridgeConfig,
+        pool: ClientPool,
+        sandboxes: Sandboxes,
+        principals: Principals | None = None,
+    ) -> None:
         self.config = config
         self.pool = pool
         self.sandboxes = sandboxes
-        self.principals = Principals(config, pool, config.transport == "http", sandboxes.closing)
+        self.principals = principals or Principals(
+            config, pool, config.transport == "http", sandboxes.closing
+        )
         self.input_model = run_python_input_model(config)
         self.tool = run_python_tool(config)
+
+
+def load_server_side() -> None:
+    """Import what serving MCP needs (the protocol's types, the SDK's server): about 0.35 s,
+    which open_bridge spends in a worker thread while the event loop starts the sandbox.
+    The first access to ``types`` happens here, while the loop touches none of the SDK
+    (LazyLoader is not thread-safe on the first access before Python 3.12)."""
+    import mcp.server.lowlevel
+    import mcp.shared.message  # noqa: F401
+
+    types.Tool  # noqa: B018 - loads the lazy module
 
 
 @asynccontextmanager
@@ -10190,18 +10290,21 @@ async def open_bridge(
     async with anyio.create_task_group() as group:
         http = config.transport == "http"
         sandboxes = Sandboxes(config, group, SharedEngine(config, locate_engine), shared=http)
-        bridge = Bridge(config, ClientPool(discovery, config, group), sandboxes)
+        pool = ClientPool(discovery, config, group)
+        principals = Principals(config, pool, http, sandboxes.closing)
         if config.prewarm and (not http or config.auth_tokens is None):
-            group.start_soon(sandboxes.prewarm, bridge.principals.get(LOCAL_PRINCIPAL))
+            group.start_soon(sandboxes.prewarm, principals.get(LOCAL_PRINCIPAL))
         try:
-            yield bridge
+            # The engine's commands and the container's start run on the loop meanwhile.
+            await anyio.to_thread.run_sync(load_server_side)
+            yield Bridge(config, pool, sandboxes, principals)
         finally:
             # Side by side (each shields itself): the sandboxes and the proxied servers
             # take up to 2 s each to stop, and the bridge exits within 2 s in all.
             with anyio.CancelScope(shield=True):
                 async with anyio.create_task_group() as closing:
                     closing.start_soon(sandboxes.aclose)
-                    closing.start_soon(bridge.pool.aclose)
+                    closing.start_soon(pool.aclose)
             group.cancel_scope.cancel()
 
 
@@ -10811,94 +10914,103 @@ class LineWriter:
 
 @asynccontextmanager
 async def stdio_transport(
-    cap: int = STDIO_MAX_MESSAGE_BYTES,
+    wire: tuple[int, int], cap: int = STDIO_MAX_MESSAGE_BYTES
 ) -> AsyncIterator[
     tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
 ]:
     """The SDK's stdio_server with a reply to every message and a size cap: a line over
     `cap` bytes is discarded as it arrives and answered with an error, so it is never held
-    whole; a line the SDK would drop gets its JSON-RPC error (client_line_item)."""
+    whole; a line the SDK would drop gets its JSON-RPC error (client_line_item). ``wire``:
+    the client's pipes (claimed_stdio)."""
     from mcp.shared.message import SessionMessage
 
-    with claimed_stdio() as (wire_in, wire_out):
-        out = LineWriter(wire_out)
-        read_send, read_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-        write_send, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
+    wire_in, wire_out = wire
+    out = LineWriter(wire_out)
+    read_send, read_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_send, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
 
-        async def deliver(line: bytes | OversizedLine) -> None:
-            if isinstance(line, bytes) and len(line) > DECODE_IN_THREAD_BYTES:
-                item = await anyio.to_thread.run_sync(client_line_item, line, cap)  # megabytes: off the loop
-            else:
-                item = client_line_item(line, cap)
-            if isinstance(item, SessionMessage):
-                await read_send.send(item)
-            elif item is not None:
-                await out.write_line(item)
+    async def deliver(line: bytes | OversizedLine) -> None:
+        if isinstance(line, bytes) and len(line) > DECODE_IN_THREAD_BYTES:
+            item = await anyio.to_thread.run_sync(client_line_item, line, cap)  # megabytes: off the loop
+        else:
+            item = client_line_item(line, cap)
+        if isinstance(item, SessionMessage):
+            await read_send.send(item)
+        elif item is not None:
+            await out.write_line(item)
 
-        async def read_stdin() -> None:
-            splitter = LineSplitter(cap)
-            with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-                async with read_send:
-                    while True:
-                        try:
-                            chunk = await anyio.to_thread.run_sync(
-                                os.read, wire_in, _READ_CHUNK, abandon_on_cancel=True
-                            )
-                        except OSError as exc:
-                            logger.warning("reading the client's stdin failed (%s); stopping", exc)
-                            return
-                        if not chunk:
-                            break
-                        for line in splitter.feed(chunk):
-                            await deliver(line)
-                    last = splitter.rest()
-                    if last is not None:
-                        await deliver(last)
+    async def read_stdin() -> None:
+        splitter = LineSplitter(cap)
+        with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+            async with read_send:
+                while True:
+                    try:
+                        chunk = await anyio.to_thread.run_sync(
+                            os.read, wire_in, _READ_CHUNK, abandon_on_cancel=True
+                        )
+                    except OSError as exc:
+                        logger.warning("reading the client's stdin failed (%s); stopping", exc)
+                        return
+                    if not chunk:
+                        break
+                    for line in splitter.feed(chunk):
+                        await deliver(line)
+                last = splitter.rest()
+                if last is not None:
+                    await deliver(last)
 
-        async def write_stdout() -> None:
-            async with write_receive:
-                async for message in write_receive:
-                    await out.write_line(
-                        message.message.model_dump_json(by_alias=True, exclude_unset=True).encode()
-                    )
+    async def write_stdout() -> None:
+        async with write_receive:
+            async for message in write_receive:
+                await out.write_line(
+                    message.message.model_dump_json(by_alias=True, exclude_unset=True).encode()
+                )
 
-        async with anyio.create_task_group() as pipes:
-            pipes.start_soon(read_stdin)
-            pipes.start_soon(write_stdout)
-            yield read_receive, write_send
+    async with anyio.create_task_group() as pipes:
+        pipes.start_soon(read_stdin)
+        pipes.start_soon(write_stdout)
+        yield read_receive, write_send
 
 
 async def serve(config: BridgeConfig, discovery: DiscoveryResult) -> None:
     """Serve MCP on stdio until stdin closes or SIGTERM/SIGINT arrives; leaving the
     bridge removes the sandbox either way."""
-    async with anyio.create_task_group() as group, stdio_transport() as (read_stream, write_stream):
-        with anyio.CancelScope() as run_scope:
-            async with open_bridge(config, discovery) as bridge:
+    opened: Bridge | None = None
 
-                async def stop_on_signal() -> None:
-                    # The receiver stays open until the bridge is gone: Claude Code sends
-                    # SIGINT, then SIGTERM 100 ms later, and the second must not kill the
-                    # bridge half-way through removing the sandbox.
-                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                        async for signum in signals:
-                            if run_scope.cancel_called:
-                                logger.info("received signal %d; already shutting down", signum)
-                                continue
-                            logger.info("received signal %d; shutting down", signum)
-                            await bridge.sandboxes.begin_shutdown(grace=1.0)
-                            await anyio.sleep(0.05)  # lets the SDK's writer flush those answers
-                            run_scope.cancel()
+    async def stop_on_signal(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+        # The receiver stays open until the bridge is gone: Claude Code sends SIGINT, then
+        # SIGTERM 100 ms later, and the second must not kill the bridge half-way through
+        # removing the sandbox.
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            task_status.started()
+            async for signum in signals:
+                if run_scope.cancel_called:
+                    logger.info("received signal %d; already shutting down", signum)
+                    continue
+                logger.info("received signal %d; shutting down", signum)
+                if opened is not None:
+                    await opened.sandboxes.begin_shutdown(grace=1.0)
+                    await anyio.sleep(0.05)  # lets the SDK's writer flush those answers
+                run_scope.cancel()
 
-                group.start_soon(stop_on_signal)
-                server = build_server(bridge)
-                await server.run(read_stream, write_stream, server.create_initialization_options())
-        if run_scope.cancelled_caught:
-            # Leaving the bridge has removed the sandbox, but the stdin reader is a worker
-            # thread blocked in read(), which the interpreter's exit would wait for until
-            # the client writes or closes stdin.
-            logging.shutdown()
-            os._exit(0)
-        group.cancel_scope.cancel()
+    # The client's pipes are claimed first (no process the bridge starts may inherit them),
+    # then the signals (the sandbox may start at once); the bridge opens before the
+    # transport: it starts the sandbox while it imports the SDK's server side.
+    with claimed_stdio() as wire:
+        async with anyio.create_task_group() as group:
+            with anyio.CancelScope() as run_scope:
+                await group.start(stop_on_signal)
+                async with open_bridge(config, discovery) as bridge, stdio_transport(wire) as streams:
+                    opened = bridge
+                    server = build_server(bridge)
+                    await server.run(*streams, server.create_initialization_options())
+            if run_scope.cancelled_caught:
+                # Leaving the bridge has removed the sandbox, but the stdin reader is a worker
+                # thread blocked in read(), which the interpreter's exit would wait for until
+                # the client writes or closes stdin.
+                logging.shutdown()
+                os._exit(0)
+            group.cancel_scope.cancel()
 
 
 # --- misconfigured: a bad setting, told to the model -------------------------------------
@@ -10962,8 +11074,9 @@ async def serve_misconfigured(problem: str) -> None:
     """Serve the misconfigured server on stdio until stdin closes (a stop signal ends the
     process: there is nothing to clean up)."""
     server = build_misconfigured_server(problem)
-    async with stdio_transport() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+    with claimed_stdio() as wire:
+        async with stdio_transport(wire) as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
 # =============================================================================

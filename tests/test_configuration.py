@@ -76,6 +76,7 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "MCP_BRIDGE_RESPOND_AFTER": ("5.5", 5.5),
     "MCP_BRIDGE_OCI_RUNTIME": ("/usr/bin/runsc", "/usr/bin/runsc"),
     "MCP_BRIDGE_KERNEL_DELIVERY": ("stdin", "stdin"),
+    "MCP_BRIDGE_FRAME_CHANNEL": ("stdio", "stdio"),
     "MCP_BRIDGE_KUBE_NAMESPACE": ("sandboxes", "sandboxes"),
     "MCP_BRIDGE_KUBE_CONTEXT": ("team@cluster-1", "team@cluster-1"),
     "MCP_BRIDGE_KUBE_RUNTIME_CLASS": ("gvisor", "gvisor"),
