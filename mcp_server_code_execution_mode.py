@@ -1622,6 +1622,15 @@ def unenforced_limits(rootless: bool, cgroups: str, controllers: Sequence[str] |
     return tuple(limit for limit in SANDBOX_LIMITS if _LIMIT_CONTROLLERS[limit] not in controllers)
 
 
+def host_cgroups_version(root: Path = Path("/sys/fs/cgroup")) -> str:
+    """This Linux host's cgroups: "v2" where the unified hierarchy is mounted at the root
+    (it lists its controllers there), else "v1" (hybrid mounts count as v1, as Podman
+    counts them); "" without cgroups."""
+    if (root / "cgroup.controllers").exists():
+        return "v2"
+    return "v1" if root.is_dir() else ""
+
+
 @dataclass(frozen=True)
 class EngineFacts:
     """What `doctor` reports of an engine, from its `info`: its version, whether it runs
@@ -1865,6 +1874,17 @@ class PodmanEngine(ContainerEngine):
     async def check_ready(self) -> None:
         if sys.platform == "darwin":
             await self._start_machine_if_stopped()
+        if sys.platform == "linux":
+            # `podman version` names a server only where Podman is a client of a service
+            # (CONTAINER_HOST, --remote, a connection): 20 ms, where `podman info` takes 0.2 s
+            # (it gathers the host's packages) on the way to the first result. A local
+            # Podman's facts are this host's: rootless is a user other than root.
+            answer = await _answer(
+                self, [self.executable, "version", "--format", "{{if .Server}}remote{{else}}local{{end}}"]
+            )
+            if answer.stdout.strip() == b"local":
+                self._heed_limits(os.geteuid() != 0, host_cgroups_version())
+                return
         result = await _answer(
             self,
             [
@@ -1875,7 +1895,6 @@ class PodmanEngine(ContainerEngine):
             ],
         )
         rootless, cgroups, remote = [*result.stdout.decode().split(), "", "", ""][:3]
-        self.rootless = rootless == "true"
         # CONTAINER_HOST, --remote or a connection: a Podman service that may be elsewhere.
         # (On macOS and Windows Podman is always a client of its machine VM, which shares
         # the user's files, so the mount still works there.)
@@ -1886,7 +1905,11 @@ class PodmanEngine(ContainerEngine):
                 "bridge's stricter one (Podman's service would look for the profile file on its own machine)"
             )
             logger.warning(self.warnings[-1])
-        if unenforced_limits(rootless == "true", cgroups, None):
+        self._heed_limits(rootless == "true", cgroups)
+
+    def _heed_limits(self, rootless: bool, cgroups: str) -> None:
+        self.rootless = rootless
+        if unenforced_limits(rootless, cgroups, None):
             self.warnings.append(
                 "rootless Podman on cgroups v1 ignores resource limits: the sandbox's memory, "
                 "pids and CPU caps are NOT enforced on this host"
@@ -10295,8 +10318,15 @@ async def open_bridge(
         if config.prewarm and (not http or config.auth_tokens is None):
             group.start_soon(sandboxes.prewarm, principals.get(LOCAL_PRINCIPAL))
         try:
-            # The engine's commands and the container's start run on the loop meanwhile.
-            await anyio.to_thread.run_sync(load_server_side)
+            # The engine's commands and the container's start run on the loop meanwhile;
+            # a short switch interval lets the loop take the GIL from the importing thread
+            # as soon as a command answers, rather than 5 ms later at each step.
+            switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(0.0005)
+            try:
+                await anyio.to_thread.run_sync(load_server_side)
+            finally:
+                sys.setswitchinterval(switch_interval)
             yield Bridge(config, pool, sandboxes, principals)
         finally:
             # Side by side (each shields itself): the sandboxes and the proxied servers

@@ -637,9 +637,15 @@ async def test_detect_runtime_failing_silently_reports_the_exit_code(tmp_path: P
         await detect_engine("docker", which=lambda name: cli)
 
 
+# What a fake Podman prints: `version` says whether it is a client of a service, `info`
+# the service's facts ("rootless cgroups remote").
+def fake_podman(tmp_path: Path, version: str, info: str = "false v2 true") -> str:
+    return fake_cli(tmp_path, 'case "$1" in version) echo "%s";; info) echo "%s";; esac\n' % (version, info))
+
+
 @pytest.mark.anyio
 async def test_detect_runtime_prefers_podman_when_it_answers(tmp_path: Path) -> None:
-    cli = fake_cli(tmp_path, 'echo "false v2"\n')
+    cli = fake_podman(tmp_path, "local")
 
     runtime = await detect_engine(None, which=lambda name: cli)
 
@@ -659,13 +665,40 @@ async def test_detect_runtime_falls_back_to_docker_when_podman_is_missing(tmp_pa
 
 
 @pytest.mark.anyio
-async def test_rootless_podman_on_cgroups_v1_warns_that_limits_are_not_enforced(tmp_path: Path) -> None:
-    cli = fake_cli(tmp_path, 'echo "true v1"\n')
+async def test_rootless_podman_on_cgroups_v1_warns_that_limits_are_not_enforced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A local Podman: its facts are the host's (a user other than root, the host's cgroups).
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(bridge, "host_cgroups_version", lambda: "v1")
+    cli = fake_podman(tmp_path, "local", info="false v2 false")
 
     runtime = await detect_engine("podman", which=lambda name: cli)
 
+    assert isinstance(runtime, PodmanEngine) and runtime.rootless is True
     assert len(runtime.warnings) == 1
     assert "NOT enforced" in runtime.warnings[0]
+
+
+@pytest.mark.anyio
+async def test_a_remote_rootless_podman_on_cgroups_v1_is_told_by_its_service(tmp_path: Path) -> None:
+    cli = fake_podman(tmp_path, "remote", info="true v1 true")
+
+    runtime = await detect_engine("podman", which=lambda name: cli)
+
+    assert any("NOT enforced" in warning for warning in runtime.warnings)
+
+
+@pytest.mark.parametrize(
+    ("files", "version"), [(["cgroup.controllers"], "v2"), (["memory", "unified"], "v1")]
+)
+def test_the_hosts_cgroups_version_is_read_where_podman_reads_it(
+    tmp_path: Path, files: list[str], version: str
+) -> None:
+    for name in files:
+        (tmp_path / name).mkdir()
+    assert bridge.host_cgroups_version(tmp_path) == version
+    assert bridge.host_cgroups_version(tmp_path / "absent") == ""
 
 
 @pytest.mark.anyio
@@ -694,7 +727,8 @@ async def test_docker_is_remote_unless_its_endpoint_is_a_local_socket(
 async def test_podman_is_remote_when_it_talks_to_a_service(
     tmp_path: Path, service_is_remote: str, remote: bool
 ) -> None:
-    cli = fake_cli(tmp_path, 'echo "false v2 %s"\n' % service_is_remote)
+    version = "remote" if service_is_remote == "true" else "local"
+    cli = fake_podman(tmp_path, version, "false v2 " + service_is_remote)
 
     runtime = await detect_engine("podman", which=lambda name: cli)
 
@@ -714,7 +748,7 @@ async def test_a_docker_cli_without_contexts_counts_as_local(tmp_path: Path) -> 
 
 @pytest.mark.anyio
 async def test_a_remote_podman_gets_no_seccomp_file_of_this_machine_and_says_so(tmp_path: Path) -> None:
-    cli = fake_cli(tmp_path, 'echo "false v2 true"\n')
+    cli = fake_podman(tmp_path, "remote")
     runtime = await detect_engine("podman", which=lambda name: cli)
     runtime.remote = True  # as on Linux (a Mac's Podman is never remote here)
     session = bridge.Sandbox(
