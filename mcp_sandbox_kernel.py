@@ -708,7 +708,10 @@ class Channel:
     def receive(self) -> Frame | None:
         """The next frame, or None at end of input (the bridge has gone)."""
         while not self._pending:
-            data = os.read(self.in_fd, 1 << 16)
+            try:
+                data = os.read(self.in_fd, 1 << 16)
+            except ConnectionResetError:  # a socket whose peer went away with frames unread
+                return None
             if not data:
                 return None
             self._pending.extend(self.decoder.feed(data))

@@ -7550,12 +7550,25 @@ class PendingExecute:
         else:
             self.complete(sandbox_error_result(self.id, "SandboxError", frame["message"]))
 
-    async def tick(self, started: float) -> None:
-        """Progress for whichever call is waiting for this execute now (it may change)."""
-        while True:
-            await anyio.sleep(PROGRESS_INTERVAL)
-            if self.progress is not None:
-                await self.progress.tick(time.monotonic() - started)
+    async def wait_ticking(self, started: float) -> None:
+        """Until the execute is done, progress every PROGRESS_INTERVAL seconds for whichever
+        call waits for it now (it may change). Most code ends before the first tick is due:
+        it costs no ticker task."""
+        with anyio.move_on_after(PROGRESS_INTERVAL):
+            await self.done.wait()
+        if self.done.is_set():
+            return
+        async with anyio.create_task_group() as ticking:
+
+            async def tick() -> None:
+                while True:
+                    if self.progress is not None:
+                        await self.progress.tick(time.monotonic() - started)
+                    await anyio.sleep(PROGRESS_INTERVAL)
+
+            ticking.start_soon(tick)
+            await self.done.wait()
+            ticking.cancel_scope.cancel()
 
 
 @dataclass(frozen=True)
@@ -8439,16 +8452,15 @@ class Sandbox:
         pending.progress = progress or pending.progress  # a waiting call may have set its own
         data = execute_frame(pending.id, code, saved_tools, self.config.max_frame_bytes)
         self.pending = pending
+        if self.exited.is_set():  # ended before this execute: no reader is left to end it
+            pending.done.set()
         timed_out = False
         try:
             with anyio.move_on_after(timeout) as pending.timeout_scope:
                 # Inside the timeout: a sandbox that stopped reading cannot hold the call.
                 with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                     await self.send_bytes(data)  # if gone, the reader completes `pending`
-                async with anyio.create_task_group() as ticking:
-                    ticking.start_soon(pending.tick, started)
-                    await pending.done.wait()
-                    ticking.cancel_scope.cancel()
+                await pending.wait_ticking(started)
             if not pending.done.is_set():
                 timed_out = True
                 await self._stop_running(pending, "after a timeout")

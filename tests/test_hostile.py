@@ -815,6 +815,18 @@ async def answers(stdin: RecordingStdin, count: int) -> dict[Any, dict[str, Any]
     return {frame["id"]: frame for frame in frames}
 
 
+async def test_an_execute_on_a_sandbox_that_already_ended_answers_at_once(tmp_path: Path) -> None:
+    # Between a session's alive check and its execute the container may end; nothing would
+    # then end the execute but its timeout (and the interrupt's grace after it).
+    session, _ = direct_session(tmp_path)
+    session.pending = None
+    session.exit.ended(137)
+    session.exited.set()
+    with anyio.fail_after(3):
+        outcome = await session.execute("1", timeout=30)
+    assert outcome.status == "crashed" and not outcome.state_kept
+
+
 async def test_the_bridge_rejects_hostile_frames_without_the_supervisor(tmp_path: Path) -> None:
     session, stdin = direct_session(tmp_path)
     async with anyio.create_task_group() as group:
