@@ -8887,6 +8887,33 @@ BUSY = (
 )
 
 
+class Closing:
+    """Sandboxes' word that the bridge begins to stop, set once. A call waits for its turn's
+    end or this, whichever comes first: this sets the event it waits on too (one event to
+    wait on, where waiting for the first of two takes a task each)."""
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiting: set[anyio.Event] = set()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+        for event in self._waiting:
+            event.set()
+
+    @contextmanager
+    def ends(self, event: anyio.Event) -> Iterator[None]:
+        """While in the block, ``set()`` sets ``event`` too."""
+        self._waiting.add(event)
+        try:
+            yield
+        finally:
+            self._waiting.discard(event)
+
+
 class SandboxKeeper:
     """One sandbox of one principal (``Sandboxes`` holds them by principal and session name):
     serializes the calls to it, pre-warms it, replaces it after a crash, a kill, a reset or
@@ -8901,7 +8928,7 @@ class SandboxKeeper:
         engine: SharedEngine,
         name: str,
         problems: ProblemLog,
-        closing: anyio.Event,
+        closing: Closing,
         board: TaskBoard,
     ) -> None:
         self.config = config
@@ -9011,8 +9038,9 @@ class SandboxKeeper:
             finished.set()
 
         try:
-            self.task_group.start_soon(work)
-            await _first_of(finished, self.closing)
+            with self.closing.ends(finished):
+                self.task_group.start_soon(work)
+                await finished.wait()
         except BaseException:
             work_scope.cancel()
             raise
@@ -9303,7 +9331,7 @@ class Sandboxes:
         self.problems: dict[str, ProblemLog] = {}  # per principal
         self.calls: dict[str, int] = {}  # principal -> run_python calls in flight
         self.tasks = TaskBoard()  # the MCP tasks of every session's calls
-        self.closing = anyio.Event()  # set when the bridge begins to shut down
+        self.closing = Closing()  # set when the bridge begins to shut down
         self._no_calls = anyio.Event()  # set while no call is in flight
         self._no_calls.set()
 
@@ -10198,7 +10226,7 @@ class Principals:
     its memory store and saved tools. ``http`` turns on per-principal stores (when tokens
     name principals) and refuses a request the auth middleware left without one."""
 
-    def __init__(self, config: BridgeConfig, pool: ClientPool, http: bool, closing: anyio.Event) -> None:
+    def __init__(self, config: BridgeConfig, pool: ClientPool, http: bool, closing: Closing) -> None:
         self.config = config
         self.pool = pool
         self.http = http

@@ -221,7 +221,7 @@ async def test_a_principal_first_seen_while_the_bridge_stops_is_refused_and_gets
 async def test_stdio_keeps_one_principal_and_todays_store(tmp_path: Path) -> None:
     async with anyio.create_task_group() as group:
         pool: Any = SimpleNamespace(drain_notices=list)
-        principals = bridge.Principals(bridge.BridgeConfig(state_dir=tmp_path), pool, False, anyio.Event())
+        principals = bridge.Principals(bridge.BridgeConfig(state_dir=tmp_path), pool, False, bridge.Closing())
         local = principals.of_request(None)
         assert local.name == bridge.LOCAL_PRINCIPAL and principals.of_request(request_of("bob")) is local
         assert local.api.memory.path == tmp_path / "user_tools" / "memory.sqlite3"

@@ -183,7 +183,7 @@ def keeper_with_fake_sandbox(group: anyio.abc.TaskGroup) -> bridge.SandboxKeeper
         engine,
         bridge.DEFAULT_SESSION,
         bridge.ProblemLog(),
-        anyio.Event(),
+        bridge.Closing(),
         bridge.TaskBoard(),
     )
 
