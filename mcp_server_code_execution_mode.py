@@ -4197,6 +4197,8 @@ class PooledClient:
         return self.session is not None and not self._closed.is_set() and not self._stop.is_set()
 
     async def ensure_running(self) -> ClientSession:
+        if self.running and self.session is not None:  # each proxied call: no lock, no checkpoint
+            return self.session
         async with self._start_lock:
             if self.running and self.session is not None:
                 return self.session
