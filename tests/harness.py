@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -132,3 +133,24 @@ def bridge_pids(state_dir: Path) -> list[int]:
 
 def text_of(result: types.CallToolResult) -> str:
     return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
+
+
+class PipeCollector(threading.Thread):
+    """Collects what a process writes to one of its pipes (``fd``), in a thread of its own,
+    until the end of file; ``text()`` never blocks on the process."""
+
+    def __init__(self, fd: int, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.fd = fd
+        self._data = bytearray()
+        self._lock = threading.Lock()
+        self.start()
+
+    def run(self) -> None:
+        while data := os.read(self.fd, 1 << 16):
+            with self._lock:
+                self._data += data
+
+    def text(self) -> str:
+        with self._lock:
+            return self._data.decode(errors="replace")

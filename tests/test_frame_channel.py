@@ -21,7 +21,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -35,6 +34,7 @@ import mcp_sandbox_kernel
 import mcp_server_code_execution_mode as bridge
 from mcp_sandbox_kernel import PROTOCOL_VERSION, FailedTool, FrameDecoder, encode_frame
 from tests.conftest import Engine, bridge_client, bridge_env, bridge_pids, console_script, structured, text_of
+from tests.harness import PipeCollector
 
 REPO = Path(__file__).resolve().parent.parent
 KERNEL_PATH = Path(mcp_sandbox_kernel.__file__).resolve()
@@ -145,22 +145,12 @@ class LocalKernel:
         self.key = os.urandom(32)
         assert self.process.stdout is not None
         self.stdout = FrameReader(self.process.stdout.fileno(), self.key, self, "the kernel's stdout")
-        self._stderr = bytearray()
-        self._stderr_lock = threading.Lock()
-        self._stderr_reader = threading.Thread(target=self._read_stderr, name="kernel-stderr", daemon=True)
-        self._stderr_reader.start()
+        assert self.process.stderr is not None
+        self._stderr_reader = PipeCollector(self.process.stderr.fileno(), "kernel-stderr")
         self.send_on_stdin({"type": "key", "key": self.key.hex()})  # as the bridge does, first
 
-    def _read_stderr(self) -> None:
-        assert self.process.stderr is not None
-        fd = self.process.stderr.fileno()
-        while data := os.read(fd, 1 << 16):
-            with self._stderr_lock:
-                self._stderr += data
-
     def stderr_text(self) -> str:
-        with self._stderr_lock:
-            return self._stderr.decode(errors="replace")
+        return self._stderr_reader.text()
 
     def wait_for_stderr(self, text: str, timeout: float = WAIT) -> str:
         deadline = time.monotonic() + timeout

@@ -29,6 +29,7 @@ from mcp_sandbox_kernel import (
     boot_payload,
     encode_frame,
 )
+from tests.harness import PipeCollector
 
 KERNEL_PATH = Path(mcp_sandbox_kernel.__file__).resolve()
 MAX_FRAME = 8 * 1024 * 1024
@@ -71,12 +72,10 @@ class KernelProcess:
         self.reader_error: BaseException | None = None
         self._ended = False  # the test has been handed the end of the frames
         self._ids = itertools.count(1)
-        self._stderr = bytearray()
-        self._stderr_lock = threading.Lock()
         self._stdout_reader = threading.Thread(target=self._read_frames, name="kernel-stdout", daemon=True)
-        self._stderr_reader = threading.Thread(target=self._read_stderr, name="kernel-stderr", daemon=True)
+        assert self.process.stderr is not None
+        self._stderr_reader = PipeCollector(self.process.stderr.fileno(), "kernel-stderr")
         self._stdout_reader.start()
-        self._stderr_reader.start()
         if booted:
             assert self.process.stdin is not None
             self.process.stdin.write(boot_payload(KERNEL_PATH.read_text(), config))
@@ -105,17 +104,9 @@ class KernelProcess:
         else:
             self.frames.put(None)
 
-    def _read_stderr(self) -> None:
-        assert self.process.stderr is not None
-        fd = self.process.stderr.fileno()
-        while data := os.read(fd, 1 << 16):
-            with self._stderr_lock:
-                self._stderr += data
-
     def stderr_text(self) -> str:
         """What the kernel wrote to its stderr so far (never blocks on the kernel)."""
-        with self._stderr_lock:
-            return self._stderr.decode(errors="replace")
+        return self._stderr_reader.text()
 
     def _end_reason(self) -> str:
         if self.reader_error is not None:
