@@ -47,6 +47,7 @@ import fcntl
 import fnmatch
 import hashlib
 import hmac
+import html
 import importlib.metadata
 import importlib.util
 import io
@@ -195,6 +196,7 @@ if not TYPE_CHECKING:
 SDK_INTERNALS = (
     "mcp.shared._httpx_utils:create_mcp_http_client",  # an HTTP server's client, the SDK's timeouts
     "mcp.os.posix.utilities:terminate_posix_process_tree",  # stops a stdio server's process group
+    "mcp.client.auth.oauth2:OAuthContext.token_expiry_time",  # a stored token's expiry, after a restart
     "mcp.server.streamable_http_manager:StreamableHTTPSessionManager._admit_session",  # per-principal cap
     "mcp.server.streamable_http_manager:StreamableHTTPSessionManager._session_owners",  # who holds each
     "mcp.server.streamable_http_manager:StreamableHTTPSessionManager._server_instances",  # how many open
@@ -266,6 +268,7 @@ def terminal_json(text: str) -> str:
 #    |    +-- ConfigurationUnusableError  a bad setting: run_python cannot run anything
 #    |    +-- ShuttingDownError           a stop signal arrived during the call
 #    |    +-- ServerUnavailableError      a configured MCP server did not start, or died
+#    |    |    +-- LoginRequiredError     it wants an OAuth login: the link to open
 #    |    |    +-- OversizedMessageError  it sent a message over the cap (handed to its client
 #    |    |                               session as a stream item, never raised)
 #    |    +-- ProxyError                  a request from the sandbox the bridge refuses or cannot serve
@@ -336,6 +339,11 @@ class ShuttingDownError(BridgeError):
 
 class ServerUnavailableError(BridgeError):
     """A configured MCP server could not be started, or died."""
+
+
+class LoginRequiredError(ServerUnavailableError):
+    """A proxied HTTP server wants an OAuth login that has not happened yet: the message
+    carries the link the user opens (ServerLogin)."""
 
 
 class OversizedMessageError(ServerUnavailableError):
@@ -4136,6 +4144,232 @@ class ToolListCache:
 _CONNECTION_ENDED = "exited or closed its connection"
 
 
+# --- OAuth: logging in to a proxied HTTP server ----------------------------------------
+# A streamable-HTTP server entry without an Authorization header of its own gets the SDK's
+# OAuth client (OAuthClientProvider): on a 401 with OAuth metadata it discovers the
+# authorization server, registers the bridge, and sends the user a link (PKCE, the
+# resource indicator); the browser comes back to a loopback port of the bridge's. The
+# tokens stay on the host (OAuthTokenFile), are refreshed by the SDK, and never reach the
+# sandbox or the log. Over HTTP, like every proxied server, the login is the bridge's.
+OAUTH_DIR = "oauth"  # under STATE_DIR: one 0600 file per server URL
+LOGIN_WAIT = 600.0  # seconds a login waits for the browser's redirect
+SERVER_LOGIN_FINISH = 30.0  # seconds for the rest of a server's start once its login is done
+REDIRECT_PATH = "/callback"
+MAX_REDIRECT_REQUEST_BYTES = 16 * 1024
+
+
+def wants_oauth(spec: ServerSpec) -> bool:
+    """Whether ``spec`` gets the OAuth client: a streamable-HTTP server whose entry sets no
+    Authorization header (a static token of the user's own stays as it is)."""
+    return spec.transport == "http" and not any(name.lower() == "authorization" for name in spec.headers)
+
+
+def oauth_token_path(state_dir: Path, url: str) -> Path:
+    return state_dir / OAUTH_DIR / ("%s.json" % hashlib.sha256(url.encode()).hexdigest()[:32])
+
+
+class OAuthTokenFile:
+    """The SDK's TokenStorage over one server's file: its tokens (with when the access token
+    expires, so a restarted bridge refreshes instead of logging in again), the bridge's
+    registration with its authorization server, and the loopback port it registered. A
+    file that cannot be read counts as no login, never as a failure."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _update(self, **fields: object) -> None:
+        data = {**self.read(), **fields}
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        write_atomically(self.path, json.dumps(data).encode())
+
+    async def get_tokens(self) -> Any:
+        from mcp.shared.auth import OAuthToken
+
+        tokens = (await anyio.to_thread.run_sync(self.read)).get("tokens")
+        try:
+            return None if tokens is None else OAuthToken.model_validate(tokens)
+        except ValidationError:
+            return None
+
+    async def set_tokens(self, tokens: Any) -> None:
+        expires = None if tokens.expires_in is None else time.time() + tokens.expires_in
+        dumped = tokens.model_dump(mode="json", exclude_none=True)
+        await anyio.to_thread.run_sync(partial(self._update, tokens=dumped, expires_at=expires))
+
+    async def get_client_info(self) -> Any:
+        from mcp.shared.auth import OAuthClientInformationFull
+
+        client = (await anyio.to_thread.run_sync(self.read)).get("client")
+        try:
+            return None if client is None else OAuthClientInformationFull.model_validate(client)
+        except ValidationError:
+            return None
+
+    async def set_client_info(self, client_info: Any) -> None:
+        dumped = client_info.model_dump(mode="json", exclude_none=True)
+        await anyio.to_thread.run_sync(partial(self._update, client=dumped))
+
+    def redirect_port(self) -> int:
+        """The loopback port the bridge registered (an authorization server may hold it to
+        its registration exactly), chosen once: a free one."""
+        port = self.read().get("redirect_port")
+        if isinstance(port, int) and 0 < port < 65536:
+            return port
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self._update(redirect_port=port)
+        return int(port)
+
+    def forget(self) -> bool:
+        """Remove the login (logout): whether there was one."""
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+
+async def receive_redirect(listener: anyio.abc.SocketListener, server: str) -> dict[str, str]:
+    """The query of the browser's redirect to REDIRECT_PATH on ``listener`` (code, state,
+    iss; or error); other requests (a favicon) get a 404 and are ignored."""
+    while True:
+        stream = await listener.accept()
+        async with stream:
+            request = b""
+            with anyio.move_on_after(10):
+                while b"\r\n\r\n" not in request and len(request) < MAX_REDIRECT_REQUEST_BYTES:
+                    request += await stream.receive(4096)
+            parts = request.split(b"\r\n", 1)[0].decode("latin-1").split()
+            target = urllib.parse.urlsplit(parts[1]) if len(parts) == 3 and parts[0] == "GET" else None
+            if target is None or target.path != REDIRECT_PATH:
+                with suppress(OSError, anyio.BrokenResourceError):
+                    await stream.send(
+                        b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    )
+                continue
+            query = {key: values[0] for key, values in urllib.parse.parse_qs(target.query).items()}
+            said = "The login to %s %s. You can close this tab." % (
+                server,
+                "failed: " + query["error"] if "error" in query else "is done",
+            )
+            page = html.escape(said).encode()
+            with suppress(OSError, anyio.BrokenResourceError):
+                await stream.send(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: %d\r\n"
+                    b"Connection: close\r\n\r\n%s" % (len(page), page)
+                )
+            return query
+
+
+class ServerLogin:
+    """One proxied HTTP server's OAuth login: the SDK's provider over its token file, whose
+    handlers show the link (``link``; ``asked`` is set when the user must open it) and wait
+    up to LOGIN_WAIT for the browser's redirect on the registered loopback port, while the
+    server's start deadline (``starting``) stands still."""
+
+    def __init__(
+        self, spec: ServerSpec, state_dir: Path, on_link: Callable[[str], None] | None = None
+    ) -> None:
+        """``on_link``: who else shows the link (the login command: the terminal, a browser)."""
+        assert spec.url is not None
+        self.spec = spec
+        self.tokens = OAuthTokenFile(oauth_token_path(state_dir, spec.url))
+        self.on_link = on_link
+        self.link: str | None = None
+        self.asked = anyio.Event()
+        self.waiting = False  # for the browser's redirect
+        self.starting: anyio.CancelScope | None = None
+        self._listener: anyio.abc.SocketListener | None = None
+
+    def provider(self) -> Any:
+        """A fresh OAuthClientProvider (one per connection), with the stored token's expiry."""
+        from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider
+        from mcp.shared.auth import OAuthClientMetadata
+
+        port = self.tokens.redirect_port()
+        metadata = OAuthClientMetadata(
+            redirect_uris=["http://127.0.0.1:%d%s" % (port, REDIRECT_PATH)],  # type: ignore[list-item]
+            client_name=SERVER_NAME,
+            grant_types=["authorization_code", "refresh_token"],
+            token_endpoint_auth_method="none",
+        )
+
+        async def show_link(url: str) -> None:
+            listening = socket.socket()
+            try:
+                listening.bind(("127.0.0.1", port))
+                listening.listen(4)
+            except OSError as exc:
+                listening.close()
+                raise ServerUnavailableError(
+                    "its login needs the loopback port %d, which is in use (%s); free it and call again"
+                    % (port, exc.strerror or exc)
+                ) from None
+            self._listener = await anyio.abc.SocketListener.from_socket(listening)
+            self.link, self.waiting = url, True
+            if self.starting is not None:  # the user's time is not the server's start
+                self.starting.deadline = math.inf
+            logger.warning("MCP server %s wants a login: open %s", shown_name(self.spec.name), url)
+            if self.on_link is not None:
+                self.on_link(url)
+            self.asked.set()
+
+        async def wait_for_redirect() -> AuthorizationCodeResult:
+            assert self._listener is not None
+            try:
+                with anyio.fail_after(LOGIN_WAIT):
+                    query = await receive_redirect(self._listener, self.spec.name)
+            except TimeoutError:
+                raise ServerUnavailableError(
+                    "the login was not completed within %d minutes" % (LOGIN_WAIT // 60)
+                ) from None
+            finally:
+                await self._listener.aclose()
+                self.waiting = False
+                if self.starting is not None:
+                    self.starting.deadline = anyio.current_time() + SERVER_LOGIN_FINISH
+            if "error" in query:
+                raise ServerUnavailableError(
+                    "its authorization server refused the login: %s%s"
+                    % (
+                        query["error"],
+                        (" (%s)" % query["error_description"]) if "error_description" in query else "",
+                    )
+                )
+            return AuthorizationCodeResult(
+                code=query.get("code", ""), state=query.get("state"), iss=query.get("iss")
+            )
+
+        provider = OAuthClientProvider(
+            self.spec.url or "", metadata, self.tokens, show_link, wait_for_redirect
+        )
+        expires = self.tokens.read().get("expires_at")
+        if isinstance(expires, int | float):
+            provider.context.token_expiry_time = float(expires)  # one of SDK_INTERNALS
+        return provider
+
+    def forgotten(self) -> bool:
+        """Whether the login was removed (`logout`) while a connection still holds its token."""
+        return not self.tokens.path.exists()
+
+    def required(self) -> LoginRequiredError:
+        """What a call that needs the server is told while the login waits for the user."""
+        return LoginRequiredError(
+            "MCP server %r wants you to log in (OAuth) before code can use it. Ask the user to open this "
+            "link in a browser and approve: %s -- then run the code again; the bridge waits %d minutes "
+            "for the login. (In a terminal, `%s login %s` does the same.)"
+            % (self.spec.name, self.link, LOGIN_WAIT // 60, SERVER_NAME, self.spec.name)
+        )
+
+
 class CallListener(Protocol):
     """Who hears what a proxied server says to its client during one call of code's (the
     run_python call it is part of: RunContext), each with the server's name."""
@@ -4188,6 +4422,7 @@ class PooledClient:
         # only while exactly one call runs.
         self.calls_in_flight: list[tuple[CallListener, anyio.CancelScope]] = []  # with each deadline
         self.wire = WireWatch()  # how large its messages are, where its transport measures them
+        self.login = ServerLogin(spec, config.state_dir) if wants_oauth(spec) else None
         self._start_lock = anyio.Lock()
         self._closed = anyio.Event()
         self._stop = anyio.Event()
@@ -4198,7 +4433,13 @@ class PooledClient:
 
     async def ensure_running(self) -> ClientSession:
         if self.running and self.session is not None:  # each proxied call: no lock, no checkpoint
-            return self.session
+            if self.login is None or not self.login.forgotten():
+                return self.session
+            self._fail(self.session, "its login was removed (logout)")  # log in again
+            with anyio.move_on_after(10):
+                await self._closed.wait()
+        if self.login is not None and self.login.waiting:  # its start waits for the user's login
+            raise self.login.required()
         async with self._start_lock:
             if self.running and self.session is not None:
                 return self.session
@@ -4220,8 +4461,16 @@ class PooledClient:
         self.starts += 1
         ready, self._closed, self._stop = anyio.Event(), anyio.Event(), anyio.Event()
         process_log = ServerProcessLog(self.spec.name)
+        login = self.login
+        if login is not None:
+            login.asked = anyio.Event()
         self.task_group.start_soon(self._own, ready, self._closed, self._stop, process_log)
-        await ready.wait()
+        if login is None:
+            await ready.wait()
+        else:  # the call that needs it hears of a login at once; the start goes on meanwhile
+            await _first_of(ready, login.asked)
+            if not ready.is_set():
+                raise login.required()
         if self.session is None:
             spec = self.spec
             command = " (command: %s)" % shown_command(spec.command, spec.args) if spec.command else ""
@@ -4250,7 +4499,9 @@ class PooledClient:
                     elicitation_callback=self._on_question,
                     logging_callback=self._on_log,
                 ) as session:
-                    with anyio.fail_after(self.config.server_start_timeout):
+                    with anyio.fail_after(self.config.server_start_timeout) as starting:
+                        if self.login is not None:  # a login stops this clock while the user is asked
+                            self.login.starting = starting
                         self.initialized = await session.initialize()
                         self.tools = await list_all_tools(session)
                     await self._cache_tools()
@@ -4328,8 +4579,9 @@ class PooledClient:
         from mcp.client.streamable_http import streamable_http_client
         from mcp.shared._httpx_utils import create_mcp_http_client  # one of SDK_INTERNALS
 
+        auth = None if self.login is None else self.login.provider()
         async with (
-            create_mcp_http_client(headers=headers) as http,
+            create_mcp_http_client(headers=headers, auth=auth) as http,
             streamable_http_client(
                 spec.url, http_client=http, max_sse_event_size=self.config.max_frame_bytes
             ) as streams,
@@ -13661,6 +13913,102 @@ def started_by_stdio_client(argv: Sequence[str], environ: Mapping[str, str], std
     return not terminal and requested_transport(argv, environ) == "stdio"
 
 
+# --- the login and logout subcommands --------------------------------------------------
+# `login SERVER` runs a proxied HTTP server's OAuth login at a terminal (the link printed
+# and opened in a browser, the redirect awaited on the loopback port), so that no call of
+# code's has to ask for it; `logout SERVER` removes the tokens, and the next use logs in again.
+LOGIN_COMMAND = "login"
+LOGOUT_COMMAND = "logout"
+
+
+def oauth_server(name: str, config: BridgeConfig, environ: Mapping[str, str]) -> ServerSpec:
+    """The configured server ``name`` (its name or alias), which must be one with a login."""
+    servers = configured_servers(config, environ).servers
+    spec = next((spec for spec in servers if name in (spec.name, spec.alias)), None)
+    if spec is None:
+        raise CommandError(
+            "no MCP server %r is configured (configured: %s)"
+            % (name, ", ".join(sorted(spec.name for spec in servers)) or "none")
+        )
+    if not wants_oauth(spec):
+        raise CommandError(
+            "MCP server %r has no OAuth login: %s"
+            % (
+                spec.name,
+                "its entry sets its own Authorization header"
+                if spec.transport == "http"
+                else "it is not a streamable HTTP server",
+            )
+        )
+    return spec
+
+
+async def log_in(spec: ServerSpec, config: BridgeConfig, on_link: Callable[[str], None]) -> bool:
+    """Connect to ``spec`` once with its login; whether the user had to log in (False: the
+    stored tokens still work)."""
+    from mcp.client.session import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client  # one of SDK_INTERNALS
+
+    assert spec.url is not None
+    login = ServerLogin(spec, config.state_dir, on_link)
+    async with (
+        create_mcp_http_client(headers=dict(spec.headers) or None, auth=login.provider()) as http,
+        streamable_http_client(spec.url, http_client=http) as streams,
+        ClientSession(streams[0], streams[1]) as session,
+    ):
+        await session.initialize()
+    return login.link is not None
+
+
+def login_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="%s %s" % (SERVER_NAME, LOGIN_COMMAND),
+        description="Log in to a configured MCP server over HTTP that wants OAuth: print its "
+        "login link (and open it in a browser), wait for the browser to come back, and keep the "
+        "tokens in the state directory for the bridge. Takes the server's own flags too.",
+    )
+    parser.add_argument("server", help="the server's name in your MCP configuration")
+    parser.add_argument("--no-browser", action="store_true", help="only print the link")
+    args, settings = parser.parse_known_args(list(argv))
+    config = load_config(settings, environ)
+    spec = oauth_server(args.server, config, environ)
+
+    def show(url: str) -> None:
+        print("Open this link to log in to %s:\n\n  %s\n" % (spec.name, url), file=sys.stderr, flush=True)
+        if not args.no_browser:
+            import webbrowser
+
+            with suppress(Exception):
+                webbrowser.open(url)
+        print("Waiting up to %d minutes for the login..." % (LOGIN_WAIT // 60), file=sys.stderr, flush=True)
+
+    try:
+        asked = anyio.run(log_in, spec, config, show)
+    except Exception as exc:
+        raise CommandError("the login to %s failed: %s" % (spec.name, _describe_exception(exc))) from None
+    path = oauth_token_path(config.state_dir, spec.url or "")
+    print(
+        "%s %s; the tokens are in %s."
+        % ("Logged in to" if asked else "Already logged in to", spec.name, path)
+    )
+    return 0
+
+
+def logout_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="%s %s" % (SERVER_NAME, LOGOUT_COMMAND),
+        description="Remove the OAuth tokens of a configured MCP server: its next use logs in again.",
+    )
+    parser.add_argument("server", help="the server's name in your MCP configuration")
+    args, settings = parser.parse_known_args(list(argv))
+    config = load_config(settings, environ)
+    spec = oauth_server(args.server, config, environ)
+    forgot = OAuthTokenFile(oauth_token_path(config.state_dir, spec.url or "")).forget()
+    print(("Logged out of %s." if forgot else "%s had no login here.") % spec.name)
+    return 0
+
+
 SUBCOMMANDS: dict[str, Callable[[Sequence[str], Mapping[str, str]], int]] = {
     MEMORY_COMMAND: memory_main,
     TOOLS_COMMAND: tools_main,
@@ -13668,6 +14016,8 @@ SUBCOMMANDS: dict[str, Callable[[Sequence[str], Mapping[str, str]], int]] = {
     ADOPT_COMMAND: adopt_main,
     BUILD_IMAGE_COMMAND: build_image_main,
     DOCTOR_COMMAND: doctor_main,
+    LOGIN_COMMAND: login_main,
+    LOGOUT_COMMAND: logout_main,
 }
 
 

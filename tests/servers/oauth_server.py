@@ -1,0 +1,188 @@
+"""A streamable-HTTP MCP server that wants OAuth 2.1, and its own authorization server, on
+127.0.0.1 (the SDK's auth routes over an in-memory provider): protected-resource and
+authorization-server metadata, dynamic client registration, an authorize endpoint that
+approves at once (a person's consent page is the one part a test cannot click), the code
+exchange with PKCE (checked by the SDK's token handler), refresh tokens that rotate, and
+tokens bound to the resource indicator the client sent (RFC 8707), checked on every call.
+
+    python tests/servers/oauth_server.py PORT [--token-seconds N]
+
+Tools: ``whoami`` (the token's subject, client, resource and scopes), ``stats`` (logins,
+refreshes, calls refused), ``revoke_refresh_tokens`` (what an administrator does: the
+next refresh fails). Access tokens last --token-seconds (default 3600)."""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import time
+from typing import Any
+
+from mcp.server.auth.provider import (
+    AccessToken,
+    AuthorizationCode,
+    AuthorizationParams,
+    AuthorizeError,
+    RefreshToken,
+    TokenError,
+    construct_redirect_uri,
+)
+from mcp.server.auth.settings import AuthSettings, ClientRegistrationOptions
+from mcp.server.mcpserver import MCPServer
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
+
+SUBJECT = "alice"
+SCOPE = "tools"
+
+
+class InMemoryAuthority:
+    """The authorization server's state: clients, codes, tokens, and what the tests read."""
+
+    def __init__(self, resource: str, token_seconds: int) -> None:
+        self.resource = resource
+        self.token_seconds = token_seconds
+        self.clients: dict[str, OAuthClientInformationFull] = {}
+        self.codes: dict[str, AuthorizationCode] = {}
+        self.access: dict[str, AccessToken] = {}
+        self.refresh: dict[str, RefreshToken] = {}
+        self.stats = {"registrations": 0, "logins": 0, "refreshes": 0, "wrong_resource": 0}
+
+    async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
+        return self.clients.get(client_id)
+
+    async def register_client(self, client_info: OAuthClientInformationFull) -> None:
+        assert client_info.client_id is not None
+        self.clients[client_info.client_id] = client_info
+        self.stats["registrations"] += 1
+
+    async def authorize(self, client: OAuthClientInformationFull, params: AuthorizationParams) -> str:
+        if params.resource != self.resource:  # RFC 8707: the token is for this server only
+            self.stats["wrong_resource"] += 1
+            raise AuthorizeError("invalid_request", "resource must be %s, not %s" % (self.resource, params.resource))
+        code = secrets.token_urlsafe(24)
+        assert client.client_id is not None
+        self.codes[code] = AuthorizationCode(
+            code=code,
+            scopes=params.scopes or [SCOPE],
+            expires_at=time.time() + 300,
+            client_id=client.client_id,
+            code_challenge=params.code_challenge,
+            redirect_uri=params.redirect_uri,
+            redirect_uri_provided_explicitly=params.redirect_uri_provided_explicitly,
+            resource=params.resource,
+            subject=SUBJECT,
+        )
+        return construct_redirect_uri(str(params.redirect_uri), code=code, state=params.state)
+
+    async def load_authorization_code(
+        self, client: OAuthClientInformationFull, authorization_code: str
+    ) -> AuthorizationCode | None:
+        code = self.codes.get(authorization_code)
+        return code if code is not None and code.client_id == client.client_id else None
+
+    async def exchange_authorization_code(
+        self, client: OAuthClientInformationFull, authorization_code: AuthorizationCode
+    ) -> OAuthToken:
+        del self.codes[authorization_code.code]  # once
+        self.stats["logins"] += 1
+        return self._issue(authorization_code.client_id, authorization_code.scopes, authorization_code.resource)
+
+    async def load_refresh_token(self, client: OAuthClientInformationFull, refresh_token: str) -> RefreshToken | None:
+        token = self.refresh.get(refresh_token)
+        return token if token is not None and token.client_id == client.client_id else None
+
+    async def exchange_refresh_token(
+        self, client: OAuthClientInformationFull, refresh_token: RefreshToken, scopes: list[str]
+    ) -> OAuthToken:
+        if self.refresh.pop(refresh_token.token, None) is None:  # rotated: each refresh token once
+            raise TokenError("invalid_grant", "refresh token already used")
+        self.stats["refreshes"] += 1
+        return self._issue(refresh_token.client_id, scopes or refresh_token.scopes, refresh_token.resource)
+
+    async def load_access_token(self, token: str) -> AccessToken | None:
+        access = self.access.get(token)
+        if access is None or (access.expires_at is not None and access.expires_at < time.time()):
+            return None
+        return access
+
+    async def revoke_token(self, token: AccessToken | RefreshToken) -> None:
+        self.access.pop(token.token, None)
+        self.refresh.pop(token.token, None)
+
+    def _issue(self, client_id: str, scopes: list[str], resource: str | None) -> OAuthToken:
+        access, refresh = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+        expires_at = int(time.time()) + self.token_seconds
+        self.access[access] = AccessToken(
+            token=access,
+            client_id=client_id,
+            scopes=scopes,
+            expires_at=expires_at,
+            resource=resource,
+            subject=SUBJECT,
+        )
+        self.refresh[refresh] = RefreshToken(
+            token=refresh, client_id=client_id, scopes=scopes, resource=resource, subject=SUBJECT
+        )
+        return OAuthToken(
+            access_token=access,
+            token_type="Bearer",
+            expires_in=self.token_seconds,
+            refresh_token=refresh,
+            scope=" ".join(scopes),
+        )
+
+
+def build(port: int, token_seconds: int) -> tuple[MCPServer, InMemoryAuthority]:
+    base = "http://127.0.0.1:%d" % port
+    resource = base + "/mcp"
+    authority = InMemoryAuthority(resource, token_seconds)
+    server = MCPServer(
+        "oauth-stub",
+        auth_server_provider=authority,
+        auth=AuthSettings(
+            issuer_url=base,  # type: ignore[arg-type]
+            resource_server_url=resource,  # type: ignore[arg-type]
+            client_registration_options=ClientRegistrationOptions(
+                enabled=True, valid_scopes=[SCOPE], default_scopes=[SCOPE]
+            ),
+            required_scopes=[SCOPE],
+            validate_token_resource=True,
+        ),
+    )
+
+    @server.tool()
+    async def whoami() -> dict[str, Any]:
+        """Who the access token says the caller is."""
+        from mcp.server.auth.middleware.auth_context import get_access_token
+
+        token = get_access_token()
+        if token is None:
+            return {"subject": None}
+        return {"subject": token.subject, "client": token.client_id, "resource": token.resource}
+
+    @server.tool()
+    async def stats() -> dict[str, int]:
+        """Registrations, logins and refreshes so far."""
+        return dict(authority.stats)
+
+    @server.tool()
+    async def revoke_refresh_tokens() -> int:
+        """Revoke every refresh token (the next refresh fails: a new login is needed)."""
+        count = len(authority.refresh)
+        authority.refresh.clear()
+        return count
+
+    return server, authority
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("port", type=int)
+    parser.add_argument("--token-seconds", type=int, default=3600)
+    args = parser.parse_args()
+    server, _ = build(args.port, args.token_seconds)
+    server.run("streamable-http", host="127.0.0.1", port=args.port)
+
+
+if __name__ == "__main__":
+    main()
