@@ -4304,6 +4304,7 @@ class ServerLogin:
 
         async def show_link(url: str) -> None:
             listening = socket.socket()
+            listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the last login's TIME_WAIT
             try:
                 listening.bind(("127.0.0.1", port))
                 listening.listen(4)
@@ -4333,7 +4334,7 @@ class ServerLogin:
                 ) from None
             finally:
                 await self._listener.aclose()
-                self.waiting = False
+                self.waiting, self.asked = False, anyio.Event()
                 if self.starting is not None:
                     self.starting.deadline = anyio.current_time() + SERVER_LOGIN_FINISH
             if "error" in query:
@@ -4424,6 +4425,7 @@ class PooledClient:
         self.wire = WireWatch()  # how large its messages are, where its transport measures them
         self.login = ServerLogin(spec, config.state_dir) if wants_oauth(spec) else None
         self._start_lock = anyio.Lock()
+        self._starting: anyio.Event | None = None  # the last start's ready event
         self._closed = anyio.Event()
         self._stop = anyio.Event()
 
@@ -4443,6 +4445,10 @@ class PooledClient:
         async with self._start_lock:
             if self.running and self.session is not None:
                 return self.session
+            if self._starting is not None and not self._starting.is_set():
+                await self._starting.wait()  # the last start goes on after its login: not a second one
+                if self.running and self.session is not None:
+                    return self.session
             # What the notice says once it runs again: a restart only of a server that ran.
             before, ran = self.failure or "had stopped", self.ran
             await self._start()
@@ -4461,6 +4467,7 @@ class PooledClient:
         self.starts += 1
         ready, self._closed, self._stop = anyio.Event(), anyio.Event(), anyio.Event()
         process_log = ServerProcessLog(self.spec.name)
+        self._starting = ready
         login = self.login
         if login is not None:
             login.asked = anyio.Event()
@@ -4725,15 +4732,50 @@ class PooledClient:
                 if entry is not None:
                     self.calls_in_flight.append(entry)
                 try:
-                    return await send(session)
+                    if self.login is None:
+                        return await send(session)
+                    return await self._sent_unless_asked(send, session)
                 finally:
                     if entry is not None:
                         self.calls_in_flight.remove(entry)
+        except LoginRequiredError:
+            raise
         except Exception as exc:
             error = self._request_error(session, exc, what, hint)
             if error is None:
                 raise
             raise error from None
+
+    async def _sent_unless_asked(
+        self, send: Callable[[ClientSession], Awaitable[_Result]], session: ClientSession
+    ) -> _Result:
+        """``send(session)``, unless the server's login asks the user meanwhile (its token
+        could not be refreshed): then at once LoginRequiredError, with the link; the login
+        goes on in the connection's own task."""
+        login = self.login
+        assert login is not None
+        outcome: list[tuple[bool, Any]] = []  # (sent, its result or its exception)
+        async with anyio.create_task_group() as race:
+
+            async def sending() -> None:
+                try:
+                    outcome.append((True, await send(session)))
+                except Exception as exc:  # raised below, in the caller's task, as it was
+                    outcome.append((False, exc))
+                race.cancel_scope.cancel()
+
+            async def asked() -> None:
+                await login.asked.wait()
+                race.cancel_scope.cancel()
+
+            race.start_soon(sending)
+            race.start_soon(asked)
+        if not outcome:
+            raise login.required()
+        sent, value = outcome[0]
+        if not sent:
+            raise value
+        return cast("_Result", value)
 
     def _request_error(
         self, session: ClientSession, exc: Exception, request: str, hint: str = ""

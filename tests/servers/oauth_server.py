@@ -58,7 +58,8 @@ class InMemoryAuthority:
     async def authorize(self, client: OAuthClientInformationFull, params: AuthorizationParams) -> str:
         if params.resource != self.resource:  # RFC 8707: the token is for this server only
             self.stats["wrong_resource"] += 1
-            raise AuthorizeError("invalid_request", "resource must be %s, not %s" % (self.resource, params.resource))
+            said = "resource must be %s, not %s" % (self.resource, params.resource)
+            raise AuthorizeError("invalid_request", said)
         code = secrets.token_urlsafe(24)
         assert client.client_id is not None
         self.codes[code] = AuthorizationCode(
@@ -85,9 +86,12 @@ class InMemoryAuthority:
     ) -> OAuthToken:
         del self.codes[authorization_code.code]  # once
         self.stats["logins"] += 1
-        return self._issue(authorization_code.client_id, authorization_code.scopes, authorization_code.resource)
+        code = authorization_code
+        return self._issue(code.client_id, code.scopes, code.resource)
 
-    async def load_refresh_token(self, client: OAuthClientInformationFull, refresh_token: str) -> RefreshToken | None:
+    async def load_refresh_token(
+        self, client: OAuthClientInformationFull, refresh_token: str
+    ) -> RefreshToken | None:
         token = self.refresh.get(refresh_token)
         return token if token is not None and token.client_id == client.client_id else None
 
@@ -104,6 +108,9 @@ class InMemoryAuthority:
         if access is None or (access.expires_at is not None and access.expires_at < time.time()):
             return None
         return access
+
+    async def exchange_identity_assertion(self, client: OAuthClientInformationFull, params: Any) -> OAuthToken:
+        raise TokenError("unsupported_grant_type", "identity assertions are not accepted here")
 
     async def revoke_token(self, token: AccessToken | RefreshToken) -> None:
         self.access.pop(token.token, None)

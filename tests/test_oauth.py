@@ -1,0 +1,302 @@
+"""OAuth to proxied HTTP servers (issue 23, part 1): a streamable-HTTP server that wants a
+login (tests/servers/oauth_server.py: its own authorization server, on loopback) is used
+from sandbox code after the user opens the link the call returns; the token is refreshed
+when it expires, never reaches the sandbox, and `logout` forces a new login. The browser
+is an HTTP client that follows the authorization server's redirect to the bridge's
+loopback port (the test server approves at once: a consent page is the one step a test
+cannot click)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import anyio
+import httpx2
+import pytest
+
+import mcp_server_code_execution_mode as bridge
+from tests.conftest import Engine, bridge_client, claude_desktop_home, console_script, run_cell
+from tests.harness import isolated_env
+
+OAUTH_SERVER = Path(__file__).parent / "servers" / "oauth_server.py"
+LINK = re.compile(r"http://127\.0\.0\.1:\d+/authorize\?[^\s'\"]+")
+
+pytestmark = pytest.mark.anyio
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextmanager
+def oauth_server(token_seconds: int = 3600) -> Iterator[str]:
+    """The OAuth stub serving on a free loopback port: its MCP endpoint's URL."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, str(OAUTH_SERVER), str(port), "--token-seconds", str(token_seconds)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        yield "http://127.0.0.1:%d/mcp" % port
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def the_link(text: str) -> str:
+    found = LINK.search(text)
+    assert found is not None, "no login link in: %s" % text[:2000]
+    return found.group()
+
+
+async def open_in_browser(link: str) -> str:
+    """What a browser does with the link: the authorization server approves and redirects
+    to the bridge's loopback port, whose page ends the login."""
+    async with httpx2.AsyncClient(follow_redirects=True, timeout=30) as browser:
+        page = await browser.get(link)
+    assert page.status_code == 200, page.text
+    return page.text
+
+
+def token_file(state_dir: Path) -> Path:
+    files = list((state_dir / bridge.OAUTH_DIR).glob("*.json"))
+    assert len(files) == 1, files
+    return files[0]
+
+
+# --- the token file and the redirect, without a server ---------------------------------
+
+
+async def test_the_token_file_is_private_atomic_and_a_damaged_one_counts_as_no_login(tmp_path: Path) -> None:
+    from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
+
+    tokens = bridge.OAuthTokenFile(tmp_path / "oauth" / "server.json")
+    assert await tokens.get_tokens() is None and await tokens.get_client_info() is None
+    port = tokens.redirect_port()
+    assert tokens.redirect_port() == port  # chosen once: the registration names it
+    await tokens.set_tokens(OAuthToken(access_token="a", expires_in=60, refresh_token="r"))
+    await tokens.set_client_info(OAuthClientInformationFull(client_id="c", redirect_uris=None))
+    assert stat.S_IMODE(tokens.path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(tokens.path.parent.stat().st_mode) == 0o700
+    stored = await tokens.get_tokens()
+    assert stored is not None and stored.access_token == "a" and stored.refresh_token == "r"
+    assert 50 < tokens.read()["expires_at"] - time.time() <= 60  # a restarted bridge knows the expiry
+    assert (await tokens.get_client_info()).client_id == "c"
+    assert [path.name for path in tokens.path.parent.iterdir()] == ["server.json"]  # no temporary left
+
+    tokens.path.write_text('{"tokens": {"access_token": ')  # torn by something else
+    assert await tokens.get_tokens() is None
+    tokens.path.write_text('{"tokens": {"token_type": 7}}')
+    assert await tokens.get_tokens() is None
+    assert tokens.forget() and not tokens.forget()
+
+
+async def test_the_redirect_page_ends_the_login_and_other_requests_are_ignored() -> None:
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(4)
+    port = listening.getsockname()[1]
+    listener = await anyio.abc.SocketListener.from_socket(listening)
+    async with listener, anyio.create_task_group() as group:
+        got: list[dict[str, str]] = []
+
+        async def receive() -> None:
+            got.append(await bridge.receive_redirect(listener, "notes"))
+
+        group.start_soon(receive)
+        async with httpx2.AsyncClient() as browser:
+            favicon = await browser.get("http://127.0.0.1:%d/favicon.ico" % port)
+            page = await browser.get(
+                "http://127.0.0.1:%d/callback?code=abc&state=xyz&iss=http%%3A%%2F%%2Fas" % port
+            )
+    assert favicon.status_code == 404
+    assert page.status_code == 200 and "login to notes is done" in page.text
+    assert got == [{"code": "abc", "state": "xyz", "iss": "http://as"}]
+
+
+def test_only_a_streamable_http_entry_without_its_own_authorization_gets_a_login() -> None:
+    http = bridge.ServerSpec(name="a", alias="a", transport="http", url="http://x/mcp", source="t")
+    assert bridge.wants_oauth(http)
+    with_token = bridge.ServerSpec(
+        name="b",
+        alias="b",
+        transport="http",
+        url="http://x/mcp",
+        source="t",
+        headers={"authorization": "Bearer k"},
+    )
+    assert not bridge.wants_oauth(with_token)
+    assert not bridge.wants_oauth(
+        bridge.ServerSpec(name="c", alias="c", transport="sse", url="http://x", source="t")
+    )
+
+
+# --- through the bridge ------------------------------------------------------------------
+
+
+def oauth_env(engine: Engine, state_dir: Path, tmp_path: Path, url: str) -> dict[str, str]:
+    home = claude_desktop_home(tmp_path, {"notes": {"type": "http", "url": url}})
+    return isolated_env(engine, state_dir, home, MCP_BRIDGE_APPROVE="none")
+
+
+async def test_code_uses_a_server_after_the_login_the_token_is_refreshed_and_the_sandbox_never_sees_it(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    with oauth_server(token_seconds=3) as url:
+        async with bridge_client(oauth_env(proxy_engine, state_dir, tmp_path, url)) as client:
+            first = await run_cell(client, "mcp_notes.whoami()")
+            assert first["status"] == "error" and "wants you to log in" in first["text"], first["text"]
+            again = await run_cell(client, "mcp_notes.whoami()")  # the same login, still waiting
+            assert the_link(again["text"]) == the_link(first["text"])
+            page = await open_in_browser(the_link(first["text"]))
+            assert "login to notes is done" in page
+
+            who = await run_cell(client, "mcp_notes.whoami()")
+            assert who["status"] == "ok", who["text"]
+            assert json.loads(who["value"].replace("'", '"'))["subject"] == "alice"
+            assert url in who["value"]  # the token is bound to this server (the resource indicator)
+
+            await anyio.sleep(4)  # the access token expires: the next call refreshes it
+            stats = await run_cell(client, "mcp_notes.stats()")
+            assert stats["status"] == "ok", stats["text"]
+            counts = json.loads(stats["value"].replace("'", '"'))
+            assert counts["logins"] == 1 and counts["refreshes"] >= 1 and counts["wrong_resource"] == 0
+
+            stored = json.loads(token_file(state_dir).read_text())
+            secrets_ = [stored["tokens"]["access_token"], stored["tokens"]["refresh_token"]]
+            search = await run_cell(
+                client,
+                """
+                import os, subprocess
+                secrets_ = %r
+                found = subprocess.run(
+                    ["grep", "-rlsF", "-e", secrets_[0], "-e", secrets_[1], "/",
+                     "--exclude-dir=proc", "--exclude-dir=sys", "--exclude-dir=dev"],
+                    capture_output=True, text=True).stdout
+                (found, [k for k, v in os.environ.items() if any(s in v for s in secrets_)])
+                """
+                % secrets_,
+                timeout=120,
+            )
+            assert search["status"] == "ok", search["text"]
+            assert search["value"] == "('', [])"
+
+
+async def test_logout_forces_a_new_login_and_a_revoked_refresh_token_asks_again(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    with oauth_server(token_seconds=2) as url:
+        env = oauth_env(proxy_engine, state_dir, tmp_path, url)
+        async with bridge_client(env) as client:
+            first = await run_cell(client, "mcp_notes.whoami()")
+            await open_in_browser(the_link(first["text"]))
+            assert (await run_cell(client, "mcp_notes.whoami()"))["status"] == "ok"
+
+            logout = subprocess.run(
+                [console_script(), "logout", "notes"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert logout.returncode == 0 and "Logged out of notes" in logout.stdout, logout.stderr
+            asked = await run_cell(client, "mcp_notes.whoami()")
+            assert "wants you to log in" in asked["text"], asked["text"]
+            await open_in_browser(the_link(asked["text"]))
+            assert (await run_cell(client, "mcp_notes.whoami()"))["status"] == "ok"
+
+            # An administrator revokes the refresh tokens: once the access token expires, the
+            # refresh fails and the call asks for a login again, saying so.
+            assert (await run_cell(client, "mcp_notes.revoke_refresh_tokens()"))["status"] == "ok"
+            await anyio.sleep(3)
+            revoked = await run_cell(client, "mcp_notes.whoami()")
+            assert "wants you to log in" in revoked["text"], revoked["text"]
+
+
+async def test_the_login_command_logs_in_at_a_terminal_for_the_bridge(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    with oauth_server() as url:
+        env = oauth_env(proxy_engine, state_dir, tmp_path, url)
+        login = subprocess.Popen(
+            [console_script(), "login", "notes", "--no-browser"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert login.stderr is not None
+            said = ""
+            while not LINK.search(said):
+                line = login.stderr.readline()
+                assert line, "the login command ended without a link: %s" % said
+                said += line
+            await open_in_browser(the_link(said))
+            out, _ = login.communicate(timeout=60)
+        finally:
+            login.kill()
+        assert login.returncode == 0 and "Logged in to notes" in out
+        again = subprocess.run(
+            [console_script(), "login", "notes"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert again.returncode == 0 and "Already logged in to notes" in again.stdout, again.stderr
+
+        async with bridge_client(env) as client:  # no link: the bridge uses the stored tokens
+            who = await run_cell(client, "mcp_notes.whoami()")
+            assert who["status"] == "ok" and "alice" in who["value"], who["text"]
+
+
+def test_login_names_what_it_cannot_log_in_to(tmp_path: Path, state_dir: Path) -> None:
+    home = claude_desktop_home(
+        tmp_path,
+        {
+            "local": {"command": "true"},
+            "keyed": {
+                "type": "http",
+                "url": "http://127.0.0.1:9/mcp",
+                "headers": {"Authorization": "Bearer k"},
+            },
+        },
+    )
+    env = isolated_env(None, state_dir, home)
+    for name, said in (
+        ("nothing", "no MCP server 'nothing' is configured"),
+        ("local", "it is not a streamable HTTP server"),
+        ("keyed", "sets its own Authorization header"),
+    ):
+        run = subprocess.run(
+            [console_script(), "login", name],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert run.returncode == 1 and said in run.stderr, run.stderr
+    assert not os.path.exists(state_dir / bridge.OAUTH_DIR)
