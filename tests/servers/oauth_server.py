@@ -109,7 +109,9 @@ class InMemoryAuthority:
             return None
         return access
 
-    async def exchange_identity_assertion(self, client: OAuthClientInformationFull, params: Any) -> OAuthToken:
+    async def exchange_identity_assertion(
+        self, client: OAuthClientInformationFull, params: Any
+    ) -> OAuthToken:
         raise TokenError("unsupported_grant_type", "identity assertions are not accepted here")
 
     async def revoke_token(self, token: AccessToken | RefreshToken) -> None:
