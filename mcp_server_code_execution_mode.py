@@ -4357,6 +4357,11 @@ class ServerLogin:
             provider.context.token_expiry_time = float(expires)  # one of SDK_INTERNALS
         return provider
 
+    async def abandon(self) -> None:
+        """Stop waiting for the browser (the bridge closes): the login fails at once."""
+        if self.waiting and self._listener is not None:
+            await self._listener.aclose()
+
     def forgotten(self) -> bool:
         """Whether the login was removed (`logout`) while a connection still holds its token."""
         return not self.tokens.path.exists()
@@ -4829,6 +4834,8 @@ class PooledClient:
     async def aclose(self) -> None:
         self._stop.set()
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            if self.login is not None:
+                await self.login.abandon()
             await self._closed.wait()
 
 
