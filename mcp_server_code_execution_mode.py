@@ -75,7 +75,7 @@ import tomllib
 import urllib.parse
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, contextmanager, suppress
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from difflib import SequenceMatcher
@@ -343,7 +343,11 @@ class ServerUnavailableError(BridgeError):
 
 class LoginRequiredError(ServerUnavailableError):
     """A proxied HTTP server wants an OAuth login that has not happened yet: the message
-    carries the link the user opens (ServerLogin)."""
+    carries the link the user opens; ``login`` is its ServerLogin."""
+
+    def __init__(self, message: str, login: object = None) -> None:
+        super().__init__(message)
+        self.login = login
 
 
 class OversizedMessageError(ServerUnavailableError):
@@ -4285,6 +4289,7 @@ class ServerLogin:
         self.on_link = on_link
         self.link: str | None = None
         self.asked = anyio.Event()
+        self.done = anyio.Event()  # the login asked for last has ended (done or not)
         self.waiting = False  # for the browser's redirect
         self.starting: anyio.CancelScope | None = None
         self._listener: anyio.abc.SocketListener | None = None
@@ -4315,7 +4320,7 @@ class ServerLogin:
                     % (port, exc.strerror or exc)
                 ) from None
             self._listener = await anyio.abc.SocketListener.from_socket(listening)
-            self.link, self.waiting = url, True
+            self.link, self.waiting, self.done = url, True, anyio.Event()
             if self.starting is not None:  # the user's time is not the server's start
                 self.starting.deadline = math.inf
             logger.warning("MCP server %s wants a login: open %s", shown_name(self.spec.name), url)
@@ -4335,6 +4340,7 @@ class ServerLogin:
             finally:
                 await self._listener.aclose()
                 self.waiting, self.asked = False, anyio.Event()
+                self.done.set()
                 if self.starting is not None:
                     self.starting.deadline = anyio.current_time() + SERVER_LOGIN_FINISH
             if "error" in query:
@@ -4372,8 +4378,31 @@ class ServerLogin:
             "MCP server %r wants you to log in (OAuth) before code can use it. Ask the user to open this "
             "link in a browser and approve: %s -- then run the code again; the bridge waits %d minutes "
             "for the login. (In a terminal, `%s login %s` does the same.)"
-            % (self.spec.name, self.link, LOGIN_WAIT // 60, SERVER_NAME, self.spec.name)
+            % (self.spec.name, self.link, LOGIN_WAIT // 60, SERVER_NAME, self.spec.name),
+            self,
         )
+
+    async def through(self, run: CallListener) -> bool:
+        """Ask the user of ``run``'s call to open the link (URL-mode elicitation, where its
+        client takes it), then wait for the login, the call's timeout paused; whether the
+        login is done (False: the client cannot show a link, or the user declined)."""
+        if self.link is None:
+            return False
+        params = types.ElicitRequestURLParams(
+            message="MCP server %r wants you to log in (OAuth) so that code can use it: open the "
+            "link, approve, and the code goes on." % self.spec.name,
+            url=self.link,
+            elicitation_id=secrets.token_hex(8),
+        )
+        answer = await run.relay(self.spec.name, params)
+        if not isinstance(answer, types.ElicitResult) or answer.action != "accept":
+            return False
+        with (
+            run.paused("the login to MCP server %r" % self.spec.name),
+            anyio.move_on_after(LOGIN_WAIT),
+        ):
+            await self.done.wait()
+        return self.done.is_set()
 
 
 class CallListener(Protocol):
@@ -4389,6 +4418,10 @@ class CallListener(Protocol):
     async def progress(self, server: str, done: float, total: float | None, message: str | None) -> None: ...
 
     async def log(self, server: str, params: types.LoggingMessageNotificationParams) -> None: ...
+
+    def paused(self, waiting_for: str) -> AbstractContextManager[None]:
+        """The call's timeout stands still in the block (the user is busy with ``waiting_for``)."""
+        ...
 
 
 class PooledClient:
@@ -7084,12 +7117,22 @@ class SandboxAPI:
                 "Unknown sandbox request %r; the host serves %s."
                 % (method[:100], ", ".join(mcp_sandbox_kernel.REQUEST_METHODS))
             )
-        arguments = parse_params(method, entry.params, params)
-        if not entry.proxied:
-            return await entry.handler(self, **dict(arguments))
-        if run is None:  # the supervisor refuses requests between calls: defense in depth
+        arguments = dict(parse_params(method, entry.params, params))
+        if entry.proxied and run is None:  # the supervisor refuses requests between calls: defense in depth
             raise ProxyError("refused: no run_python call is running")
-        return await entry.handler(self, run, **dict(arguments))
+        serve = (
+            partial(entry.handler, self, run, **arguments)
+            if entry.proxied
+            else partial(entry.handler, self, **arguments)
+        )
+        try:
+            return await serve()
+        except LoginRequiredError as exc:
+            # A client that can show a link gets it now, and the request goes on after the
+            # login; others (and a user who declines) get the link in the error.
+            if run is None or not isinstance(exc.login, ServerLogin) or not await exc.login.through(run):
+                raise
+            return await serve()
 
     async def discovered_servers(self, detailed: bool = False) -> object:
         if not detailed:
@@ -7921,6 +7964,9 @@ class RunContext:
                     code=types.INTERNAL_ERROR,
                     message="the question could not reach the user: %s" % _describe_exception(exc),
                 )
+
+    def paused(self, waiting_for: str) -> AbstractContextManager[None]:
+        return self.pending.paused(waiting_for)
 
     async def progress(self, server: str, done: float, total: float | None, message: str | None) -> None:
         """A proxied call's progress, heard as this run_python call's progress."""

@@ -10,6 +10,7 @@ import math
 import os
 import subprocess
 import time
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import anyio
@@ -300,6 +301,9 @@ async def test_a_servers_question_goes_to_the_one_call_in_flight_or_is_declined_
 
             async def log(self, server: str, params: types.LoggingMessageNotificationParams) -> None:
                 heard.append("%s: %s" % (server, params.data))
+
+            def paused(self, waiting_for: str) -> AbstractContextManager[None]:
+                return nullcontext()
 
         relay = Listener()
         none = await client._on_question(None, params)

@@ -19,9 +19,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx2
+import mcp_types as types
 import pytest
 
 import mcp_server_code_execution_mode as bridge
@@ -199,6 +201,41 @@ async def test_code_uses_a_server_after_the_login_the_token_is_refreshed_and_the
             )
             assert search["status"] == "ok", search["text"]
             assert search["value"] == "('', [])"
+
+
+async def test_a_client_that_opens_links_logs_in_within_the_call(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    asked: list[Any] = []
+
+    async def open_link(context: Any, params: Any) -> Any:
+        asked.append(params)
+        assert params.mode == "url" and "wants you to log in" in params.message
+        await open_in_browser(params.url)  # the user opens it and approves
+        return types.ElicitResult(action="accept")
+
+    with oauth_server() as url:
+        env = oauth_env(proxy_engine, state_dir, tmp_path, url)
+        async with bridge_client(env, elicitation=open_link) as client:
+            who = await run_cell(client, "mcp_notes.whoami()")
+            assert who["status"] == "ok" and "alice" in who["value"], who["text"]
+            assert len(asked) == 1
+            assert (await run_cell(client, "mcp_notes.whoami()"))["status"] == "ok"  # asked once
+            assert len(asked) == 1
+
+
+async def test_a_user_who_declines_to_open_the_link_gets_it_in_the_error(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    async def decline(context: Any, params: Any) -> Any:
+        return types.ElicitResult(action="decline")
+
+    with oauth_server() as url:
+        env = oauth_env(proxy_engine, state_dir, tmp_path, url)
+        async with bridge_client(env, elicitation=decline) as client:
+            who = await run_cell(client, "mcp_notes.whoami()")
+            assert who["status"] == "error" and "wants you to log in" in who["text"], who["text"]
+            assert LINK.search(who["text"])
 
 
 async def test_logout_forces_a_new_login_and_a_revoked_refresh_token_asks_again(
