@@ -337,3 +337,13 @@ def test_login_names_what_it_cannot_log_in_to(tmp_path: Path, state_dir: Path) -
         )
         assert run.returncode == 1 and said in run.stderr, run.stderr
     assert not os.path.exists(state_dir / bridge.OAUTH_DIR)
+
+
+def test_doctor_names_the_login_link(proxy_engine: Engine, state_dir: Path, tmp_path: Path) -> None:
+    with oauth_server() as url:
+        env = oauth_env(proxy_engine, state_dir, tmp_path, url)
+        doctor = subprocess.run(
+            [console_script(), "doctor"], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+    assert doctor.returncode == 1, doctor.stdout + doctor.stderr
+    assert "wants you to log in" in doctor.stdout and LINK.search(doctor.stdout), doctor.stdout
