@@ -622,6 +622,10 @@ class BridgeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     auth_tokens: AuthTokens | None = None
+    oauth_issuer: str | None = None  # the HTTP transport takes this issuer's access tokens
+    oauth_resource: str | None = None  # None: http://HOST:PORT/mcp
+    oauth_principal_claim: str = "sub"
+    oauth_scopes: tuple[str, ...] = ()
     max_calls_per_principal: int = 8
     max_total_sessions: int = 32
     max_mcp_sessions_per_principal: int = 16
@@ -707,6 +711,16 @@ def _existing_file(text: str) -> Path:
 
 def _patterns(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _web_url(text: str) -> str:
+    """An https URL, or http to a loopback host (a local authorization server, tests)."""
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("https", "http") or not parts.hostname or parts.query or parts.fragment:
+        raise ValueError("must be an https URL without a query (e.g. https://login.example.com/)")
+    if parts.scheme == "http" and not is_loopback_host(parts.hostname):
+        raise ValueError("must be https (http only to a loopback address)")
+    return text
 
 
 def _env_names(text: str) -> tuple[str, ...]:
@@ -1089,6 +1103,35 @@ OPTIONS: tuple[Option, ...] = (
         "none",
     ),
     Option(
+        "oauth_issuer",
+        "MCP_BRIDGE_OAUTH_ISSUER",
+        _web_url,
+        "the HTTP transport also takes OAuth access tokens (JWTs) of this authorization server, "
+        "checked against its JWKS; their principal is a claim (MCP_BRIDGE_OAUTH_PRINCIPAL_CLAIM)",
+        "none",
+    ),
+    Option(
+        "oauth_resource",
+        "MCP_BRIDGE_OAUTH_RESOURCE",
+        _web_url,
+        "this bridge's MCP URL as its clients reach it (behind a proxy: the public one): the "
+        "audience its access tokens must name",
+        "http://HOST:PORT/mcp",
+    ),
+    Option(
+        "oauth_principal_claim",
+        "MCP_BRIDGE_OAUTH_PRINCIPAL_CLAIM",
+        _pattern(r"[A-Za-z0-9_.:/-]{1,100}", "a claim name such as sub, email or preferred_username"),
+        "the access token's claim that names its principal",
+    ),
+    Option(
+        "oauth_scopes",
+        "MCP_BRIDGE_OAUTH_SCOPES",
+        _patterns,
+        "scopes an access token must carry (comma-separated)",
+        "none",
+    ),
+    Option(
         "max_calls_per_principal",
         "MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL",
         _positive_int,
@@ -1249,7 +1292,24 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> BridgeConfig
         )
     if config.runtime == "kubernetes":
         _check_kubernetes(config)
-    if config.transport == "http" and config.auth_tokens is None and not is_loopback_host(config.host):
+    if config.oauth_issuer is None and (
+        config.oauth_resource is not None or config.oauth_scopes or config.oauth_principal_claim != "sub"
+    ):
+        raise ConfigError(
+            "MCP_BRIDGE_OAUTH_RESOURCE, _SCOPES and _PRINCIPAL_CLAIM need MCP_BRIDGE_OAUTH_ISSUER (the "
+            "authorization server whose tokens the bridge takes)"
+        )
+    if config.oauth_issuer is not None and config.transport != "http":
+        raise ConfigError(
+            "MCP_BRIDGE_OAUTH_ISSUER is for the HTTP transport (--transport http); over stdio the client "
+            "that starts the bridge is its only user"
+        )
+    if (
+        config.transport == "http"
+        and config.auth_tokens is None
+        and config.oauth_issuer is None
+        and not is_loopback_host(config.host)
+    ):
         # Defense in depth: whoever reaches the port runs code and calls the user's MCP servers.
         raise ConfigError(
             "MCP_BRIDGE_HOST=%s is not a loopback address, so anyone who can reach it could run code and "
@@ -11738,6 +11798,150 @@ class TokenFileVerifier:
         return AccessToken(token="", client_id=principal, scopes=[])
 
 
+# --- the HTTP bridge as an OAuth resource server ----------------------------------------
+# With MCP_BRIDGE_OAUTH_ISSUER the bridge serves its protected-resource metadata (RFC 9728),
+# answers a request without a valid token with 401 and a WWW-Authenticate pointer to it,
+# and takes the issuer's JWT access tokens: signed by a key of its JWKS, for this bridge
+# (aud: its resource URL), not expired, with the required scopes. A claim of the token
+# (sub by default) is the principal: each keeps its own sandboxes, memory and saved tools.
+OAUTH_CLOCK_SKEW = 60  # seconds of leeway for the issuer's clock against this one
+OAUTH_DISCOVERY_TIMEOUT = 10.0
+SIGNING_ALGORITHMS = ["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"]  # fmt: skip  # noqa: E501
+
+
+def oauth_resource(config: BridgeConfig) -> str:
+    """This bridge's MCP URL, the audience its access tokens must name."""
+    if config.oauth_resource is not None:
+        return config.oauth_resource
+    host = config.host if ":" not in config.host or config.host.startswith("[") else "[%s]" % config.host
+    return "http://%s:%d%s" % (host, config.port, MCP_PATH)
+
+
+def issuer_metadata_urls(issuer: str) -> list[str]:
+    """Where an issuer's metadata may be (RFC 8414 with its path inserted, then OpenID
+    Connect's appended and inserted forms)."""
+    parts = urllib.parse.urlsplit(issuer.rstrip("/"))
+    origin, path = "%s://%s" % (parts.scheme, parts.netloc), parts.path
+    return [
+        origin + "/.well-known/oauth-authorization-server" + path,
+        issuer.rstrip("/") + "/.well-known/openid-configuration",
+        origin + "/.well-known/openid-configuration" + path,
+    ]
+
+
+def discover_jwks_uri(issuer: str) -> str:
+    """The issuer's jwks_uri from its metadata; CommandError saying what failed (checked at
+    start-up: a bridge that cannot check tokens must not start as if it could)."""
+    import urllib.request
+
+    tried = []
+    for url in issuer_metadata_urls(issuer):
+        try:
+            with urllib.request.urlopen(
+                url, timeout=OAUTH_DISCOVERY_TIMEOUT
+            ) as response:  # https, or loopback
+                metadata = json.loads(response.read(1 << 20))
+        except (OSError, ValueError) as exc:
+            tried.append("%s: %s" % (url, getattr(exc, "reason", None) or exc))
+            continue
+        named = str(metadata.get("issuer", "")) if isinstance(metadata, dict) else ""
+        if named.rstrip("/") != issuer.rstrip("/"):
+            tried.append("%s: not this issuer's metadata" % url)
+            continue
+        jwks_uri = metadata.get("jwks_uri")
+        if isinstance(jwks_uri, str) and jwks_uri:
+            return _web_url(jwks_uri)
+        tried.append("%s: no jwks_uri" % url)
+    raise CommandError(
+        "MCP_BRIDGE_OAUTH_ISSUER=%s: no metadata with the keys that sign its tokens (jwks_uri) was "
+        "found, so no token could be checked: %s" % (issuer, "; ".join(tried))
+    )
+
+
+class OAuthTokenVerifier:
+    """The SDK's TokenVerifier with MCP_BRIDGE_OAUTH_ISSUER: a token of the token file (if
+    any) names its principal as before; any other must be a JWT of the issuer for this
+    bridge. Whatever is wrong with a token, it is refused (401), never let through."""
+
+    def __init__(self, config: BridgeConfig, jwks_uri: str) -> None:
+        import jwt
+
+        assert config.oauth_issuer is not None
+        self.config = config
+        self.issuer = config.oauth_issuer
+        self.resource = oauth_resource(config)
+        self.keys = jwt.PyJWKClient(jwks_uri, cache_keys=True, timeout=int(OAUTH_DISCOVERY_TIMEOUT))
+        self._limiter = anyio.CapacityLimiter(4)  # the JWKS fetch and the signature check block
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        import jwt
+        from mcp.server.auth.provider import AccessToken
+
+        tokens = self.config.auth_tokens
+        principal = None if tokens is None else tokens.principal_of(token)
+        if principal is not None:
+            return AccessToken(token="", client_id=principal, scopes=[])
+        try:
+            claims = await anyio.to_thread.run_sync(self._claims, token, limiter=self._limiter)
+        except jwt.PyJWKClientConnectionError as exc:
+            logger.warning("the issuer's keys could not be fetched, so a token was refused: %s", exc)
+            return None
+        except jwt.PyJWTError as exc:
+            logger.info("refused an access token: %s", exc)
+            return None
+        scopes = self._scopes(claims)
+        missing = [scope for scope in self.config.oauth_scopes if scope not in scopes]
+        subject = claims.get(self.config.oauth_principal_claim)
+        if missing or not isinstance(subject, str) or not subject:
+            logger.info(
+                "refused an access token: %s",
+                "it lacks the scopes %s" % ", ".join(missing)
+                if missing
+                else "it has no %s claim" % self.config.oauth_principal_claim,
+            )
+            return None
+        expires = claims.get("exp")
+        return AccessToken(
+            token="",  # not the token: nothing downstream needs it, so nothing downstream keeps it
+            client_id=self._principal(subject),
+            scopes=scopes,
+            expires_at=int(expires) if isinstance(expires, int | float) else None,
+            resource=self.resource,
+            subject=subject,
+        )
+
+    def _claims(self, token: str) -> dict[str, Any]:
+        import jwt
+
+        key = self.keys.get_signing_key_from_jwt(token)  # fetched once, then cached
+        claims = jwt.decode(
+            token,
+            key.key,
+            algorithms=SIGNING_ALGORITHMS,
+            audience=self.resource,
+            issuer=self.issuer,
+            leeway=OAUTH_CLOCK_SKEW,
+            options={"require": ["exp", "iss", "aud"]},
+        )
+        return dict(claims)
+
+    @staticmethod
+    def _scopes(claims: Mapping[str, Any]) -> list[str]:
+        scope = claims.get("scope", claims.get("scp"))
+        if isinstance(scope, str):
+            return scope.split()
+        return [item for item in scope if isinstance(item, str)] if isinstance(scope, list) else []
+
+    def _principal(self, subject: str) -> str:
+        """The claim itself where it is a principal name and no token-file principal's (a
+        user must not become someone the token file names); else a digest of issuer and
+        claim, stable per person."""
+        tokens = self.config.auth_tokens
+        if PRINCIPAL_NAME_PATTERN.fullmatch(subject) and (tokens is None or subject not in tokens.principals):
+            return subject
+        return "oauth-" + hashlib.sha256(("%s\n%s" % (self.issuer, subject)).encode()).hexdigest()[:24]
+
+
 def local_principal_backend() -> AuthenticationBackend:
     """No token file (loopback only): every request is the local principal."""
     from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
@@ -11754,7 +11958,9 @@ def local_principal_backend() -> AuthenticationBackend:
     return LocalPrincipalBackend()
 
 
-def http_app(server: Server[Bridge], bridge: Bridge) -> tuple[Starlette, PrincipalSessionManager]:
+def http_app(
+    server: Server[Bridge], bridge: Bridge, verifier: OAuthTokenVerifier | None = None
+) -> tuple[Starlette, PrincipalSessionManager]:
     """The ASGI app (/mcp behind bearer auth, /health open) and the SDK's session manager,
     whose run() serves the MCP sessions inside the open bridge."""
     from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
@@ -11775,19 +11981,43 @@ def http_app(server: Server[Bridge], bridge: Bridge) -> tuple[Starlette, Princip
             enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
         )
     manager = PrincipalSessionManager.create(server, config, security_settings=security)
-    backend: AuthenticationBackend = (
-        local_principal_backend()
-        if config.auth_tokens is None
-        else BearerAuthBackend(TokenFileVerifier(config.auth_tokens))
-    )
+    backend: AuthenticationBackend
+    if verifier is not None:
+        backend = BearerAuthBackend(verifier)
+    elif config.auth_tokens is not None:
+        backend = BearerAuthBackend(TokenFileVerifier(config.auth_tokens))
+    else:
+        backend = local_principal_backend()
+    resource_metadata = None
+    oauth_routes: list[Any] = []
+    if verifier is not None:
+        from mcp.server.auth.routes import build_resource_metadata_url, create_protected_resource_routes
+        from pydantic import AnyHttpUrl
+
+        resource_metadata = build_resource_metadata_url(AnyHttpUrl(verifier.resource))
+        scopes = list(config.oauth_scopes) or None
+        # As strings: the metadata model keeps them as they are, where AnyHttpUrl would add a
+        # "/" to a bare origin, and clients compare the issuer exactly (RFC 8414).
+        resource: Any = verifier.resource
+        issuers: Any = [verifier.issuer]
+        oauth_routes = create_protected_resource_routes(resource, issuers, scopes)
 
     async def health(request: Request) -> Response:
         return JSONResponse({**bridge.sandboxes.health(), "mcp_sessions": manager.open_sessions})
 
     routes = [
-        # 401 with `WWW-Authenticate: Bearer` for a request without a valid token.
-        Route(MCP_PATH, endpoint=RequireAuthMiddleware(SessionCapApp(manager), required_scopes=[])),
+        # 401 with `WWW-Authenticate: Bearer` for a request without a valid token (with
+        # OAuth, pointing to the protected-resource metadata).
+        Route(
+            MCP_PATH,
+            endpoint=RequireAuthMiddleware(
+                SessionCapApp(manager),
+                required_scopes=list(config.oauth_scopes),
+                resource_metadata_url=resource_metadata,
+            ),
+        ),
         Route(HEALTH_PATH, endpoint=health, methods=["GET"]),
+        *oauth_routes,
     ]
     app = Starlette(routes=routes, middleware=[Middleware(AuthenticationMiddleware, backend=backend)])
     return app, manager
@@ -11824,13 +12054,19 @@ def token_file_warning(tokens: AuthTokens) -> str | None:
     return None
 
 
-async def serve_http(config: BridgeConfig, discovery: DiscoveryResult, listener: socket.socket) -> None:
+async def serve_http(
+    config: BridgeConfig,
+    discovery: DiscoveryResult,
+    listener: socket.socket,
+    verifier: OAuthTokenVerifier | None = None,
+) -> None:
     """Serve MCP over streamable HTTP on ``listener`` until SIGTERM/SIGINT: calls in
     flight are answered, then every principal's sandboxes are removed (leaving the bridge)."""
-    warn_about_tokens(config)
+    if verifier is None:
+        warn_about_tokens(config)
     async with anyio.create_task_group() as group:
         async with open_bridge(config, discovery) as bridge:
-            app, manager = http_app(build_server(bridge), bridge)
+            app, manager = http_app(build_server(bridge), bridge, verifier)
             http_server = http_server_for(app, config)
             # Open until the end: a second signal must not cut the sandboxes' removal short.
             group.start_soon(stop_http_on_signal, http_server, bridge)
@@ -14149,12 +14385,16 @@ def serve_main(args: Sequence[str], environ: Mapping[str, str]) -> int:
         log_workspace(config)
     logger.info("MCP servers configured: %s", ", ".join(spec.alias for spec in discovery.servers) or "none")
     if config.transport == "http":
+        verifier = None
+        if config.oauth_issuer is not None:
+            verifier = OAuthTokenVerifier(config, discover_jwks_uri(config.oauth_issuer))
+            logger.info("taking OAuth access tokens of %s for %s", config.oauth_issuer, verifier.resource)
         try:
             listener = listen_socket(config.host, config.port)
         except OSError as exc:
             raise CommandError("cannot listen on %s port %d: %s" % (config.host, config.port, exc)) from None
         with listener:
-            anyio.run(serve_http, config, discovery, listener)
+            anyio.run(serve_http, config, discovery, listener, verifier)
         return 0
     try:
         anyio.run(serve, config, discovery)

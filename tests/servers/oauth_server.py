@@ -5,7 +5,12 @@ approves at once (a person's consent page is the one part a test cannot click), 
 exchange with PKCE (checked by the SDK's token handler), refresh tokens that rotate, and
 tokens bound to the resource indicator the client sent (RFC 8707), checked on every call.
 
-    python tests/servers/oauth_server.py PORT [--token-seconds N]
+    python tests/servers/oauth_server.py PORT [--token-seconds N] [--jwt-audience URL --key-file PEM]
+
+With --jwt-audience it is also the authorization server of another resource (the HTTP
+bridge): a token asked for that resource is a JWT (RS256, the key in --key-file, its JWKS
+at /jwks, named by /.well-known/openid-configuration) whose subject is the registered
+client's name after "user:" (else alice), so a test can log in as two people.
 
 Tools: ``whoami`` (the token's subject, client, resource and scopes), ``stats`` (logins,
 refreshes, calls refused), ``revoke_refresh_tokens`` (what an administrator does: the
@@ -38,9 +43,19 @@ SCOPE = "tools"
 class InMemoryAuthority:
     """The authorization server's state: clients, codes, tokens, and what the tests read."""
 
-    def __init__(self, resource: str, token_seconds: int) -> None:
+    def __init__(
+        self,
+        resource: str,
+        token_seconds: int,
+        issuer: str = "",
+        jwt_audience: str | None = None,
+        key: Any = None,
+    ) -> None:
         self.resource = resource
         self.token_seconds = token_seconds
+        self.issuer = issuer
+        self.jwt_audience = jwt_audience
+        self.key = key
         self.clients: dict[str, OAuthClientInformationFull] = {}
         self.codes: dict[str, AuthorizationCode] = {}
         self.access: dict[str, AccessToken] = {}
@@ -56,7 +71,7 @@ class InMemoryAuthority:
         self.stats["registrations"] += 1
 
     async def authorize(self, client: OAuthClientInformationFull, params: AuthorizationParams) -> str:
-        if params.resource != self.resource:  # RFC 8707: the token is for this server only
+        if params.resource not in (self.resource, self.jwt_audience):  # RFC 8707: for these only
             self.stats["wrong_resource"] += 1
             said = "resource must be %s, not %s" % (self.resource, params.resource)
             raise AuthorizeError("invalid_request", said)
@@ -71,7 +86,7 @@ class InMemoryAuthority:
             redirect_uri=params.redirect_uri,
             redirect_uri_provided_explicitly=params.redirect_uri_provided_explicitly,
             resource=params.resource,
-            subject=SUBJECT,
+            subject=subject_of(client),
         )
         return construct_redirect_uri(str(params.redirect_uri), code=code, state=params.state)
 
@@ -87,7 +102,7 @@ class InMemoryAuthority:
         del self.codes[authorization_code.code]  # once
         self.stats["logins"] += 1
         code = authorization_code
-        return self._issue(code.client_id, code.scopes, code.resource)
+        return self._issue(code.client_id, code.scopes, code.resource, code.subject or SUBJECT)
 
     async def load_refresh_token(
         self, client: OAuthClientInformationFull, refresh_token: str
@@ -101,7 +116,12 @@ class InMemoryAuthority:
         if self.refresh.pop(refresh_token.token, None) is None:  # rotated: each refresh token once
             raise TokenError("invalid_grant", "refresh token already used")
         self.stats["refreshes"] += 1
-        return self._issue(refresh_token.client_id, scopes or refresh_token.scopes, refresh_token.resource)
+        return self._issue(
+            refresh_token.client_id,
+            scopes or refresh_token.scopes,
+            refresh_token.resource,
+            refresh_token.subject or SUBJECT,
+        )
 
     async def load_access_token(self, token: str) -> AccessToken | None:
         access = self.access.get(token)
@@ -118,19 +138,21 @@ class InMemoryAuthority:
         self.access.pop(token.token, None)
         self.refresh.pop(token.token, None)
 
-    def _issue(self, client_id: str, scopes: list[str], resource: str | None) -> OAuthToken:
+    def _issue(self, client_id: str, scopes: list[str], resource: str | None, subject: str) -> OAuthToken:
         access, refresh = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
         expires_at = int(time.time()) + self.token_seconds
+        if resource is not None and resource == self.jwt_audience:
+            access = self.jwt(subject, resource, scopes, expires_at)
         self.access[access] = AccessToken(
             token=access,
             client_id=client_id,
             scopes=scopes,
             expires_at=expires_at,
             resource=resource,
-            subject=SUBJECT,
+            subject=subject,
         )
         self.refresh[refresh] = RefreshToken(
-            token=refresh, client_id=client_id, scopes=scopes, resource=resource, subject=SUBJECT
+            token=refresh, client_id=client_id, scopes=scopes, resource=resource, subject=subject
         )
         return OAuthToken(
             access_token=access,
@@ -140,11 +162,59 @@ class InMemoryAuthority:
             scope=" ".join(scopes),
         )
 
+    def jwt(self, subject: str, audience: str, scopes: list[str], expires_at: int) -> str:
+        import jwt
 
-def build(port: int, token_seconds: int) -> tuple[MCPServer, InMemoryAuthority]:
+        claims = {
+            "iss": self.issuer,
+            "sub": subject,
+            "aud": audience,
+            "exp": expires_at,
+            "iat": int(time.time()),
+        }
+        return jwt.encode(
+            {**claims, "scope": " ".join(scopes)}, self.key, algorithm="RS256", headers={"kid": KID}
+        )
+
+
+KID = "test-key"
+
+
+def subject_of(client: OAuthClientInformationFull) -> str:
+    """Who logs in: the registered client's name after "user:" (a test's way of being
+    somebody), else alice."""
+    name = client.client_name or ""
+    return name.removeprefix("user:") if name.startswith("user:") else SUBJECT
+
+
+def load_key(path: str) -> Any:
+    """The RSA key in ``path`` (PEM), made there first when the file is missing."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    try:
+        with open(path, "rb") as pem:
+            return serialization.load_pem_private_key(pem.read(), password=None)
+    except FileNotFoundError:
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        with open(path, "wb") as pem:
+            pem.write(
+                key.private_bytes(
+                    serialization.Encoding.PEM,
+                    serialization.PrivateFormat.PKCS8,
+                    serialization.NoEncryption(),
+                )
+            )
+        return key
+
+
+def build(
+    port: int, token_seconds: int, jwt_audience: str | None = None, key_file: str | None = None
+) -> tuple[MCPServer, InMemoryAuthority]:
     base = "http://127.0.0.1:%d" % port
     resource = base + "/mcp"
-    authority = InMemoryAuthority(resource, token_seconds)
+    key = load_key(key_file) if key_file else None
+    authority = InMemoryAuthority(resource, token_seconds, base, jwt_audience, key)
     server = MCPServer(
         "oauth-stub",
         auth_server_provider=authority,
@@ -158,6 +228,23 @@ def build(port: int, token_seconds: int) -> tuple[MCPServer, InMemoryAuthority]:
             validate_token_resource=True,
         ),
     )
+
+    if key is not None:
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse, Response
+
+        @server.custom_route("/.well-known/openid-configuration", methods=["GET"])  # type: ignore[untyped-decorator]
+        async def openid_configuration(request: Request) -> Response:
+            return JSONResponse({"issuer": base, "jwks_uri": base + "/jwks"})
+
+        @server.custom_route("/jwks", methods=["GET"])  # type: ignore[untyped-decorator]
+        async def jwks(request: Request) -> Response:
+            import json
+
+            from jwt.algorithms import RSAAlgorithm
+
+            public = json.loads(RSAAlgorithm.to_jwk(key.public_key()))
+            return JSONResponse({"keys": [{**public, "kid": KID, "use": "sig", "alg": "RS256"}]})
 
     @server.tool()
     async def whoami() -> dict[str, Any]:
@@ -188,8 +275,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("port", type=int)
     parser.add_argument("--token-seconds", type=int, default=3600)
+    parser.add_argument("--jwt-audience")
+    parser.add_argument("--key-file")
     args = parser.parse_args()
-    server, _ = build(args.port, args.token_seconds)
+    server, _ = build(args.port, args.token_seconds, args.jwt_audience, args.key_file)
     server.run("streamable-http", host="127.0.0.1", port=args.port)
 
 
