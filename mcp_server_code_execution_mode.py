@@ -633,6 +633,12 @@ class BridgeConfig:
     http_request_timeout: float = 10.0
     http_max_connections: int = 256
 
+    @property
+    def names_principals(self) -> bool:
+        """Whether callers over HTTP are told apart (a token file, an OAuth issuer): then each
+        principal has its own store and sandboxes; else every caller is this machine's user."""
+        return self.transport == "http" and (self.auth_tokens is not None or self.oauth_issuer is not None)
+
 
 Number = TypeVar("Number", int, float)
 _Result = TypeVar("_Result")
@@ -10646,7 +10652,7 @@ class Principals:
     def store_dir(self, name: str) -> Path:
         """Where a principal's memory and saved tools live. Without tokens every caller is
         this machine's user, whose store is the stdio bridge's own."""
-        if self.http and self.config.auth_tokens is not None:
+        if self.http and self.config.names_principals:
             return self.config.state_dir / PRINCIPALS_DIRNAME / name / MEMORY_DIRNAME
         return self.config.state_dir / MEMORY_DIRNAME
 
@@ -10764,7 +10770,7 @@ async def open_bridge(
         sandboxes = Sandboxes(config, group, SharedEngine(config, locate_engine), shared=http)
         pool = ClientPool(discovery, config, group)
         principals = Principals(config, pool, http, sandboxes.closing)
-        if config.prewarm and (not http or config.auth_tokens is None):
+        if config.prewarm and not config.names_principals:
             group.start_soon(sandboxes.prewarm, principals.get(LOCAL_PRINCIPAL))
         try:
             # The engine's commands and the container's start run on the loop meanwhile;
@@ -11605,7 +11611,10 @@ class PrincipalSessionManager(_SessionManagerBase):
         return joined(app, config, **settings)
 
     def __init__(self, app: Server[Bridge], config: BridgeConfig, **settings: Any) -> None:
-        principals = len(config.auth_tokens.principals) if config.auth_tokens is not None else 1
+        # With an OAuth issuer anyone it knows may come: its sessions count as many as the
+        # sandboxes the bridge lets live at once.
+        tokens = len(config.auth_tokens.principals) if config.auth_tokens is not None else 1
+        principals = max(tokens, config.max_total_sessions) if config.oauth_issuer is not None else tokens
         super().__init__(
             app,
             session_idle_timeout=config.mcp_session_idle_timeout,
@@ -11905,7 +11914,8 @@ class OAuthTokenVerifier:
             token="",  # not the token: nothing downstream needs it, so nothing downstream keeps it
             client_id=self._principal(subject),
             scopes=scopes,
-            expires_at=int(expires) if isinstance(expires, int | float) else None,
+            # The SDK's bearer check compares expiry with this clock: the issuer's leeway too.
+            expires_at=int(expires) + OAUTH_CLOCK_SKEW if isinstance(expires, int | float) else None,
             resource=self.resource,
             subject=subject,
         )
@@ -11973,7 +11983,7 @@ def http_app(
 
     config = bridge.config
     security = None
-    if config.auth_tokens is None:
+    if not config.names_principals:
         # Without tokens, a web page could reach the loopback port through DNS rebinding:
         # only local Host and Origin headers are let in (the SDK's own default for loopback).
         hosts, origins = bound_host_names(config)

@@ -77,6 +77,10 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "MCP_BRIDGE_OCI_RUNTIME": ("/usr/bin/runsc", "/usr/bin/runsc"),
     "MCP_BRIDGE_KERNEL_DELIVERY": ("stdin", "stdin"),
     "MCP_BRIDGE_FRAME_CHANNEL": ("stdio", "stdio"),
+    "MCP_BRIDGE_OAUTH_ISSUER": ("https://login.example.com/tenant", "https://login.example.com/tenant"),
+    "MCP_BRIDGE_OAUTH_RESOURCE": ("https://bridge.example.com/mcp", "https://bridge.example.com/mcp"),
+    "MCP_BRIDGE_OAUTH_PRINCIPAL_CLAIM": ("email", "email"),
+    "MCP_BRIDGE_OAUTH_SCOPES": ("mcp, tools", ("mcp", "tools")),
     "MCP_BRIDGE_KUBE_NAMESPACE": ("sandboxes", "sandboxes"),
     "MCP_BRIDGE_KUBE_CONTEXT": ("team@cluster-1", "team@cluster-1"),
     "MCP_BRIDGE_KUBE_RUNTIME_CLASS": ("gvisor", "gvisor"),
@@ -124,8 +128,12 @@ def test_every_option_has_a_parse_case_in_this_test() -> None:
 @pytest.mark.parametrize("option", OPTIONS, ids=lambda option: option.env)
 def test_environment_variable_is_parsed_into_its_field(option: bridge.Option) -> None:
     raw, expected = ENV_VALUES[option.env]
-    # MAX_TIMEOUT must stay >= the default timeout and TIMEOUT <= the default maximum.
-    config = load_config([], {option.env: raw})
+    # MAX_TIMEOUT must stay >= the default timeout and TIMEOUT <= the default maximum. The
+    # OAuth settings belong to the HTTP transport, and the rest of them to an issuer.
+    needs = {}
+    if option.env.startswith("MCP_BRIDGE_OAUTH_"):
+        needs = {"MCP_BRIDGE_TRANSPORT": "http", "MCP_BRIDGE_OAUTH_ISSUER": "https://login.example.com/"}
+    config = load_config([], {**needs, option.env: raw})
 
     assert getattr(config, option.field) == expected
     assert getattr(config, option.field) != getattr(BridgeConfig(), option.field)

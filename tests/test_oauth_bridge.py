@@ -1,0 +1,290 @@
+"""The HTTP bridge as an OAuth resource server (issue 23, part 2), all on loopback: the
+bridge with MCP_BRIDGE_OAUTH_ISSUER set to tests/servers/oauth_server.py (its own
+authorization server, which also mints JWTs for the bridge's audience) takes the SDK's
+streamable HTTP client with OAuth; a request without a token, with a token for another
+audience, expired, or signed by another key gets 401 with the metadata pointer; two
+subjects are two principals; an unreachable issuer stops the start."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import jwt
+import pytest
+from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.auth import OAuthClientMetadata
+
+from tests.conftest import Engine, console_script
+from tests.harness import bridge_env
+from tests.servers.oauth_server import KID, load_key
+
+OAUTH_SERVER = Path(__file__).parent / "servers" / "oauth_server.py"
+
+pytestmark = pytest.mark.anyio
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_for_port(port: int, process: subprocess.Popen[Any], what: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "%s ended: %s" % (what, process.returncode)
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise AssertionError("%s never listened on %d" % (what, port))
+
+
+class Setup:
+    """The authorization server and the bridge it issues tokens for."""
+
+    def __init__(self, issuer: str, bridge_url: str, key: Any, log: Path) -> None:
+        self.issuer, self.bridge_url, self.key, self.log = issuer, bridge_url, key, log
+
+    def token(self, **claims: Any) -> str:
+        """A JWT signed by the issuer's key: by default one the bridge takes."""
+        now = int(time.time())
+        base = {
+            "iss": self.issuer,
+            "sub": "carol",
+            "aud": self.bridge_url,
+            "exp": now + 300,
+            "scope": "tools",
+        }
+        return jwt.encode({**base, **claims}, self.key, algorithm="RS256", headers={"kid": KID})
+
+
+@contextmanager
+def oauth_bridge(engine: Engine | None, state_dir: Path, tmp_path: Path, **env: str) -> Iterator[Setup]:
+    issuer_port, bridge_port = free_port(), free_port()
+    issuer = "http://127.0.0.1:%d" % issuer_port
+    bridge_url = "http://127.0.0.1:%d/mcp" % bridge_port
+    key_file = tmp_path / "issuer-key.pem"
+    authority = subprocess.Popen(
+        [
+            sys.executable,
+            str(OAUTH_SERVER),
+            str(issuer_port),
+            "--jwt-audience",
+            bridge_url,
+            "--key-file",
+            str(key_file),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    servers = tmp_path / "servers.json"
+    servers.write_text('{"mcpServers": {}}')
+    log = tmp_path / "bridge.log"
+    bridge = None
+    try:
+        wait_for_port(issuer_port, authority, "the authorization server")
+        settings = {"MCP_BRIDGE_OAUTH_ISSUER": issuer, "MCP_SERVERS_CONFIG": str(servers), **env}
+        with log.open("w") as errors:
+            bridge = subprocess.Popen(
+                [console_script(), "--transport", "http", "--port", str(bridge_port)],
+                env=bridge_env(
+                    engine, state_dir, HOME=str(tmp_path), MCP_BRIDGE_LOG_LEVEL="INFO", **settings
+                ),
+                stdin=subprocess.DEVNULL,
+                stderr=errors,
+            )
+        wait_for_port(bridge_port, bridge, "the bridge (log: %s)" % log)
+        yield Setup(issuer, bridge_url, load_key(str(key_file)), log)
+    finally:
+        if bridge is not None:
+            bridge.terminate()
+            bridge.wait(30)
+        authority.kill()
+        authority.wait(10)
+
+
+class MemoryStorage:
+    def __init__(self) -> None:
+        self.tokens: Any = None
+        self.client: Any = None
+
+    async def get_tokens(self) -> Any:
+        return self.tokens
+
+    async def set_tokens(self, tokens: Any) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> Any:
+        return self.client
+
+    async def set_client_info(self, client_info: Any) -> None:
+        self.client = client_info
+
+
+@asynccontextmanager
+async def logged_in(url: str, person: str) -> AsyncIterator[ClientSession]:
+    """The SDK's streamable HTTP client with its OAuth client, logged in as ``person``: the
+    "browser" follows the authorization server's approval to the redirect by hand."""
+    query: dict[str, str] = {}
+
+    async def open_link(link: str) -> None:
+        async with httpx2.AsyncClient() as browser:
+            approved = await browser.get(link)
+        back = urllib.parse.urlsplit(approved.headers["location"]).query
+        query.update({key: values[0] for key, values in urllib.parse.parse_qs(back).items()})
+
+    async def redirected() -> AuthorizationCodeResult:
+        return AuthorizationCodeResult(code=query["code"], state=query.get("state"))
+
+    metadata = OAuthClientMetadata(
+        redirect_uris=["http://127.0.0.1:%d/callback" % free_port()],  # type: ignore[list-item]
+        client_name="user:" + person,
+    )
+    auth = OAuthClientProvider(url, metadata, MemoryStorage(), open_link, redirected)
+    async with (
+        create_mcp_http_client(auth=auth) as http,
+        streamable_http_client(url, http_client=http) as streams,
+        ClientSession(streams[0], streams[1]) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+async def run(session: ClientSession, code: str) -> Any:
+    result = await session.call_tool("run_python", {"code": code})
+    assert not result.is_error, result.content
+    return (result.structured_content or {}).get("value")
+
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    },
+}
+
+
+async def post_initialize(url: str, token: str | None) -> httpx2.Response:
+    headers = {"Accept": "application/json, text/event-stream"}
+    if token is not None:
+        headers["Authorization"] = "Bearer " + token
+    async with httpx2.AsyncClient(timeout=30) as client:
+        return await client.post(url, json=INITIALIZE, headers=headers)
+
+
+async def test_a_client_logs_in_with_oauth_and_two_subjects_are_two_principals(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    with oauth_bridge(proxy_engine, state_dir, tmp_path) as setup:
+        async with logged_in(setup.bridge_url, "alice") as alice:
+            assert await run(alice, "x = 'alice'; runtime.save_memory('who', 'alice')['key']") == "who"
+            assert await run(alice, "x") == "alice"
+        async with logged_in(setup.bridge_url, "bob") as bob:
+            assert await run(bob, "'x' in globals()") is False  # bob's own sandbox
+            assert await run(bob, "runtime.load_memory('who')") is None  # and his own memory
+        async with logged_in(setup.bridge_url, "alice") as alice:
+            assert await run(alice, "runtime.load_memory('who')") == "alice"
+    assert sorted(path.name for path in (state_dir / "principals").iterdir()) == ["alice", "bob"]
+
+
+async def test_tokens_the_bridge_must_refuse_get_401_with_the_metadata_pointer(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    with oauth_bridge(None, state_dir, tmp_path, MCP_BRIDGE_PREWARM="0") as setup:
+        metadata_url = setup.bridge_url.replace("/mcp", "/.well-known/oauth-protected-resource/mcp")
+        async with httpx2.AsyncClient() as client:
+            metadata = (await client.get(metadata_url)).json()
+        assert metadata["resource"] == setup.bridge_url
+        assert metadata["authorization_servers"] == [setup.issuer]
+
+        now = int(time.time())
+        other_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        refused = {
+            "no token": None,
+            "not a JWT": "just-some-opaque-token-of-someone",
+            "another audience": setup.token(aud=setup.issuer + "/mcp"),
+            "another issuer": setup.token(iss="http://127.0.0.1:9"),
+            "expired beyond the clock skew": setup.token(exp=now - 120),
+            "signed by another key": jwt.encode(
+                {"iss": setup.issuer, "sub": "mallory", "aud": setup.bridge_url, "exp": now + 300},
+                other_key,
+                algorithm="RS256",
+                headers={"kid": KID},
+            ),
+            "no expiry": jwt.encode(
+                {"iss": setup.issuer, "sub": "mallory", "aud": setup.bridge_url},
+                setup.key,
+                algorithm="RS256",
+                headers={"kid": KID},
+            ),
+        }
+        for why, token in refused.items():
+            answer = await post_initialize(setup.bridge_url, token)
+            assert answer.status_code == 401, why
+            assert 'resource_metadata="%s"' % metadata_url in answer.headers["www-authenticate"], why
+
+        # A clock 30 s behind the issuer's: within the leeway, taken.
+        late = await post_initialize(setup.bridge_url, setup.token(exp=now - 30))
+        assert late.status_code == 200, late.text
+        assert (await post_initialize(setup.bridge_url, setup.token())).status_code == 200
+    log = setup.log.read_text()
+    assert "refused an access token" in log
+    for token in refused.values():
+        if token is not None:
+            assert token not in log  # tokens are never logged
+
+
+def test_an_unreachable_issuer_stops_the_start_and_settings_without_one_are_refused(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    dead = "http://127.0.0.1:%d" % free_port()
+    env = bridge_env(None, state_dir, HOME=str(tmp_path), MCP_BRIDGE_OAUTH_ISSUER=dead)
+    start = subprocess.run(
+        [console_script(), "--transport", "http", "--port", str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert start.returncode == 1
+    assert "MCP_BRIDGE_OAUTH_ISSUER=%s" % dead in start.stderr and "no token could be checked" in start.stderr
+
+    for settings, said in (
+        ({"MCP_BRIDGE_OAUTH_SCOPES": "tools"}, "need MCP_BRIDGE_OAUTH_ISSUER"),
+        ({"MCP_BRIDGE_OAUTH_ISSUER": "http://login.example.com"}, "must be https"),
+        ({"MCP_BRIDGE_OAUTH_ISSUER": "https://login.example.com"}, "is for the HTTP transport"),
+    ):
+        stdio = "MCP_BRIDGE_OAUTH_SCOPES" not in settings
+        argv = [console_script(), *([] if stdio else ["--transport", "http"])]
+        refused = subprocess.run(
+            argv,
+            env=bridge_env(None, state_dir, HOME=str(tmp_path), **settings),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+        assert refused.returncode == 2 and said in refused.stderr, (settings, refused.stderr)
+    assert not os.path.exists(state_dir / "principals")
