@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -154,3 +156,36 @@ class PipeCollector(threading.Thread):
     def text(self) -> str:
         with self._lock:
             return self._data.decode(errors="replace")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (now)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_for_port(port: int, process: subprocess.Popen[bytes], what: str, seconds: float = 60) -> None:
+    """Until ``process`` listens on ``port``; AssertionError if it ends or takes too long."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "%s ended: %s" % (what, process.returncode)
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise AssertionError("%s never listened on port %d" % (what, port))
+
+
+@contextmanager
+def local_server(argv: Callable[[int], list[str]], what: str) -> Iterator[int]:
+    """A server process started with ``argv(port)`` on a free loopback port, once it listens:
+    the port. Stopped at the end."""
+    port = free_port()
+    server = subprocess.Popen(argv(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, server, what)
+        yield port
+    finally:
+        server.terminate()
+        server.wait(10)

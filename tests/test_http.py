@@ -33,6 +33,7 @@ from mcp.shared.exceptions import MCPError
 
 import mcp_server_code_execution_mode as bridge
 from tests.conftest import REPO, Engine, bridge_env, structured, text_of
+from tests.harness import free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -250,12 +251,6 @@ async def test_the_caps_on_calls_and_on_all_sessions_refuse_at_once_naming_no_on
 
 
 # --- the real bridge over HTTP --------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def bridge_argv(*args: str) -> list[str]:

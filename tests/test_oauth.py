@@ -28,7 +28,7 @@ import pytest
 
 import mcp_server_code_execution_mode as bridge
 from tests.conftest import Engine, bridge_client, claude_desktop_home, console_script, run_cell
-from tests.harness import isolated_env
+from tests.harness import isolated_env, local_server
 
 OAUTH_SERVER = Path(__file__).parent / "servers" / "oauth_server.py"
 LINK = re.compile(r"http://127\.0\.0\.1:\d+/authorize\?[^\s'\"]+")
@@ -36,32 +36,22 @@ LINK = re.compile(r"http://127\.0\.0\.1:\d+/authorize\?[^\s'\"]+")
 pytestmark = pytest.mark.anyio
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @contextmanager
 def oauth_server(token_seconds: int = 3600) -> Iterator[str]:
     """The OAuth stub serving on a free loopback port: its MCP endpoint's URL."""
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, str(OAUTH_SERVER), str(port), "--token-seconds", str(token_seconds)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.1)
+
+    def argv(port: int) -> list[str]:
+        return [sys.executable, str(OAUTH_SERVER), str(port), "--token-seconds", str(token_seconds)]
+
+    with local_server(argv, "the OAuth test server") as port:
         yield "http://127.0.0.1:%d/mcp" % port
-    finally:
-        server.terminate()
-        server.wait(10)
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The console script's subcommand ``args`` (login, logout) with ``env``."""
+    return subprocess.run(
+        [console_script(), *args], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def the_link(text: str) -> str:
@@ -248,14 +238,7 @@ async def test_logout_forces_a_new_login_and_a_revoked_refresh_token_asks_again(
             await open_in_browser(the_link(first["text"]))
             assert (await run_cell(client, "mcp_notes.whoami()"))["status"] == "ok"
 
-            logout = subprocess.run(
-                [console_script(), "logout", "notes"],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
+            logout = cli(env, "logout", "notes")
             assert logout.returncode == 0 and "Logged out of notes" in logout.stdout, logout.stderr
             asked = await run_cell(client, "mcp_notes.whoami()")
             assert "wants you to log in" in asked["text"], asked["text"]
@@ -294,14 +277,7 @@ async def test_the_login_command_logs_in_at_a_terminal_for_the_bridge(
         finally:
             login.kill()
         assert login.returncode == 0 and "Logged in to notes" in out
-        again = subprocess.run(
-            [console_script(), "login", "notes"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        again = cli(env, "login", "notes")
         assert again.returncode == 0 and "Already logged in to notes" in again.stdout, again.stderr
 
         async with bridge_client(env) as client:  # no link: the bridge uses the stored tokens
@@ -327,14 +303,7 @@ def test_login_names_what_it_cannot_log_in_to(tmp_path: Path, state_dir: Path) -
         ("local", "it is not a streamable HTTP server"),
         ("keyed", "sets its own Authorization header"),
     ):
-        run = subprocess.run(
-            [console_script(), "login", name],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        run = cli(env, "login", name)
         assert run.returncode == 1 and said in run.stderr, run.stderr
     assert not os.path.exists(state_dir / bridge.OAUTH_DIR)
 

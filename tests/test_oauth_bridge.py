@@ -8,7 +8,6 @@ subjects are two principals; an unreachable issuer stops the start."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -28,29 +27,12 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.auth import OAuthClientMetadata
 
 from tests.conftest import Engine, console_script
-from tests.harness import bridge_env
+from tests.harness import bridge_env, free_port, wait_for_port
 from tests.servers.oauth_server import KID, load_key
 
 OAUTH_SERVER = Path(__file__).parent / "servers" / "oauth_server.py"
 
 pytestmark = pytest.mark.anyio
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def wait_for_port(port: int, process: subprocess.Popen[Any], what: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "%s ended: %s" % (what, process.returncode)
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise AssertionError("%s never listened on %d" % (what, port))
 
 
 class Setup:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import textwrap
 import time
@@ -35,6 +33,7 @@ from tests.conftest import (
     stub_entry,
     text_of,
 )
+from tests.harness import local_server
 
 pytestmark = pytest.mark.anyio
 
@@ -494,32 +493,15 @@ async def test_tool_list_changes_are_picked_up(proxy_engine: Engine, state_dir: 
         assert after["value"] == "'grown'"
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @contextmanager
 def _http_stub() -> Iterator[str]:
     """The stub server serving streamable HTTP on a free local port: its URL."""
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, stub_entry()["args"][0], "--http", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.2)
+
+    def argv(port: int) -> list[str]:
+        return [sys.executable, stub_entry()["args"][0], "--http", str(port)]
+
+    with local_server(argv, "the stub") as port:
         yield "http://127.0.0.1:%d/mcp" % port
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 async def test_a_streamable_http_server_is_proxied(
