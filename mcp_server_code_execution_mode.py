@@ -4246,6 +4246,7 @@ class OAuthTokenFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._port: int | None = None  # chosen for a registration not made yet
 
     def read(self) -> dict[str, Any]:
         try:
@@ -4284,19 +4285,21 @@ class OAuthTokenFile:
 
     async def set_client_info(self, client_info: Any) -> None:
         dumped = client_info.model_dump(mode="json", exclude_none=True)
-        await anyio.to_thread.run_sync(partial(self._update, client=dumped))
+        update = partial(self._update, client=dumped, redirect_port=self.redirect_port())
+        await anyio.to_thread.run_sync(update)
 
     def redirect_port(self) -> int:
-        """The loopback port the bridge registered (an authorization server may hold it to
-        its registration exactly), chosen once: a free one."""
+        """The loopback port of the bridge's registration (an authorization server may hold
+        it to its registration exactly): a free one until then, kept with the registration
+        (a server that never asks for a login leaves no file)."""
         port = self.read().get("redirect_port")
         if isinstance(port, int) and 0 < port < 65536:
             return port
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        self._update(redirect_port=port)
-        return int(port)
+        if self._port is None:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                self._port = int(probe.getsockname()[1])
+        return self._port
 
     def forget(self) -> bool:
         """Remove the login (logout): whether there was one."""

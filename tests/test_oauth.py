@@ -84,7 +84,7 @@ async def test_the_token_file_is_private_atomic_and_a_damaged_one_counts_as_no_l
     tokens = bridge.OAuthTokenFile(tmp_path / "oauth" / "server.json")
     assert await tokens.get_tokens() is None and await tokens.get_client_info() is None
     port = tokens.redirect_port()
-    assert tokens.redirect_port() == port  # chosen once: the registration names it
+    assert tokens.redirect_port() == port and not tokens.path.exists()  # chosen, kept with a registration
     await tokens.set_tokens(OAuthToken(access_token="a", expires_in=60, refresh_token="r"))
     await tokens.set_client_info(OAuthClientInformationFull(client_id="c", redirect_uris=None))
     assert stat.S_IMODE(tokens.path.stat().st_mode) == 0o600
@@ -93,6 +93,7 @@ async def test_the_token_file_is_private_atomic_and_a_damaged_one_counts_as_no_l
     assert stored is not None and stored.access_token == "a" and stored.refresh_token == "r"
     assert 50 < tokens.read()["expires_at"] - time.time() <= 60  # a restarted bridge knows the expiry
     assert (await tokens.get_client_info()).client_id == "c"
+    assert bridge.OAuthTokenFile(tokens.path).redirect_port() == port  # the registration's, after a restart
     assert [path.name for path in tokens.path.parent.iterdir()] == ["server.json"]  # no temporary left
 
     tokens.path.write_text('{"tokens": {"access_token": ')  # torn by something else
