@@ -4349,11 +4349,18 @@ class ServerLogin:
     server's start deadline (``starting``) stands still."""
 
     def __init__(
-        self, spec: ServerSpec, state_dir: Path, on_link: Callable[[str], None] | None = None
+        self,
+        spec: ServerSpec,
+        state_dir: Path,
+        on_link: Callable[[str], None] | None = None,
+        shared: bool = False,
     ) -> None:
-        """``on_link``: who else shows the link (the login command: the terminal, a browser)."""
+        """``on_link``: who else shows the link (the login command: the terminal, a browser);
+        ``shared``: a bridge of several principals, whose proxied servers they all use: the
+        account one of them logged in with would act for all, so no call offers the link."""
         assert spec.url is not None
         self.spec = spec
+        self.shared = shared
         self.tokens = OAuthTokenFile(oauth_token_path(state_dir, spec.url))
         self.on_link = on_link
         self.link: str | None = None
@@ -4443,6 +4450,14 @@ class ServerLogin:
 
     def required(self) -> LoginRequiredError:
         """What a call that needs the server is told while the login waits for the user."""
+        if self.shared:
+            return LoginRequiredError(
+                "MCP server %r wants an OAuth login. On this shared bridge every principal uses its "
+                "proxied servers, so only the bridge's operator logs in to them (whose account they all "
+                "then use): ask the operator to run `%s login %s` on the bridge's machine."
+                % (self.spec.name, SERVER_NAME, self.spec.name),
+                self,
+            )
         return LoginRequiredError(
             "MCP server %r wants you to log in (OAuth) before code can use it. Ask the user to open this "
             "link in a browser and approve: %s -- then run the code again; the bridge waits %d minutes "
@@ -4455,7 +4470,7 @@ class ServerLogin:
         """Ask the user of ``run``'s call to open the link (URL-mode elicitation, where its
         client takes it), then wait for the login, the call's timeout paused; whether the
         login is done (False: the client cannot show a link, or the user declined)."""
-        if self.link is None:
+        if self.link is None or self.shared:
             return False
         params = types.ElicitRequestURLParams(
             message="MCP server %r wants you to log in (OAuth) so that code can use it: open the "
@@ -4530,7 +4545,9 @@ class PooledClient:
         # only while exactly one call runs.
         self.calls_in_flight: list[tuple[CallListener, anyio.CancelScope]] = []  # with each deadline
         self.wire = WireWatch()  # how large its messages are, where its transport measures them
-        self.login = ServerLogin(spec, config.state_dir) if wants_oauth(spec) else None
+        self.login = None  # a streamable-HTTP server's OAuth login, where it may want one
+        if wants_oauth(spec):
+            self.login = ServerLogin(spec, config.state_dir, shared=config.names_principals)
         self._start_lock = anyio.Lock()
         self._starting: anyio.Event | None = None  # the last start's ready event
         self._closed = anyio.Event()

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import httpx2
@@ -317,3 +317,22 @@ def test_doctor_names_the_login_link(proxy_engine: Engine, state_dir: Path, tmp_
         )
     assert doctor.returncode == 1, doctor.stdout + doctor.stderr
     assert "wants you to log in" in doctor.stdout and LINK.search(doctor.stdout), doctor.stdout
+
+
+def test_on_a_shared_bridge_no_call_offers_a_login_link(tmp_path: Path) -> None:
+    # Several principals use the same proxied servers: the account one of them logged in with
+    # would act for all of them, so only the operator logs in (the login command).
+    spec = bridge.ServerSpec(name="notes", alias="notes", transport="http", url="http://x/mcp", source="t")
+    shared = bridge.ServerLogin(spec, tmp_path, shared=True)
+    shared.link = "http://127.0.0.1:1/authorize?state=s"
+    said = str(shared.required())
+    assert "only the bridge's operator logs in" in said and "login notes" in said
+    assert "authorize" not in said
+    own = bridge.ServerLogin(spec, tmp_path)
+    own.link = shared.link
+    assert shared.link in str(own.required())
+
+    async def no_link_offered() -> bool:
+        return await shared.through(cast(Any, None))  # never reaches the call
+
+    assert anyio.run(no_link_offered) is False
