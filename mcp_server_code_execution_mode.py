@@ -3350,7 +3350,31 @@ def _describe_exception(exc: BaseException) -> str:
     if isinstance(exc, McpProtocolError):
         return exc.message
     text = str(exc).strip().splitlines()
-    return "%s: %s" % (type(exc).__name__, text[0]) if text else type(exc).__name__
+    described = "%s: %s" % (type(exc).__name__, text[0]) if text else type(exc).__name__
+    where = failed_request(exc)
+    return "%s (%s)" % (described, where) if where else described
+
+
+def failed_request(exc: BaseException) -> str:
+    """The method and URL of the HTTP request an exception of httpx's failed (its scheme,
+    host, port and path: a query or a user part may hold secrets), or "". A connection
+    error alone does not say whether the server, or an authorization server it sent the
+    client to, was out of reach."""
+    try:
+        request = exc.request  # type: ignore[attr-defined]  # httpx's RequestError: RuntimeError if unset
+        url = request.url
+        port = ":%d" % url.port if url.port else ""
+        return "%s %s://%s%s%s" % (request.method, url.scheme, url.host, port, url.path)
+    except (AttributeError, RuntimeError, TypeError):
+        return ""
+
+
+def _same_origin(request: str, url: str | None) -> bool:
+    """Whether a failed_request ("" when none: True) went to ``url``'s scheme, host and port."""
+    if not request:
+        return True
+    target, origin = urllib.parse.urlsplit(request.split(" ", 1)[-1]), urllib.parse.urlsplit(url or "")
+    return (target.scheme, target.hostname, target.port) == (origin.scheme, origin.hostname, origin.port)
 
 
 def _leaves(exc: BaseException) -> Iterable[BaseException]:
@@ -4652,6 +4676,8 @@ class PooledClient:
                 )
             elif process_log.ending is not None and not ready.is_set():
                 reason = "its process %s before it finished initializing (%s)" % (process_log.ending, reason)
+            elif self.login is not None and not _same_origin(failed_request(_innermost(exc)), self.spec.url):
+                reason = "its OAuth login failed at its authorization server: %s" % reason
             if stop is self._stop:  # else a restart already owns `failure`
                 self.failure = self.failure or reason
             logger.info("MCP server %s stopped: %s", self.spec.name, reason)

@@ -28,7 +28,7 @@ import pytest
 
 import mcp_server_code_execution_mode as bridge
 from tests.conftest import Engine, bridge_client, claude_desktop_home, console_script, run_cell
-from tests.harness import isolated_env, local_server
+from tests.harness import free_port, isolated_env, local_server
 
 OAUTH_SERVER = Path(__file__).parent / "servers" / "oauth_server.py"
 LINK = re.compile(r"http://127\.0\.0\.1:\d+/authorize\?[^\s'\"]+")
@@ -37,11 +37,13 @@ pytestmark = pytest.mark.anyio
 
 
 @contextmanager
-def oauth_server(token_seconds: int = 3600) -> Iterator[str]:
-    """The OAuth stub serving on a free loopback port: its MCP endpoint's URL."""
+def oauth_server(token_seconds: int = 3600, issuer: str | None = None) -> Iterator[str]:
+    """The OAuth stub serving on a free loopback port: its MCP endpoint's URL. ``issuer``:
+    the authorization server its metadata names instead of itself."""
 
     def argv(port: int) -> list[str]:
-        return [sys.executable, str(OAUTH_SERVER), str(port), "--token-seconds", str(token_seconds)]
+        extra = ["--issuer", issuer] if issuer else []
+        return [sys.executable, str(OAUTH_SERVER), str(port), "--token-seconds", str(token_seconds), *extra]
 
     with local_server(argv, "the OAuth test server") as port:
         yield "http://127.0.0.1:%d/mcp" % port
@@ -124,6 +126,19 @@ async def test_the_redirect_page_ends_the_login_and_other_requests_are_ignored()
     assert favicon.status_code == 404
     assert page.status_code == 200 and "login to notes is done" in page.text
     assert got == [{"code": "abc", "state": "xyz", "iss": "http://as"}]
+
+
+def test_a_failed_request_is_named_without_its_secrets() -> None:
+    failed = httpx2.ConnectError(
+        "All connection attempts failed",
+        request=httpx2.Request("GET", "https://user:secret@auth.example:8443/token?code=abc"),
+    )
+    assert bridge._describe_exception(ExceptionGroup("start", [failed])) == (
+        "ConnectError: All connection attempts failed (GET https://auth.example:8443/token)"
+    )
+    assert bridge._describe_exception(httpx2.ConnectError("refused")) == "ConnectError: refused"
+    assert bridge._same_origin("GET http://127.0.0.1:9/x", "http://127.0.0.1:9/mcp")
+    assert not bridge._same_origin("GET http://127.0.0.1:8/x", "http://127.0.0.1:9/mcp")
 
 
 def test_only_a_streamable_http_entry_without_its_own_authorization_gets_a_login() -> None:
@@ -227,6 +242,25 @@ async def test_a_user_who_declines_to_open_the_link_gets_it_in_the_error(
             who = await run_cell(client, "mcp_notes.whoami()")
             assert who["status"] == "error" and "wants you to log in" in who["text"], who["text"]
             assert LINK.search(who["text"])
+
+
+async def test_an_unreachable_authorization_server_is_named_in_the_error(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    nowhere = "http://127.0.0.1:%d" % free_port()  # nothing listens there
+    with oauth_server(issuer=nowhere) as url:
+        async with bridge_client(oauth_env(proxy_engine, state_dir, tmp_path, url)) as client:
+            who = await run_cell(client, "mcp_notes.whoami()")
+            assert who["status"] == "error", who["text"]
+            assert (
+                "'notes' could not be started: its OAuth login failed at its authorization server"
+                in (who["text"])
+            )
+            assert nowhere in who["text"], who["text"]  # where it tried: not the server itself
+            assert not LINK.search(who["text"])
+            again = await run_cell(client, "1 + 1")  # the bridge goes on
+            assert again["status"] == "ok" and again["value"] == "2"
+    assert not list((state_dir / bridge.OAUTH_DIR).glob("*.json"))
 
 
 async def test_logout_forces_a_new_login_and_a_revoked_refresh_token_asks_again(

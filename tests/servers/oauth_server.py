@@ -209,8 +209,14 @@ def load_key(path: str) -> Any:
 
 
 def build(
-    port: int, token_seconds: int, jwt_audience: str | None = None, key_file: str | None = None
+    port: int,
+    token_seconds: int,
+    jwt_audience: str | None = None,
+    key_file: str | None = None,
+    issuer: str | None = None,
 ) -> tuple[MCPServer, InMemoryAuthority]:
+    """``issuer``: the authorization server its metadata names (default: itself; another
+    URL, where nothing answers, makes a server whose login cannot be reached)."""
     base = "http://127.0.0.1:%d" % port
     resource = base + "/mcp"
     key = load_key(key_file) if key_file else None
@@ -219,7 +225,7 @@ def build(
         "oauth-stub",
         auth_server_provider=authority,
         auth=AuthSettings(
-            issuer_url=base,  # type: ignore[arg-type]
+            issuer_url=issuer or base,  # type: ignore[arg-type]
             resource_server_url=resource,  # type: ignore[arg-type]
             client_registration_options=ClientRegistrationOptions(
                 enabled=True, valid_scopes=[SCOPE], default_scopes=[SCOPE]
@@ -277,8 +283,9 @@ def main() -> None:
     parser.add_argument("--token-seconds", type=int, default=3600)
     parser.add_argument("--jwt-audience")
     parser.add_argument("--key-file")
+    parser.add_argument("--issuer")
     args = parser.parse_args()
-    server, _ = build(args.port, args.token_seconds, args.jwt_audience, args.key_file)
+    server, _ = build(args.port, args.token_seconds, args.jwt_audience, args.key_file, args.issuer)
     server.run("streamable-http", host="127.0.0.1", port=args.port)
 
 
