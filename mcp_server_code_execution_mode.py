@@ -3351,30 +3351,36 @@ def _describe_exception(exc: BaseException) -> str:
         return exc.message
     text = str(exc).strip().splitlines()
     described = "%s: %s" % (type(exc).__name__, text[0]) if text else type(exc).__name__
-    where = failed_request(exc)
-    return "%s (%s)" % (described, where) if where else described
+    request = failed_request(exc)
+    return "%s (%s)" % (described, shown_request(request)) if request is not None else described
 
 
-def failed_request(exc: BaseException) -> str:
-    """The method and URL of the HTTP request an exception of httpx's failed (its scheme,
-    host, port and path: a query or a user part may hold secrets), or "". A connection
-    error alone does not say whether the server, or an authorization server it sent the
-    client to, was out of reach."""
+def failed_request(exc: BaseException) -> Any | None:
+    """The HTTP request an exception of httpx's failed (its RequestError's), or None. A
+    connection error alone does not say whether the server, or an authorization server it
+    sent the client to, was out of reach."""
     try:
-        request = exc.request  # type: ignore[attr-defined]  # httpx's RequestError: RuntimeError if unset
-        url = request.url
-        port = ":%d" % url.port if url.port else ""
-        return "%s %s://%s%s%s" % (request.method, url.scheme, url.host, port, url.path)
-    except (AttributeError, RuntimeError, TypeError):
-        return ""
+        request = exc.request  # type: ignore[attr-defined]  # httpx raises RuntimeError when it has none
+    except (AttributeError, RuntimeError):
+        return None
+    return request if hasattr(request, "method") and hasattr(request, "url") else None
 
 
-def _same_origin(request: str, url: str | None) -> bool:
-    """Whether a failed_request ("" when none: True) went to ``url``'s scheme, host and port."""
-    if not request:
-        return True
-    target, origin = urllib.parse.urlsplit(request.split(" ", 1)[-1]), urllib.parse.urlsplit(url or "")
-    return (target.scheme, target.hostname, target.port) == (origin.scheme, origin.hostname, origin.port)
+def shown_request(request: Any) -> str:
+    """An httpx request's method and URL: scheme, host, port and path (a query or a user
+    part may hold secrets)."""
+    url = request.url
+    port = ":%d" % url.port if url.port else ""
+    return "%s %s://%s%s%s" % (request.method, url.scheme, url.host, port, url.path)
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def url_origin(url: str) -> tuple[str, str | None, int | None]:
+    """A URL's scheme, host and port (the scheme's default where none is written)."""
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port or _DEFAULT_PORTS.get(parts.scheme)
 
 
 def _leaves(exc: BaseException) -> Iterable[BaseException]:
@@ -4676,7 +4682,11 @@ class PooledClient:
                 )
             elif process_log.ending is not None and not ready.is_set():
                 reason = "its process %s before it finished initializing (%s)" % (process_log.ending, reason)
-            elif self.login is not None and not _same_origin(failed_request(_innermost(exc)), self.spec.url):
+            elif (
+                self.login is not None
+                and (request := failed_request(_innermost(exc))) is not None
+                and url_origin(str(request.url)) != url_origin(self.spec.url or "")
+            ):
                 reason = "its OAuth login failed at its authorization server: %s" % reason
             if stop is self._stop:  # else a restart already owns `failure`
                 self.failure = self.failure or reason

@@ -137,8 +137,10 @@ def test_a_failed_request_is_named_without_its_secrets() -> None:
         "ConnectError: All connection attempts failed (GET https://auth.example:8443/token)"
     )
     assert bridge._describe_exception(httpx2.ConnectError("refused")) == "ConnectError: refused"
-    assert bridge._same_origin("GET http://127.0.0.1:9/x", "http://127.0.0.1:9/mcp")
-    assert not bridge._same_origin("GET http://127.0.0.1:8/x", "http://127.0.0.1:9/mcp")
+    assert bridge.url_origin("https://Auth.example:443/token") == bridge.url_origin(
+        "https://auth.example/mcp"
+    )
+    assert bridge.url_origin("http://127.0.0.1:8/x") != bridge.url_origin("http://127.0.0.1:9/mcp")
 
 
 def test_only_a_streamable_http_entry_without_its_own_authorization_gets_a_login() -> None:
