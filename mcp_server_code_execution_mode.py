@@ -41,6 +41,7 @@ import argparse
 import ast
 import base64
 import bisect
+import copy
 import difflib
 import errno
 import fcntl
@@ -621,9 +622,10 @@ class BridgeConfig:
     transport: ServeTransport = "stdio"
     host: str = "127.0.0.1"
     port: int = 8000
+    public_url: str | None = None  # None: http://HOST:PORT
     auth_tokens: AuthTokens | None = None
     oauth_issuer: str | None = None  # the HTTP transport takes this issuer's access tokens
-    oauth_resource: str | None = None  # None: http://HOST:PORT/mcp
+    oauth_resource: str | None = None  # None: PUBLIC_URL/mcp
     oauth_principal_claim: str = "sub"
     oauth_scopes: tuple[str, ...] = ()
     max_calls_per_principal: int = 8
@@ -638,6 +640,14 @@ class BridgeConfig:
         """Whether callers over HTTP are told apart (a token file, an OAuth issuer): then each
         principal has its own store and sandboxes; else every caller is this machine's user."""
         return self.transport == "http" and (self.auth_tokens is not None or self.oauth_issuer is not None)
+
+    @property
+    def base_url(self) -> str:
+        """The HTTP bridge's address as browsers and clients reach it (MCP_BRIDGE_PUBLIC_URL)."""
+        if self.public_url is not None:
+            return self.public_url
+        host = self.host if ":" not in self.host or self.host.startswith("[") else "[%s]" % self.host
+        return "http://%s:%d" % (host, self.port)
 
 
 Number = TypeVar("Number", int, float)
@@ -727,6 +737,14 @@ def _web_url(text: str) -> str:
     if parts.scheme == "http" and not is_loopback_host(parts.hostname):
         raise ValueError("must be https (http only to a loopback address)")
     return text
+
+
+def _public_url(text: str) -> str:
+    """An http(s) URL without a query, kept without a trailing "/" (paths are added to it)."""
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("https", "http") or not parts.hostname or parts.query or parts.fragment:
+        raise ValueError("must be an http(s) URL without a query (e.g. https://bridge.example.com)")
+    return text.rstrip("/")
 
 
 def _env_names(text: str) -> tuple[str, ...]:
@@ -1101,6 +1119,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("port", "MCP_BRIDGE_PORT", _port, "port the HTTP transport listens on"),
     Option(
+        "public_url",
+        "MCP_BRIDGE_PUBLIC_URL",
+        _public_url,
+        "the HTTP bridge's address as people's browsers and clients reach it (behind a proxy: the "
+        "public one): where their logins to proxied OAuth servers come back (PUBLIC_URL/oauth/callback)",
+        "http://HOST:PORT",
+    ),
+    Option(
         "auth_tokens",
         "MCP_BRIDGE_AUTH_TOKENS",
         _auth_tokens,
@@ -1122,7 +1148,7 @@ OPTIONS: tuple[Option, ...] = (
         _web_url,
         "this bridge's MCP URL as its clients reach it (behind a proxy: the public one): the "
         "audience its access tokens must name",
-        "http://HOST:PORT/mcp",
+        "PUBLIC_URL/mcp",
     ),
     Option(
         "oauth_principal_claim",
@@ -1305,6 +1331,8 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> BridgeConfig
             "MCP_BRIDGE_OAUTH_RESOURCE, _SCOPES and _PRINCIPAL_CLAIM need MCP_BRIDGE_OAUTH_ISSUER (the "
             "authorization server whose tokens the bridge takes)"
         )
+    if config.public_url is not None and config.transport != "http":
+        raise ConfigError("MCP_BRIDGE_PUBLIC_URL is for the HTTP transport (--transport http)")
     if config.oauth_issuer is not None and config.transport != "http":
         raise ConfigError(
             "MCP_BRIDGE_OAUTH_ISSUER is for the HTTP transport (--transport http); over stdio the client "
@@ -4250,11 +4278,15 @@ _CONNECTION_ENDED = "exited or closed its connection"
 # authorization server, registers the bridge, and sends the user a link (PKCE, the
 # resource indicator); the browser comes back to a loopback port of the bridge's. The
 # tokens stay on the host (OAuthTokenFile), are refreshed by the SDK, and never reach the
-# sandbox or the log. Over HTTP, like every proxied server, the login is the bridge's.
-OAUTH_DIR = "oauth"  # under STATE_DIR: one 0600 file per server URL
+# sandbox or the log. On an HTTP bridge of several principals each logs in with their own
+# account: a connection and a token file per principal, and the browser comes back to the
+# bridge's own address (LoginRedirects), wherever the person is.
+OAUTH_DIR = "oauth"  # under STATE_DIR (or a principal's folder): one 0600 file per server URL
+PRINCIPALS_DIRNAME = "principals"  # under STATE_DIR: each HTTP principal's own folder
 LOGIN_WAIT = 600.0  # seconds a login waits for the browser's redirect
 SERVER_LOGIN_FINISH = 30.0  # seconds for the rest of a server's start once its login is done
-REDIRECT_PATH = "/callback"
+REDIRECT_PATH = "/callback"  # on the loopback port of a login of the bridge's own
+LOGIN_CALLBACK_PATH = "/oauth/callback"  # on the HTTP bridge: its principals' logins
 MAX_REDIRECT_REQUEST_BYTES = 16 * 1024
 
 
@@ -4264,8 +4296,10 @@ def wants_oauth(spec: ServerSpec) -> bool:
     return spec.transport == "http" and not any(name.lower() == "authorization" for name in spec.headers)
 
 
-def oauth_token_path(state_dir: Path, url: str) -> Path:
-    return state_dir / OAUTH_DIR / ("%s.json" % hashlib.sha256(url.encode()).hexdigest()[:32])
+def oauth_token_path(state_dir: Path, url: str, principal: str | None = None) -> Path:
+    """The token file of the login to ``url``: the bridge's own, or an HTTP principal's."""
+    folder = state_dir if principal is None else state_dir / PRINCIPALS_DIRNAME / principal
+    return folder / OAUTH_DIR / ("%s.json" % hashlib.sha256(url.encode()).hexdigest()[:32])
 
 
 class OAuthTokenFile:
@@ -4274,8 +4308,11 @@ class OAuthTokenFile:
     registration with its authorization server, and the loopback port it registered. A
     file that cannot be read counts as no login, never as a failure."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, redirect_uri: str | None = None) -> None:
+        """``redirect_uri``: the one address logins come back to (the HTTP bridge's), where
+        not a loopback port of its own; a registration made for another counts as none."""
         self.path = path
+        self.redirect_uri = redirect_uri
         self._port: int | None = None  # chosen for a registration not made yet
 
     def read(self) -> dict[str, Any]:
@@ -4309,9 +4346,13 @@ class OAuthTokenFile:
 
         client = (await anyio.to_thread.run_sync(self.read)).get("client")
         try:
-            return None if client is None else OAuthClientInformationFull.model_validate(client)
+            found = None if client is None else OAuthClientInformationFull.model_validate(client)
         except ValidationError:
             return None
+        registered = [] if found is None else [str(uri) for uri in found.redirect_uris or []]
+        if self.redirect_uri is not None and self.redirect_uri not in registered:
+            return None  # for another address (MCP_BRIDGE_PUBLIC_URL changed): register again
+        return found
 
     async def set_client_info(self, client_info: Any) -> None:
         dumped = client_info.model_dump(mode="json", exclude_none=True)
@@ -4340,6 +4381,61 @@ class OAuthTokenFile:
         return True
 
 
+def redirect_page(server: str, query: Mapping[str, str]) -> str:
+    """What the browser shows when a login comes back (HTML)."""
+    said = "The login to %s %s. You can close this tab." % (
+        server,
+        "failed: " + query["error"] if "error" in query else "is done",
+    )
+    return html.escape(said)
+
+
+class PendingRedirect:
+    """One login waiting for its browser to come back to the HTTP bridge."""
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+        self.query: dict[str, str] = {}
+        self.back = anyio.Event()
+
+    def arrive(self, query: dict[str, str]) -> None:
+        self.query = query
+        self.back.set()
+
+
+class LoginRedirects:
+    """Where the browsers of an HTTP bridge's principals come back from their logins to
+    proxied servers: one address of the bridge's (``url``), served by its HTTP app
+    (``endpoint``), each login told apart by its OAuth state (the SDK's random one, which
+    the SDK checks again). A redirect no login waits for changes nothing."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.pending: dict[str, PendingRedirect] = {}
+
+    def expect(self, link: str, server: str) -> tuple[str, PendingRedirect]:
+        """The state of the login ``link`` starts, and its arrival."""
+        state = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(link).query)).get("state")
+        if not state:
+            raise ServerUnavailableError("its login link carries no state, so the login could not come back")
+        pending = self.pending[state] = PendingRedirect(server)
+        return state, pending
+
+    async def endpoint(self, request: Request) -> Response:
+        from starlette.responses import HTMLResponse
+
+        query = dict(request.query_params)
+        pending = self.pending.pop(query.get("state", ""), None)
+        if pending is None:
+            return HTMLResponse(
+                "No login waits for this link: it was used already, or it expired. Run the code that "
+                "needs the server again for a new one.",
+                status_code=400,
+            )
+        pending.arrive(query)
+        return HTMLResponse(redirect_page(pending.server, query))
+
+
 async def receive_redirect(listener: anyio.abc.SocketListener, server: str) -> dict[str, str]:
     """The query of the browser's redirect to REDIRECT_PATH on ``listener`` (code, state,
     iss; or error); other requests (a favicon) get a 404 and are ignored."""
@@ -4359,11 +4455,7 @@ async def receive_redirect(listener: anyio.abc.SocketListener, server: str) -> d
                     )
                 continue
             query = {key: values[0] for key, values in urllib.parse.parse_qs(target.query).items()}
-            said = "The login to %s %s. You can close this tab." % (
-                server,
-                "failed: " + query["error"] if "error" in query else "is done",
-            )
-            page = html.escape(said).encode()
+            page = redirect_page(server, query).encode()
             with suppress(OSError, anyio.BrokenResourceError):
                 await stream.send(
                     b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: %d\r\n"
@@ -4375,76 +4467,84 @@ async def receive_redirect(listener: anyio.abc.SocketListener, server: str) -> d
 class ServerLogin:
     """One proxied HTTP server's OAuth login: the SDK's provider over its token file, whose
     handlers show the link (``link``; ``asked`` is set when the user must open it) and wait
-    up to LOGIN_WAIT for the browser's redirect on the registered loopback port, while the
-    server's start deadline (``starting``) stands still."""
+    up to LOGIN_WAIT for the browser's redirect, while the server's start deadline
+    (``starting``) stands still. The redirect comes to a loopback port of the login's own
+    (the browser is on this machine), or through ``redirects`` (an HTTP bridge's principal,
+    whose browser is wherever that person is)."""
 
     def __init__(
         self,
         spec: ServerSpec,
         state_dir: Path,
         on_link: Callable[[str], None] | None = None,
-        shared: bool = False,
+        principal: str | None = None,
+        redirects: LoginRedirects | None = None,
     ) -> None:
         """``on_link``: who else shows the link (the login command: the terminal, a browser);
-        ``shared``: a bridge of several principals, whose proxied servers they all use: the
-        account one of them logged in with would act for all, so no call offers the link."""
+        ``principal``: whose login it is, over HTTP (its token file is that principal's)."""
         assert spec.url is not None
         self.spec = spec
-        self.shared = shared
-        self.tokens = OAuthTokenFile(oauth_token_path(state_dir, spec.url))
+        self.principal = principal
+        self.redirects = redirects
+        self.tokens = OAuthTokenFile(
+            oauth_token_path(state_dir, spec.url, principal), None if redirects is None else redirects.url
+        )
         self.on_link = on_link
         self.link: str | None = None
         self.asked = anyio.Event()
         self.done = anyio.Event()  # the login asked for last has ended (done or not)
         self.waiting = False  # for the browser's redirect
         self.starting: anyio.CancelScope | None = None
-        self._listener: anyio.abc.SocketListener | None = None
+        self._listener: anyio.abc.SocketListener | None = None  # the loopback port's
+        self._pending: tuple[str, PendingRedirect] | None = None  # through ``redirects``
 
     def provider(self) -> Any:
         """A fresh OAuthClientProvider (one per connection), with the stored token's expiry."""
         from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider
         from mcp.shared.auth import OAuthClientMetadata
 
-        port = self.tokens.redirect_port()
+        redirects = self.redirects
+        port = self.tokens.redirect_port() if redirects is None else 0
+        redirect_uri = "http://127.0.0.1:%d%s" % (port, REDIRECT_PATH) if redirects is None else redirects.url
         metadata = OAuthClientMetadata(
-            redirect_uris=["http://127.0.0.1:%d%s" % (port, REDIRECT_PATH)],  # type: ignore[list-item]
+            redirect_uris=[redirect_uri],  # type: ignore[list-item]
             client_name=SERVER_NAME,
             grant_types=["authorization_code", "refresh_token"],
             token_endpoint_auth_method="none",
         )
 
         async def show_link(url: str) -> None:
-            listening = socket.socket()
-            listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the last login's TIME_WAIT
-            try:
-                listening.bind(("127.0.0.1", port))
-                listening.listen(4)
-            except OSError as exc:
-                listening.close()
-                raise ServerUnavailableError(
-                    "its login needs the loopback port %d, which is in use (%s); free it and call again"
-                    % (port, exc.strerror or exc)
-                ) from None
-            self._listener = await anyio.abc.SocketListener.from_socket(listening)
+            if redirects is not None:
+                self._pending = redirects.expect(url, self.spec.name)
+            else:
+                self._listener = await self._listen(port)
             self.link, self.waiting, self.done = url, True, anyio.Event()
             if self.starting is not None:  # the user's time is not the server's start
                 self.starting.deadline = math.inf
-            logger.warning("MCP server %s wants a login: open %s", shown_name(self.spec.name), url)
+            logger.warning(
+                "MCP server %s wants a login%s: open %s",
+                shown_name(self.spec.name),
+                "" if self.principal is None else " of principal %s" % self.principal,
+                url,
+            )
             if self.on_link is not None:
                 self.on_link(url)
             self.asked.set()
 
         async def wait_for_redirect() -> AuthorizationCodeResult:
-            assert self._listener is not None
             try:
                 with anyio.fail_after(LOGIN_WAIT):
-                    query = await receive_redirect(self._listener, self.spec.name)
+                    query = await self._redirect()
             except TimeoutError:
                 raise ServerUnavailableError(
                     "the login was not completed within %d minutes" % (LOGIN_WAIT // 60)
                 ) from None
             finally:
-                await self._listener.aclose()
+                if self._listener is not None:
+                    await self._listener.aclose()
+                if self._pending is not None and redirects is not None:
+                    redirects.pending.pop(self._pending[0], None)
+                self._listener = self._pending = None
                 self.waiting, self.asked = False, anyio.Event()
                 self.done.set()
                 if self.starting is not None:
@@ -4469,10 +4569,37 @@ class ServerLogin:
             provider.context.token_expiry_time = float(expires)  # one of SDK_INTERNALS
         return provider
 
+    async def _redirect(self) -> dict[str, str]:
+        """The query the browser comes back with."""
+        if self._pending is not None:
+            pending = self._pending[1]
+            await pending.back.wait()
+            return pending.query
+        assert self._listener is not None
+        return await receive_redirect(self._listener, self.spec.name)
+
+    @staticmethod
+    async def _listen(port: int) -> anyio.abc.SocketListener:
+        """The loopback port the browser comes back to."""
+        listening = socket.socket()
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the last login's TIME_WAIT
+        try:
+            listening.bind(("127.0.0.1", port))
+            listening.listen(4)
+        except OSError as exc:
+            listening.close()
+            raise ServerUnavailableError(
+                "its login needs the loopback port %d, which is in use (%s); free it and call again"
+                % (port, exc.strerror or exc)
+            ) from None
+        return await anyio.abc.SocketListener.from_socket(listening)
+
     async def abandon(self) -> None:
         """Stop waiting for the browser (the bridge closes): the login fails at once."""
         if self.waiting and self._listener is not None:
             await self._listener.aclose()
+        if self.waiting and self._pending is not None:
+            self._pending[1].arrive({"error": "the bridge closed before the browser came back"})
 
     def forgotten(self) -> bool:
         """Whether the login was removed (`logout`) while a connection still holds its token."""
@@ -4480,19 +4607,15 @@ class ServerLogin:
 
     def required(self) -> LoginRequiredError:
         """What a call that needs the server is told while the login waits for the user."""
-        if self.shared:
-            return LoginRequiredError(
-                "MCP server %r wants an OAuth login. On this shared bridge every principal uses its "
-                "proxied servers, so only the bridge's operator logs in to them (whose account they all "
-                "then use): ask the operator to run `%s login %s` on the bridge's machine."
-                % (self.spec.name, SERVER_NAME, self.spec.name),
-                self,
-            )
+        how = (
+            "(In a terminal, `%s login %s` does the same.)" % (SERVER_NAME, self.spec.name)
+            if self.principal is None
+            else "(The login is this principal's own: the server acts with that account for it alone.)"
+        )
         return LoginRequiredError(
             "MCP server %r wants you to log in (OAuth) before code can use it. Ask the user to open this "
             "link in a browser and approve: %s -- then run the code again; the bridge waits %d minutes "
-            "for the login. (In a terminal, `%s login %s` does the same.)"
-            % (self.spec.name, self.link, LOGIN_WAIT // 60, SERVER_NAME, self.spec.name),
+            "for the login. %s" % (self.spec.name, self.link, LOGIN_WAIT // 60, how),
             self,
         )
 
@@ -4500,7 +4623,7 @@ class ServerLogin:
         """Ask the user of ``run``'s call to open the link (URL-mode elicitation, where its
         client takes it), then wait for the login, the call's timeout paused; whether the
         login is done (False: the client cannot show a link, or the user declined)."""
-        if self.link is None or self.shared:
+        if self.link is None:
             return False
         params = types.ElicitRequestURLParams(
             message="MCP server %r wants you to log in (OAuth) so that code can use it: open the "
@@ -4555,8 +4678,12 @@ class PooledClient:
         config: BridgeConfig,
         task_group: anyio.abc.TaskGroup,
         tool_list_cache: ToolListCache | None = None,
+        principal: str | None = None,
+        redirects: LoginRedirects | None = None,
     ) -> None:
-        """``tool_list_cache``: where its live tool lists are cached (its pool's), if anywhere."""
+        """``tool_list_cache``: where its live tool lists are cached (its pool's), if anywhere;
+        ``principal``: the HTTP principal whose own connection this is (a server with a login);
+        ``redirects``: where that principal's login comes back."""
         self.spec = spec
         self.config = config
         self.task_group = task_group
@@ -4577,7 +4704,7 @@ class PooledClient:
         self.wire = WireWatch()  # how large its messages are, where its transport measures them
         self.login = None  # a streamable-HTTP server's OAuth login, where it may want one
         if wants_oauth(spec):
-            self.login = ServerLogin(spec, config.state_dir, shared=config.names_principals)
+            self.login = ServerLogin(spec, config.state_dir, principal=principal, redirects=redirects)
         self._start_lock = anyio.Lock()
         self._starting: anyio.Event | None = None  # the last start's ready event
         self._closed = anyio.Event()
@@ -4995,19 +5122,45 @@ class PooledClient:
 
 
 class ClientPool:
-    """All configured servers, each started lazily on first use and then kept."""
+    """All configured servers, each started lazily on first use and then kept. On an HTTP
+    bridge of several principals (``redirects``), a server with a login is each principal's
+    own (of_principal): their accounts, tokens and connections never mix."""
 
     def __init__(
         self, discovery: DiscoveryResult, config: BridgeConfig, task_group: anyio.abc.TaskGroup
     ) -> None:
         self.discovery = discovery
         self.config = config
+        self.task_group = task_group
         self.tool_list_cache = ToolListCache(config.state_dir / TOOL_LISTS_PATH)
         self.clients = {
             spec.alias: PooledClient(spec, config, task_group, self.tool_list_cache)
             for spec in discovery.servers
             if server_allowed(spec.name, config)
         }
+        self.redirects = (
+            LoginRedirects(config.base_url + LOGIN_CALLBACK_PATH) if config.names_principals else None
+        )
+        self._principals: dict[str, ClientPool] = {}  # of_principal's, by principal
+
+    def of_principal(self, principal: str) -> ClientPool:
+        """The pool as ``principal`` uses it: the same clients, but its own for a server
+        with a login (wherever principals are told apart; else this pool)."""
+        if self.redirects is None or not any(client.login for client in self.clients.values()):
+            return self
+        found = self._principals.get(principal)
+        if found is None:
+            found = self._principals[principal] = copy.copy(self)
+            found.clients = {
+                alias: client
+                if client.login is None
+                else PooledClient(
+                    client.spec, self.config, self.task_group, self.tool_list_cache, principal, self.redirects
+                )
+                for alias, client in self.clients.items()
+            }
+            found._principals = {}
+        return found
 
     def client(self, alias: str) -> PooledClient:
         client = self.clients.get(alias)
@@ -5030,9 +5183,13 @@ class ClientPool:
         return list(dict.fromkeys(notices))
 
     async def aclose(self) -> None:
+        """Close every client this pool started, and every principal's own."""
+        clients = {id(client): client for client in self.clients.values()}
+        for pool in self._principals.values():
+            clients.update((id(client), client) for client in pool.clients.values())
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as group:
-                for client in self.clients.values():
+                for client in clients.values():
                     if client.starts:  # a client never started has no owner task to wait for
                         group.start_soon(client.aclose)
 
@@ -10689,7 +10846,6 @@ def page_start(cursor: str | None) -> int:
 # servers and the container engine are shared: they hold no caller's state.
 
 LOCAL_PRINCIPAL = "local"  # stdio's one client; over HTTP without tokens, every caller
-PRINCIPALS_DIRNAME = "principals"
 
 
 class Principals:
@@ -10721,7 +10877,8 @@ class Principals:
         # Defense in depth: the token file's parser checks names too; one becomes a directory.
         if not PRINCIPAL_NAME_PATTERN.fullmatch(name):
             raise UnauthenticatedError("Refused: %s is not a valid principal name." % ascii(name[:70]))
-        api = SandboxAPI(self.pool, self.config, self.store_dir(name), name, self.call_log)
+        pool = self.pool.of_principal(name) if self.http else self.pool
+        api = SandboxAPI(pool, self.config, self.store_dir(name), name, self.call_log)
         principal = Principal(name, api)
         self.by_name[name] = principal
         return principal
@@ -11878,8 +12035,7 @@ def oauth_resource(config: BridgeConfig) -> str:
     """This bridge's MCP URL, the audience its access tokens must name."""
     if config.oauth_resource is not None:
         return config.oauth_resource
-    host = config.host if ":" not in config.host or config.host.startswith("[") else "[%s]" % config.host
-    return "http://%s:%d%s" % (host, config.port, MCP_PATH)
+    return config.base_url + MCP_PATH
 
 
 def issuer_metadata_urls(issuer: str) -> list[str]:
@@ -12027,7 +12183,8 @@ def local_principal_backend() -> AuthenticationBackend:
 def http_app(
     server: Server[Bridge], bridge: Bridge, verifier: OAuthTokenVerifier | None = None
 ) -> tuple[Starlette, PrincipalSessionManager]:
-    """The ASGI app (/mcp behind bearer auth, /health open) and the SDK's session manager,
+    """The ASGI app (/mcp behind bearer auth; /health and the logins' /oauth/callback open)
+    and the SDK's session manager,
     whose run() serves the MCP sessions inside the open bridge."""
     from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
     from mcp.server.transport_security import TransportSecuritySettings
@@ -12085,6 +12242,8 @@ def http_app(
         Route(HEALTH_PATH, endpoint=health, methods=["GET"]),
         *oauth_routes,
     ]
+    if bridge.pool.redirects is not None:  # a browser back from a principal's login: no token
+        routes.append(Route(LOGIN_CALLBACK_PATH, endpoint=bridge.pool.redirects.endpoint, methods=["GET"]))
     app = Starlette(routes=routes, middleware=[Middleware(AuthenticationMiddleware, backend=backend)])
     return app, manager
 
@@ -14398,11 +14557,17 @@ def logout_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         description="Remove the OAuth tokens of a configured MCP server: its next use logs in again.",
     )
     parser.add_argument("server", help="the server's name in your MCP configuration")
+    parser.add_argument(
+        "--principal", help="the HTTP bridge's principal whose own login to remove (else the bridge's)"
+    )
     args, settings = parser.parse_known_args(list(argv))
     config = load_config(settings, environ)
     spec = oauth_server(args.server, config, environ)
-    forgot = OAuthTokenFile(oauth_token_path(config.state_dir, spec.url or "")).forget()
-    print(("Logged out of %s." if forgot else "%s had no login here.") % spec.name)
+    if args.principal is not None and not PRINCIPAL_NAME_PATTERN.fullmatch(args.principal):
+        raise CommandError("%s is not a principal name" % ascii(args.principal[:70]))
+    forgot = OAuthTokenFile(oauth_token_path(config.state_dir, spec.url or "", args.principal)).forget()
+    whose = "" if args.principal is None else " for principal %s" % args.principal
+    print(("Logged out of %s%s." if forgot else "%s had no login here%s.") % (spec.name, whose))
     return 0
 
 

@@ -16,10 +16,11 @@ import stat
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import httpx2
@@ -355,20 +356,115 @@ def test_doctor_names_the_login_link(proxy_engine: Engine, state_dir: Path, tmp_
     assert "wants you to log in" in doctor.stdout and LINK.search(doctor.stdout), doctor.stdout
 
 
-def test_on_a_shared_bridge_no_call_offers_a_login_link(tmp_path: Path) -> None:
-    # Several principals use the same proxied servers: the account one of them logged in with
-    # would act for all of them, so only the operator logs in (the login command).
+# --- an HTTP bridge of several principals: each logs in with its own account ------------
+
+
+def test_a_principals_login_is_its_own_file_and_says_so(tmp_path: Path) -> None:
     spec = bridge.ServerSpec(name="notes", alias="notes", transport="http", url="http://x/mcp", source="t")
-    shared = bridge.ServerLogin(spec, tmp_path, shared=True)
-    shared.link = "http://127.0.0.1:1/authorize?state=s"
-    said = str(shared.required())
-    assert "only the bridge's operator logs in" in said and "login notes" in said
-    assert "authorize" not in said
-    own = bridge.ServerLogin(spec, tmp_path)
-    own.link = shared.link
-    assert shared.link in str(own.required())
+    redirects = bridge.LoginRedirects("https://bridge.example/oauth/callback")
+    own = bridge.ServerLogin(spec, tmp_path, principal="bob", redirects=redirects)
+    assert own.tokens.path.parent == tmp_path / "principals" / "bob" / "oauth"
+    assert own.tokens.path.name == bridge.ServerLogin(spec, tmp_path).tokens.path.name
+    own.link = "https://as.example/authorize?state=s"
+    said = str(own.required())
+    assert own.link in said and "this principal's own" in said and "login notes" not in said
+    operators = bridge.ServerLogin(spec, tmp_path)
+    operators.link = own.link
+    assert "`mcp-server-code-execution-mode login notes`" in str(operators.required())
 
-    async def no_link_offered() -> bool:
-        return await shared.through(cast(Any, None))  # never reaches the call
 
-    assert anyio.run(no_link_offered) is False
+async def test_a_registration_for_another_redirect_address_counts_as_none(tmp_path: Path) -> None:
+    from mcp.shared.auth import OAuthClientInformationFull
+
+    here = "https://bridge.example/oauth/callback"
+    tokens = bridge.OAuthTokenFile(tmp_path / "t.json", redirect_uri=here)
+    await tokens.set_client_info(OAuthClientInformationFull(client_id="c", redirect_uris=[here]))  # type: ignore[list-item]
+    assert (await tokens.get_client_info()).client_id == "c"
+    moved = bridge.OAuthTokenFile(tmp_path / "t.json", redirect_uri="https://new.example/oauth/callback")
+    assert await moved.get_client_info() is None  # MCP_BRIDGE_PUBLIC_URL changed: register again
+
+
+async def test_a_browser_comes_back_to_the_login_its_state_names_and_only_once() -> None:
+    from starlette.requests import Request
+
+    def back(query: str) -> Request:
+        return Request({"type": "http", "method": "GET", "path": "/oauth/callback", "headers": [],
+                        "query_string": query.encode()})  # fmt: skip
+
+    redirects = bridge.LoginRedirects("https://bridge.example/oauth/callback")
+    state, pending = redirects.expect("https://as.example/authorize?client_id=c&state=s1&x=y", "notes")
+    assert state == "s1"
+    stranger = await redirects.endpoint(back("state=s2&code=c"))
+    assert stranger.status_code == 400 and not pending.back.is_set()
+    page = await redirects.endpoint(back("state=s1&code=abc&iss=https%3A%2F%2Fas.example"))
+    assert page.status_code == 200 and b"login to notes is done" in page.body
+    assert pending.back.is_set() and pending.query == {
+        "state": "s1",
+        "code": "abc",
+        "iss": "https://as.example",
+    }
+    assert (await redirects.endpoint(back("state=s1&code=abc"))).status_code == 400  # used
+    with pytest.raises(bridge.ServerUnavailableError, match="no state"):
+        redirects.expect("https://as.example/authorize?client_id=c", "notes")
+
+
+def test_the_public_url_is_where_logins_come_back_and_the_default_audience() -> None:
+    config = bridge.load_config(["--transport", "http", "--port", "8123"], {})
+    assert config.base_url == "http://127.0.0.1:8123"
+    public = bridge.load_config(
+        ["--transport", "http", "--host", "::1"], {"MCP_BRIDGE_PUBLIC_URL": "https://bridge.example/team/"}
+    )
+    assert public.base_url == "https://bridge.example/team"
+    assert bridge.load_config(["--transport", "http", "--host", "::1"], {}).base_url == "http://[::1]:8000"
+    with pytest.raises(bridge.ConfigError, match="PUBLIC_URL is for the HTTP transport"):
+        bridge.load_config([], {"MCP_BRIDGE_PUBLIC_URL": "https://bridge.example"})
+    with pytest.raises(bridge.ConfigError, match="without a query"):
+        bridge.load_config(["--transport", "http"], {"MCP_BRIDGE_PUBLIC_URL": "https://b.example/?x=1"})
+
+
+async def test_on_an_http_bridge_each_principal_logs_in_with_its_own_account(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    from tests.test_http import ALICE, BOB, call, http_bridge, http_client
+
+    with oauth_server() as url:
+        home = claude_desktop_home(state_dir.parent, {"notes": {"type": "http", "url": url}})
+        env = isolated_env(proxy_engine, state_dir, home)
+        async with (
+            http_bridge(proxy_engine, state_dir, approve="none") as running,
+            http_client(running.url, ALICE) as alice,
+            http_client(running.url, BOB) as bob,
+        ):
+            asked = await call(alice, "mcp_notes.whoami()")
+            assert "wants you to log in" in asked["text"] and "this principal's own" in asked["text"], asked
+            alices_link = the_link(asked["text"])
+            redirect = urllib.parse.parse_qs(urllib.parse.urlsplit(alices_link).query)["redirect_uri"]
+            assert redirect == [running.base + "/oauth/callback"]  # the bridge's, not a loopback port
+            bobs_link = the_link((await call(bob, "mcp_notes.whoami()"))["text"])
+            assert bobs_link != alices_link  # his own login, not a share of hers
+
+            assert "login to notes is done" in await open_in_browser(alices_link)
+            mine = await call(alice, "mcp_notes.whoami()")
+            assert mine["view"]["status"] == "ok", mine["text"]
+            still = await call(bob, "mcp_notes.whoami()")  # alice's login is not bob's
+            assert the_link(still["text"]) == bobs_link
+            assert "login to notes is done" in await open_in_browser(bobs_link)
+            his = await call(bob, "mcp_notes.whoami()")
+            assert his["view"]["status"] == "ok", his["text"]
+            assert "'client': " in mine["text"] and mine["text"] != his["text"]  # two registrations
+
+            async with httpx2.AsyncClient() as browser:  # a used link changes nothing
+                again = await browser.get(running.base + "/oauth/callback?" + alices_link.split("?")[1])
+            assert again.status_code == 400
+
+            principals = state_dir / "principals"
+            assert [p.parent.parent.name for p in sorted(principals.glob("*/oauth/*.json"))] == [
+                "alice",
+                "bob",
+            ]
+            assert not (state_dir / bridge.OAUTH_DIR).exists()  # no login of the bridge's own
+
+            logout = cli(env, "logout", "notes", "--principal", "bob")
+            assert logout.returncode == 0 and "Logged out of notes for principal bob" in logout.stdout
+            assert "wants you to log in" in (await call(bob, "mcp_notes.whoami()"))["text"]
+            assert (await call(alice, "mcp_notes.whoami()"))["view"]["status"] == "ok"
