@@ -94,6 +94,7 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "MCP_BRIDGE_TRANSPORT": ("http", "http"),
     "MCP_BRIDGE_HOST": ("0.0.0.0", "0.0.0.0"),  # allowed here: the token file below is set too
     "MCP_BRIDGE_PORT": ("8443", 8443),
+    "MCP_BRIDGE_PUBLIC_URL": ("https://bridge.example.com/team/", "https://bridge.example.com/team"),
     "MCP_BRIDGE_AUTH_TOKENS": (str(AUTH_TOKENS), bridge.AuthTokens(AUTH_TOKENS, AUTH_DIGESTS)),
     "MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL": ("2", 2),
     "MCP_BRIDGE_MAX_TOTAL_SESSIONS": ("100", 100),
@@ -129,10 +130,13 @@ def test_every_option_has_a_parse_case_in_this_test() -> None:
 def test_environment_variable_is_parsed_into_its_field(option: bridge.Option) -> None:
     raw, expected = ENV_VALUES[option.env]
     # MAX_TIMEOUT must stay >= the default timeout and TIMEOUT <= the default maximum. The
-    # OAuth settings belong to the HTTP transport, and the rest of them to an issuer.
+    # OAuth settings and the public URL belong to the HTTP transport, the rest of OAuth's to
+    # an issuer.
     needs = {}
     if option.env.startswith("MCP_BRIDGE_OAUTH_"):
         needs = {"MCP_BRIDGE_TRANSPORT": "http", "MCP_BRIDGE_OAUTH_ISSUER": "https://login.example.com/"}
+    elif option.env == "MCP_BRIDGE_PUBLIC_URL":
+        needs = {"MCP_BRIDGE_TRANSPORT": "http"}
     config = load_config([], {**needs, option.env: raw})
 
     assert getattr(config, option.field) == expected
