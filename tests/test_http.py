@@ -25,7 +25,7 @@ import anyio
 import httpx2
 import pytest
 from mcp import types
-from mcp.client.session import ClientSession
+from mcp.client.session import ClientSession, ElicitationFnT
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
@@ -163,6 +163,7 @@ def bridge_for(group: anyio.abc.TaskGroup, state_dir: Path, **settings: Any) -> 
     )
     config = bridge.BridgeConfig(state_dir=state_dir, transport="http", auth_tokens=tokens, **settings)
     pool: Any = SimpleNamespace(drain_notices=list)
+    pool.of_principal = lambda name: pool  # no server with a login
     sessions = bridge.Sandboxes(config, group, bridge.SharedEngine(config), shared=True)
     return bridge.Bridge(config, pool, sessions)
 
@@ -335,14 +336,17 @@ async def http_bridge(
 
 
 @asynccontextmanager
-async def http_client(url: str, token: str | None) -> AsyncIterator[ClientSession]:
-    """The SDK's own streamable HTTP client, with ``token`` as its bearer token."""
+async def http_client(
+    url: str, token: str | None, elicitation: ElicitationFnT | None = None
+) -> AsyncIterator[ClientSession]:
+    """The SDK's own streamable HTTP client, with ``token`` as its bearer token;
+    ``elicitation``: its answer to elicitation requests (given, it declares the capability)."""
     headers = {"Authorization": "Bearer " + token} if token is not None else {}
     timeout = httpx2.Timeout(30, read=300)
     async with (
         httpx2.AsyncClient(headers=headers, timeout=timeout) as http,
         streamable_http_client(url, http_client=http) as (read, write),
-        ClientSession(read, write) as session,
+        ClientSession(read, write, elicitation_callback=elicitation) as session,
     ):
         await session.initialize()
         yield session

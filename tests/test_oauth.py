@@ -468,3 +468,20 @@ async def test_on_an_http_bridge_each_principal_logs_in_with_its_own_account(
             assert logout.returncode == 0 and "Logged out of notes for principal bob" in logout.stdout
             assert "wants you to log in" in (await call(bob, "mcp_notes.whoami()"))["text"]
             assert (await call(alice, "mcp_notes.whoami()"))["view"]["status"] == "ok"
+
+        # A client of bob's that opens links: the link reaches it within the call, and the
+        # code goes on once he has logged in.
+        opened: list[str] = []
+
+        async def open_link(context: Any, params: Any) -> Any:
+            opened.append(params.url)
+            await open_in_browser(params.url)
+            return types.ElicitResult(action="accept")
+
+        async with (
+            http_bridge(proxy_engine, state_dir, approve="none") as running,
+            http_client(running.url, BOB, elicitation=open_link) as bob,
+        ):
+            who = await call(bob, "mcp_notes.whoami()")
+            assert who["view"]["status"] == "ok", who["text"]
+            assert len(opened) == 1 and "/oauth/callback" in urllib.parse.unquote(opened[0])
