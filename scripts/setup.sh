@@ -85,13 +85,15 @@ prepare_tools() {
     touch .venv/.installed
   fi
   # --- real third-party MCP servers for the proxy tests ---------------------------
-  # ... and the official TypeScript client (the inspector's CLI mode) for client-side tests.
+  # ... and the official TypeScript client (the inspector's CLI mode) for client-side tests,
+  # and a self-hosted OpenID provider (oidc-provider) for the HTTP bridge's OAuth tests.
   NPM_SERVERS=(@modelcontextprotocol/server-everything @modelcontextprotocol/server-filesystem
-               @modelcontextprotocol/server-memory @modelcontextprotocol/inspector)
+               @modelcontextprotocol/server-memory @modelcontextprotocol/inspector oidc-provider@9.13.3)
   if [ ! -x .cache/mcp-servers/node_modules/.bin/mcp-server-everything ] \
      || [ ! -x .cache/mcp-servers/node_modules/.bin/mcp-server-filesystem ] \
      || [ ! -x .cache/mcp-servers/node_modules/.bin/mcp-server-memory ] \
-     || [ ! -x .cache/mcp-servers/node_modules/.bin/mcp-inspector ]; then
+     || [ ! -x .cache/mcp-servers/node_modules/.bin/mcp-inspector ] \
+     || ! grep -qs '"version": "9.13.3"' .cache/mcp-servers/node_modules/oidc-provider/package.json; then
     log "installing ${NPM_SERVERS[*]} into .cache/mcp-servers"
     mkdir -p .cache/mcp-servers
     npm install --prefix .cache/mcp-servers --no-audit --no-fund --silent "${NPM_SERVERS[@]}" >/dev/null

@@ -8,6 +8,7 @@ subjects are two principals; an unreachable issuer stops the start."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -26,11 +27,13 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.auth import OAuthClientMetadata
 
-from tests.conftest import Engine, console_script
+from tests.conftest import REPO, Engine, console_script
 from tests.harness import bridge_env, free_port, wait_for_port
 from tests.servers.oauth_server import KID, load_key
 
 OAUTH_SERVER = Path(__file__).parent / "servers" / "oauth_server.py"
+OIDC_PROVIDER = Path(__file__).parent / "servers" / "oidc_provider.mjs"
+OIDC_PROVIDER_MODULE = REPO / ".cache" / "mcp-servers" / "node_modules" / "oidc-provider"
 
 pytestmark = pytest.mark.anyio
 
@@ -55,24 +58,24 @@ class Setup:
 
 
 @contextmanager
-def oauth_bridge(engine: Engine | None, state_dir: Path, tmp_path: Path, **env: str) -> Iterator[Setup]:
+def oauth_bridge(
+    engine: Engine | None, state_dir: Path, tmp_path: Path, provider: str = "stub", **env: str
+) -> Iterator[Setup]:
+    """The bridge over HTTP behind an authorization server: the test stub (which can also
+    mint tokens by hand: Setup.token), or ``provider="oidc-provider"``, a self-hosted
+    OpenID provider."""
     issuer_port, bridge_port = free_port(), free_port()
     issuer = "http://127.0.0.1:%d" % issuer_port
     bridge_url = "http://127.0.0.1:%d/mcp" % bridge_port
     key_file = tmp_path / "issuer-key.pem"
-    authority = subprocess.Popen(
-        [
-            sys.executable,
-            str(OAUTH_SERVER),
-            str(issuer_port),
-            "--jwt-audience",
-            bridge_url,
-            "--key-file",
-            str(key_file),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    if provider == "oidc-provider":
+        if not (OIDC_PROVIDER_MODULE / "package.json").exists():
+            pytest.fail("oidc-provider is not installed at %s; run scripts/setup.sh" % OIDC_PROVIDER_MODULE)
+        argv = ["node", str(OIDC_PROVIDER), str(OIDC_PROVIDER_MODULE), str(issuer_port), bridge_url]
+    else:
+        argv = [sys.executable, str(OAUTH_SERVER), str(issuer_port), "--jwt-audience", bridge_url]
+        argv += ["--key-file", str(key_file)]
+    authority = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     servers = tmp_path / "servers.json"
     servers.write_text('{"mcpServers": {}}')
     log = tmp_path / "bridge.log"
@@ -90,7 +93,7 @@ def oauth_bridge(engine: Engine | None, state_dir: Path, tmp_path: Path, **env: 
                 stderr=errors,
             )
         wait_for_port(bridge_port, bridge, "the bridge (log: %s)" % log)
-        yield Setup(issuer, bridge_url, load_key(str(key_file)), log)
+        yield Setup(issuer, bridge_url, load_key(str(key_file)) if provider == "stub" else None, log)
     finally:
         if bridge is not None:
             bridge.terminate()
@@ -117,20 +120,45 @@ class MemoryStorage:
         self.client = client_info
 
 
+async def sign_in_at_oidc_provider(link: str, person: str) -> dict[str, str]:
+    """What a person does in a browser at oidc-provider: its sign-in page (any name and
+    password), then its consent page; the query it redirects to the client with."""
+    async with httpx2.AsyncClient(follow_redirects=False, timeout=30) as browser:
+        answer = await browser.get(link)
+        for _ in range(10):
+            location = answer.headers.get("location")
+            if location is not None and urllib.parse.urlsplit(location).path == "/callback":
+                back = urllib.parse.urlsplit(location).query
+                return {key: values[0] for key, values in urllib.parse.parse_qs(back).items()}
+            if location is not None:
+                answer = await browser.get(urllib.parse.urljoin(str(answer.url), location))
+                continue
+            assert answer.status_code == 200, answer.text
+            form = re.search(r'action="([^"]+)"', answer.text)
+            prompt = re.search(r'name="prompt" value="(\w+)"', answer.text)
+            assert form is not None and prompt is not None, answer.text
+            fields = {"prompt": prompt.group(1), "login": person, "password": "any"}
+            answer = await browser.post(urllib.parse.urljoin(str(answer.url), form.group(1)), data=fields)
+    raise AssertionError("oidc-provider did not redirect back: %s" % answer.text[:500])
+
+
 @asynccontextmanager
-async def logged_in(url: str, person: str) -> AsyncIterator[ClientSession]:
+async def logged_in(url: str, person: str, provider: str = "stub") -> AsyncIterator[ClientSession]:
     """The SDK's streamable HTTP client with its OAuth client, logged in as ``person``: the
     "browser" follows the authorization server's approval to the redirect by hand."""
     query: dict[str, str] = {}
 
     async def open_link(link: str) -> None:
+        if provider == "oidc-provider":
+            query.update(await sign_in_at_oidc_provider(link, person))
+            return
         async with httpx2.AsyncClient() as browser:
             approved = await browser.get(link)
         back = urllib.parse.urlsplit(approved.headers["location"]).query
         query.update({key: values[0] for key, values in urllib.parse.parse_qs(back).items()})
 
     async def redirected() -> AuthorizationCodeResult:
-        return AuthorizationCodeResult(code=query["code"], state=query.get("state"))
+        return AuthorizationCodeResult(code=query["code"], state=query.get("state"), iss=query.get("iss"))
 
     metadata = OAuthClientMetadata(
         redirect_uris=["http://127.0.0.1:%d/callback" % free_port()],  # type: ignore[list-item]
@@ -234,6 +262,22 @@ async def test_tokens_the_bridge_must_refuse_get_401_with_the_metadata_pointer(
     for token in refused.values():
         if token is not None:
             assert token not in log  # tokens are never logged
+
+
+async def test_a_self_hosted_openid_provider_logs_people_in_as_their_own_principals(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    # panva's oidc-provider, set up as README's "self-hosted provider" says: the SDK's client
+    # registers itself, signs in (PKCE, the resource indicator, the "tools" scope), and the
+    # bridge takes the provider's own JWTs, checked against its JWKS.
+    with oauth_bridge(
+        proxy_engine, state_dir, tmp_path, provider="oidc-provider", MCP_BRIDGE_OAUTH_SCOPES="tools"
+    ) as setup:
+        async with logged_in(setup.bridge_url, "dana", "oidc-provider") as dana:
+            assert await run(dana, "runtime.save_memory('who', 'dana')['key']") == "who"
+        async with logged_in(setup.bridge_url, "erin", "oidc-provider") as erin:
+            assert await run(erin, "runtime.load_memory('who')") is None  # her own memory
+    assert sorted(path.name for path in (state_dir / "principals").iterdir()) == ["dana", "erin"]
 
 
 def test_an_unreachable_issuer_stops_the_start_and_settings_without_one_are_refused(

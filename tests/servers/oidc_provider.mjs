@@ -1,0 +1,48 @@
+// A self-hosted OpenID provider for the HTTP bridge's OAuth tests: panva's oidc-provider
+// (a certified OpenID Connect implementation; npm), set up the way an operator sets up
+// a provider for the bridge -- dynamic client registration, PKCE, and JWT access tokens
+// for the bridge's resource (RFC 8707) with the "tools" scope. Its login and consent pages
+// are the library's own development ones (any login name, any password).
+//
+//   node tests/servers/oidc_provider.mjs MODULE_DIR PORT AUDIENCE
+//
+// MODULE_DIR: the installed oidc-provider package; AUDIENCE: the bridge's MCP URL.
+import { pathToFileURL } from "node:url";
+import { join } from "node:path";
+import { readFileSync } from "node:fs";
+
+const [moduleDir, port, audience] = process.argv.slice(2);
+const main = JSON.parse(readFileSync(join(moduleDir, "package.json"), "utf8")).main;
+const { default: Provider, errors } = await import(pathToFileURL(join(moduleDir, main)).href);
+
+const issuer = `http://127.0.0.1:${port}`;
+const provider = new Provider(issuer, {
+  features: {
+    devInteractions: { enabled: true },
+    registration: { enabled: true },
+    resourceIndicators: {
+      enabled: true,
+      defaultResource: () => audience,
+      useGrantedResource: () => true,
+      getResourceServerInfo(ctx, resource) {
+        if (resource !== audience) {
+          throw new errors.InvalidTarget();
+        }
+        return {
+          scope: "tools",
+          audience,
+          accessTokenTTL: 300,
+          accessTokenFormat: "jwt",
+          jwt: { sign: { alg: "RS256" } },
+        };
+      },
+    },
+  },
+  scopes: ["openid", "offline_access", "tools"],
+  pkce: { required: () => true },
+  async findAccount(ctx, id) {
+    return { accountId: id, async claims() { return { sub: id }; } };
+  },
+});
+provider.proxy = false;
+provider.listen(Number(port), "127.0.0.1");
