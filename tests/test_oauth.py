@@ -29,7 +29,7 @@ import pytest
 
 import mcp_server_code_execution_mode as bridge
 from tests.conftest import Engine, bridge_client, claude_desktop_home, console_script, run_cell
-from tests.harness import free_port, isolated_env, local_server
+from tests.harness import free_port, isolated_env, local_server, wait_for_port
 
 OAUTH_SERVER = Path(__file__).parent / "servers" / "oauth_server.py"
 LINK = re.compile(r"http://127\.0\.0\.1:\d+/authorize\?[^\s'\"]+")
@@ -354,6 +354,43 @@ def test_doctor_names_the_login_link(proxy_engine: Engine, state_dir: Path, tmp_
         )
     assert doctor.returncode == 1, doctor.stdout + doctor.stderr
     assert "wants you to log in" in doctor.stdout and LINK.search(doctor.stdout), doctor.stdout
+
+
+async def test_a_server_behind_a_self_hosted_openid_provider_is_used_after_a_login_there(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    # The server is only a resource server; its login is at oidc-provider (a real OpenID
+    # provider): the bridge discovers it, registers there, and the person signs in and
+    # consents on its pages; the browser then comes back to the bridge's loopback port.
+    from tests.test_oauth_bridge import oidc_provider, sign_in_at_oidc_provider
+
+    issuer_port = free_port()
+    issuer = "http://127.0.0.1:%d" % issuer_port
+
+    def argv(port: int) -> list[str]:
+        return [sys.executable, str(OAUTH_SERVER), str(port), "--external-issuer", issuer]
+
+    with local_server(argv, "the resource server") as port:
+        url = "http://127.0.0.1:%d/mcp" % port
+        provider = oidc_provider(issuer_port, url)
+        try:
+            wait_for_port(issuer_port, provider, "oidc-provider")
+            async with bridge_client(oauth_env(proxy_engine, state_dir, tmp_path, url)) as client:
+                asked = await run_cell(client, "mcp_notes.whoami()")
+                assert "wants you to log in" in asked["text"], asked["text"]
+                link = re.search(r"%s/auth\?[^\s'\"]+" % re.escape(issuer), asked["text"])
+                assert link is not None, asked["text"]
+                back = await sign_in_at_oidc_provider(link.group(), "dana")
+                async with httpx2.AsyncClient() as browser:
+                    page = await browser.get(back)  # the bridge's loopback port
+                assert "login to notes is done" in page.text
+
+                who = await run_cell(client, "mcp_notes.whoami()")
+                assert who["status"] == "ok", who["text"]
+                assert "'subject': 'dana'" in who["value"] and url in who["value"]
+        finally:
+            provider.kill()
+            provider.wait(10)
 
 
 # --- an HTTP bridge of several principals: each logs in with its own account ------------

@@ -69,13 +69,11 @@ def oauth_bridge(
     bridge_url = "http://127.0.0.1:%d/mcp" % bridge_port
     key_file = tmp_path / "issuer-key.pem"
     if provider == "oidc-provider":
-        if not (OIDC_PROVIDER_MODULE / "package.json").exists():
-            pytest.fail("oidc-provider is not installed at %s; run scripts/setup.sh" % OIDC_PROVIDER_MODULE)
-        argv = ["node", str(OIDC_PROVIDER), str(OIDC_PROVIDER_MODULE), str(issuer_port), bridge_url]
+        authority = oidc_provider(issuer_port, bridge_url)
     else:
         argv = [sys.executable, str(OAUTH_SERVER), str(issuer_port), "--jwt-audience", bridge_url]
         argv += ["--key-file", str(key_file)]
-    authority = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        authority = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     servers = tmp_path / "servers.json"
     servers.write_text('{"mcpServers": {}}')
     log = tmp_path / "bridge.log"
@@ -120,16 +118,16 @@ class MemoryStorage:
         self.client = client_info
 
 
-async def sign_in_at_oidc_provider(link: str, person: str) -> dict[str, str]:
+async def sign_in_at_oidc_provider(link: str, person: str) -> str:
     """What a person does in a browser at oidc-provider: its sign-in page (any name and
-    password), then its consent page; the query it redirects to the client with."""
+    password), then its consent page; where it then sends the browser back to the client
+    (a URL ending in /callback?code=...)."""
     async with httpx2.AsyncClient(follow_redirects=False, timeout=30) as browser:
         answer = await browser.get(link)
         for _ in range(10):
             location = answer.headers.get("location")
             if location is not None and urllib.parse.urlsplit(location).path == "/callback":
-                back = urllib.parse.urlsplit(location).query
-                return {key: values[0] for key, values in urllib.parse.parse_qs(back).items()}
+                return str(location)
             if location is not None:
                 answer = await browser.get(urllib.parse.urljoin(str(answer.url), location))
                 continue
@@ -142,6 +140,14 @@ async def sign_in_at_oidc_provider(link: str, person: str) -> dict[str, str]:
     raise AssertionError("oidc-provider did not redirect back: %s" % answer.text[:500])
 
 
+def oidc_provider(port: int, *audiences: str) -> subprocess.Popen[bytes]:
+    """tests/servers/oidc_provider.mjs on ``port``, issuing tokens for ``audiences``."""
+    if not (OIDC_PROVIDER_MODULE / "package.json").exists():
+        pytest.fail("oidc-provider is not installed at %s; run scripts/setup.sh" % OIDC_PROVIDER_MODULE)
+    argv = ["node", str(OIDC_PROVIDER), str(OIDC_PROVIDER_MODULE), str(port), ",".join(audiences)]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 @asynccontextmanager
 async def logged_in(url: str, person: str, provider: str = "stub") -> AsyncIterator[ClientSession]:
     """The SDK's streamable HTTP client with its OAuth client, logged in as ``person``: the
@@ -150,11 +156,11 @@ async def logged_in(url: str, person: str, provider: str = "stub") -> AsyncItera
 
     async def open_link(link: str) -> None:
         if provider == "oidc-provider":
-            query.update(await sign_in_at_oidc_provider(link, person))
-            return
-        async with httpx2.AsyncClient() as browser:
-            approved = await browser.get(link)
-        back = urllib.parse.urlsplit(approved.headers["location"]).query
+            location = await sign_in_at_oidc_provider(link, person)
+        else:
+            async with httpx2.AsyncClient() as browser:
+                location = (await browser.get(link)).headers["location"]
+        back = urllib.parse.urlsplit(location).query
         query.update({key: values[0] for key, values in urllib.parse.parse_qs(back).items()})
 
     async def redirected() -> AuthorizationCodeResult:

@@ -6,6 +6,11 @@ exchange with PKCE (checked by the SDK's token handler), refresh tokens that rot
 tokens bound to the resource indicator the client sent (RFC 8707), checked on every call.
 
     python tests/servers/oauth_server.py PORT [--token-seconds N] [--jwt-audience URL --key-file PEM]
+    python tests/servers/oauth_server.py PORT --external-issuer URL
+
+With --external-issuer it is only a resource server: its metadata names that authorization
+server (a real one, such as tests/servers/oidc_provider.mjs), and it takes that server's
+JWT access tokens for its own URL (checked against the issuer's JWKS).
 
 With --jwt-audience it is also the authorization server of another resource (the HTTP
 bridge): a token asked for that resource is a JWT (RS256, the key in --key-file, its JWKS
@@ -208,19 +213,71 @@ def load_key(path: str) -> Any:
         return key
 
 
+class ExternalTokens:
+    """A TokenVerifier for JWTs of another authorization server: signed by a key of its
+    JWKS (found through its OpenID metadata), for ``resource``, with the "tools" scope."""
+
+    def __init__(self, issuer: str, resource: str) -> None:
+        self.issuer, self.resource = issuer, resource
+        self._keys: Any = None
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        import anyio
+        import httpx2
+        import jwt
+
+        if self._keys is None:
+            async with httpx2.AsyncClient() as http:
+                metadata = (await http.get(self.issuer + "/.well-known/openid-configuration")).json()
+            self._keys = jwt.PyJWKClient(metadata["jwks_uri"])
+        try:
+            key = await anyio.to_thread.run_sync(self._keys.get_signing_key_from_jwt, token)
+            claims = jwt.decode(
+                token, key.key, algorithms=["RS256"], audience=self.resource, issuer=self.issuer
+            )
+        except jwt.PyJWTError:
+            return None
+        scopes = str(claims.get("scope", "")).split()
+        if SCOPE not in scopes:
+            return None
+        return AccessToken(
+            token=token,
+            client_id=str(claims.get("client_id", "")),
+            scopes=scopes,
+            expires_at=int(claims["exp"]),
+            resource=self.resource,
+            subject=str(claims.get("sub")),
+        )
+
+
 def build(
     port: int,
     token_seconds: int,
     jwt_audience: str | None = None,
     key_file: str | None = None,
     issuer: str | None = None,
+    external_issuer: str | None = None,
 ) -> tuple[MCPServer, InMemoryAuthority]:
     """``issuer``: the authorization server its metadata names (default: itself; another
-    URL, where nothing answers, makes a server whose login cannot be reached)."""
+    URL, where nothing answers, makes a server whose login cannot be reached);
+    ``external_issuer``: a real authorization server whose tokens it takes instead."""
     base = "http://127.0.0.1:%d" % port
     resource = base + "/mcp"
     key = load_key(key_file) if key_file else None
     authority = InMemoryAuthority(resource, token_seconds, base, jwt_audience, key)
+    if external_issuer is not None:
+        server = MCPServer(
+            "oauth-stub",
+            token_verifier=ExternalTokens(external_issuer, resource),
+            auth=AuthSettings(
+                issuer_url=external_issuer,  # type: ignore[arg-type]
+                resource_server_url=resource,  # type: ignore[arg-type]
+                required_scopes=[SCOPE],
+                validate_token_resource=True,
+            ),
+        )
+        add_tools(server, authority)
+        return server, authority
     server = MCPServer(
         "oauth-stub",
         auth_server_provider=authority,
@@ -252,6 +309,11 @@ def build(
             public = json.loads(RSAAlgorithm.to_jwk(key.public_key()))
             return JSONResponse({"keys": [{**public, "kid": KID, "use": "sig", "alg": "RS256"}]})
 
+    add_tools(server, authority)
+    return server, authority
+
+
+def add_tools(server: MCPServer, authority: InMemoryAuthority) -> None:
     @server.tool()
     async def whoami() -> dict[str, Any]:
         """Who the access token says the caller is."""
@@ -274,8 +336,6 @@ def build(
         authority.refresh.clear()
         return count
 
-    return server, authority
-
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -284,8 +344,11 @@ def main() -> None:
     parser.add_argument("--jwt-audience")
     parser.add_argument("--key-file")
     parser.add_argument("--issuer")
+    parser.add_argument("--external-issuer")
     args = parser.parse_args()
-    server, _ = build(args.port, args.token_seconds, args.jwt_audience, args.key_file, args.issuer)
+    server, _ = build(
+        args.port, args.token_seconds, args.jwt_audience, args.key_file, args.issuer, args.external_issuer
+    )
     server.run("streamable-http", host="127.0.0.1", port=args.port)
 
 

@@ -4,14 +4,16 @@
 // for the bridge's resource (RFC 8707) with the "tools" scope. Its login and consent pages
 // are the library's own development ones (any login name, any password).
 //
-//   node tests/servers/oidc_provider.mjs MODULE_DIR PORT AUDIENCE
+//   node tests/servers/oidc_provider.mjs MODULE_DIR PORT AUDIENCE[,AUDIENCE...]
 //
-// MODULE_DIR: the installed oidc-provider package; AUDIENCE: the bridge's MCP URL.
+// MODULE_DIR: the installed oidc-provider package; each AUDIENCE: a resource it issues
+// tokens for (the HTTP bridge's MCP URL, a proxied MCP server's).
 import { pathToFileURL } from "node:url";
 import { join } from "node:path";
 import { readFileSync } from "node:fs";
 
-const [moduleDir, port, audience] = process.argv.slice(2);
+const [moduleDir, port, audienceList] = process.argv.slice(2);
+const audiences = audienceList.split(",");
 const main = JSON.parse(readFileSync(join(moduleDir, "package.json"), "utf8")).main;
 const { default: Provider, errors } = await import(pathToFileURL(join(moduleDir, main)).href);
 
@@ -22,15 +24,15 @@ const provider = new Provider(issuer, {
     registration: { enabled: true },
     resourceIndicators: {
       enabled: true,
-      defaultResource: () => audience,
+      defaultResource: () => audiences[0],
       useGrantedResource: () => true,
       getResourceServerInfo(ctx, resource) {
-        if (resource !== audience) {
+        if (!audiences.includes(resource)) {
           throw new errors.InvalidTarget();
         }
         return {
           scope: "tools",
-          audience,
+          audience: resource,
           accessTokenTTL: 300,
           accessTokenFormat: "jwt",
           jwt: { sign: { alg: "RS256" } },
