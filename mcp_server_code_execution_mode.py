@@ -198,6 +198,7 @@ SDK_INTERNALS = (
     "mcp.shared._httpx_utils:create_mcp_http_client",  # an HTTP server's client, the SDK's timeouts
     "mcp.os.posix.utilities:terminate_posix_process_tree",  # stops a stdio server's process group
     "mcp.client.auth.oauth2:OAuthContext.token_expiry_time",  # a stored token's expiry, after a restart
+    "mcp.client.auth.oauth2:OAuthContext.update_token_expiry",  # refreshed before it expires
     "mcp.server.streamable_http_manager:StreamableHTTPSessionManager._admit_session",  # per-principal cap
     "mcp.server.streamable_http_manager:StreamableHTTPSessionManager._session_owners",  # who holds each
     "mcp.server.streamable_http_manager:StreamableHTTPSessionManager._server_instances",  # how many open
@@ -4284,10 +4285,18 @@ _CONNECTION_ENDED = "exited or closed its connection"
 OAUTH_DIR = "oauth"  # under STATE_DIR (or a principal's folder): one 0600 file per server URL
 PRINCIPALS_DIRNAME = "principals"  # under STATE_DIR: each HTTP principal's own folder
 LOGIN_WAIT = 600.0  # seconds a login waits for the browser's redirect
+REFRESH_EARLY = 60.0  # at most this many seconds before it expires, a token is refreshed
 SERVER_LOGIN_FINISH = 30.0  # seconds for the rest of a server's start once its login is done
 REDIRECT_PATH = "/callback"  # on the loopback port of a login of the bridge's own
 LOGIN_CALLBACK_PATH = "/oauth/callback"  # on the HTTP bridge: its principals' logins
 MAX_REDIRECT_REQUEST_BYTES = 16 * 1024
+
+
+def refresh_lead(lifetime: float) -> float:
+    """How long before its expiry a token of ``lifetime`` seconds is refreshed: a server
+    whose clock runs ahead, or a request in flight at the expiry, would answer 401, and on a
+    401 the SDK asks the user to log in again even though it could refresh."""
+    return min(REFRESH_EARLY, lifetime / 10)
 
 
 def wants_oauth(spec: ServerSpec) -> bool:
@@ -4564,9 +4573,22 @@ class ServerLogin:
         provider = OAuthClientProvider(
             self.spec.url or "", metadata, self.tokens, show_link, wait_for_redirect
         )
-        expires = self.tokens.read().get("expires_at")
-        if isinstance(expires, int | float):
-            provider.context.token_expiry_time = float(expires)  # one of SDK_INTERNALS
+        context = provider.context
+
+        def refresh_early(token: Any) -> None:  # one of SDK_INTERNALS: in place of the SDK's own
+            lifetime = token.expires_in
+            if lifetime is None:
+                context.token_expiry_time = None
+            else:
+                context.token_expiry_time = time.time() + lifetime - refresh_lead(lifetime)
+
+        context.update_token_expiry = refresh_early  # type: ignore[method-assign]
+        stored = self.tokens.read()
+        expires, tokens = stored.get("expires_at"), stored.get("tokens")
+        lifetime = tokens.get("expires_in") if isinstance(tokens, dict) else None
+        if isinstance(expires, int | float):  # one of SDK_INTERNALS
+            lead = refresh_lead(lifetime) if isinstance(lifetime, int | float) else 0.0
+            context.token_expiry_time = float(expires) - lead
         return provider
 
     async def _redirect(self) -> dict[str, str]:

@@ -410,6 +410,30 @@ def test_a_principals_login_is_its_own_file_and_says_so(tmp_path: Path) -> None:
     assert "`mcp-server-code-execution-mode login notes`" in str(operators.required())
 
 
+async def test_a_token_is_refreshed_before_it_expires_also_after_a_restart(tmp_path: Path) -> None:
+    # On a 401 the SDK would ask the user to log in again, though it could refresh: a server
+    # whose clock runs ahead must never see a token at its very end.
+    from mcp.shared.auth import OAuthToken
+
+    spec = bridge.ServerSpec(name="notes", alias="notes", transport="http", url="http://x/mcp", source="t")
+    login = bridge.ServerLogin(spec, tmp_path)
+    context = login.provider().context
+    context.update_token_expiry(OAuthToken(access_token="a", expires_in=3600))
+    assert context.token_expiry_time is not None
+    assert 3535 < context.token_expiry_time - time.time() <= 3540  # a minute early
+    context.update_token_expiry(OAuthToken(access_token="a", expires_in=30))
+    assert 25 < context.token_expiry_time - time.time() <= 27  # a tenth of a short life
+    context.update_token_expiry(OAuthToken(access_token="a"))
+    assert context.token_expiry_time is None  # no expiry said: none assumed
+
+    await login.tokens.set_tokens(OAuthToken(access_token="a", expires_in=3600, refresh_token="r"))
+    restarted = bridge.ServerLogin(spec, tmp_path).provider().context
+    assert restarted.token_expiry_time is not None
+    assert 3535 < restarted.token_expiry_time - time.time() <= 3540
+    login.tokens.path.write_text('{"expires_at": 5, "tokens": "torn"}')
+    assert bridge.ServerLogin(spec, tmp_path).provider().context.token_expiry_time == 5
+
+
 async def test_a_registration_for_another_redirect_address_counts_as_none(tmp_path: Path) -> None:
     from mcp.shared.auth import OAuthClientInformationFull
 
