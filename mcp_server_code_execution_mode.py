@@ -14521,6 +14521,38 @@ def oauth_server(name: str, config: BridgeConfig, environ: Mapping[str, str]) ->
     return spec
 
 
+def terminal_lines(fd: int) -> Iterator[str]:
+    """The lines read from ``fd`` until its end, unbuffered: a daemon thread blocked in
+    sys.stdin would hold its lock when the interpreter exits, which is a fatal error."""
+    pending = b""
+    while chunk := os.read(fd, 4096):
+        pending += chunk
+        *whole, pending = pending.split(b"\n")
+        yield from (line.decode("utf-8", "replace") for line in whole)
+    if pending:
+        yield pending.decode("utf-8", "replace")
+
+
+def forward_pasted_redirect(port: int, lines: Iterable[str]) -> None:
+    """The address a browser on another machine ended on (its redirect to this machine's
+    loopback port, which it cannot reach), pasted at the terminal: handed to that port, so
+    the login finishes all the same."""
+    import urllib.request
+
+    for line in lines:
+        pasted = urllib.parse.urlsplit(line.strip())
+        if pasted.path == REDIRECT_PATH and pasted.query:
+            with suppress(OSError):
+                back = "http://127.0.0.1:%d%s?%s" % (port, REDIRECT_PATH, pasted.query)
+                urllib.request.urlopen(back, timeout=10).close()
+            return
+        if line.strip():
+            print(
+                "That is not where the login ended (an address with %s?code=...)." % REDIRECT_PATH,
+                file=sys.stderr,
+            )
+
+
 async def log_in(spec: ServerSpec, config: BridgeConfig, on_link: Callable[[str], None]) -> bool:
     """Connect to ``spec`` once with its login; whether the user had to log in (False: the
     stored tokens still work)."""
@@ -14559,7 +14591,18 @@ def login_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
 
             with suppress(Exception):
                 webbrowser.open(url)
-        print("Waiting up to %d minutes for the login..." % (LOGIN_WAIT // 60), file=sys.stderr, flush=True)
+        print(
+            "Waiting up to %d minutes for the login... (A browser on another machine ends on a page "
+            "that does not load: paste that page's address here.)" % (LOGIN_WAIT // 60),
+            file=sys.stderr,
+            flush=True,
+        )
+        redirect = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query)).get("redirect_uri", "")
+        port = urllib.parse.urlsplit(redirect).port
+        with suppress(AttributeError, OSError, ValueError):  # no stdin at all: nothing to paste
+            if port is not None:
+                lines = terminal_lines(sys.stdin.fileno())
+                threading.Thread(target=forward_pasted_redirect, args=(port, lines), daemon=True).start()
 
     try:
         asked = anyio.run(log_in, spec, config, show)

@@ -323,6 +323,43 @@ async def test_the_login_command_logs_in_at_a_terminal_for_the_bridge(
             assert who["status"] == "ok" and "alice" in who["value"], who["text"]
 
 
+async def test_a_browser_on_another_machine_finishes_the_login_by_its_pasted_address(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    # Over SSH: the browser is elsewhere, so its redirect to this machine's loopback port
+    # does not load; the person pastes the address it ended on into the login command.
+    with oauth_server() as url:
+        env = oauth_env(proxy_engine, state_dir, tmp_path, url)
+        login = subprocess.Popen(
+            [console_script(), "login", "notes", "--no-browser"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert login.stderr is not None and login.stdin is not None
+            said = ""
+            while "paste that page's address here" not in said:
+                line = login.stderr.readline()
+                assert line, "the login command ended without asking: %s" % said
+                said += line
+            async with httpx2.AsyncClient() as browser:  # approves, but never reaches the redirect
+                ended_on = (await browser.get(the_link(said))).headers["location"]
+            assert "/callback?code=" in ended_on
+            login.stdin.write("not the address\n" + ended_on + "\n")
+            login.stdin.flush()
+            out, errors = login.communicate(timeout=60)
+        finally:
+            login.kill()
+        assert login.returncode == 0 and "Logged in to notes" in out, errors
+        assert "That is not where the login ended" in errors
+        async with bridge_client(env) as client:
+            who = await run_cell(client, "mcp_notes.whoami()")
+            assert who["status"] == "ok" and "alice" in who["value"], who["text"]
+
+
 def test_login_names_what_it_cannot_log_in_to(tmp_path: Path, state_dir: Path) -> None:
     home = claude_desktop_home(
         tmp_path,
