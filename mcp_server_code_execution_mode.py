@@ -629,6 +629,8 @@ class BridgeConfig:
     oauth_resource: str | None = None  # None: PUBLIC_URL/mcp
     oauth_principal_claim: str = "sub"
     oauth_scopes: tuple[str, ...] = ()
+    oauth_client_id: str | None = None  # the bridge's own client at the issuer: token introspection
+    oauth_client_secret_file: Path | None = None
     max_calls_per_principal: int = 8
     max_total_sessions: int = 32
     max_mcp_sessions_per_principal: int = 16
@@ -1165,6 +1167,21 @@ OPTIONS: tuple[Option, ...] = (
         "none",
     ),
     Option(
+        "oauth_client_id",
+        "MCP_BRIDGE_OAUTH_CLIENT_ID",
+        _pattern(r"[\x21-\x7e]{1,200}", "a client id (printable, no spaces)"),
+        "the bridge's own client at the issuer, with MCP_BRIDGE_OAUTH_CLIENT_SECRET_FILE: access "
+        "tokens that are not JWTs are checked at the issuer's introspection endpoint (RFC 7662)",
+        "none",
+    ),
+    Option(
+        "oauth_client_secret_file",
+        "MCP_BRIDGE_OAUTH_CLIENT_SECRET_FILE",
+        _existing_file,
+        "file holding that client's secret",
+        "none",
+    ),
+    Option(
         "max_calls_per_principal",
         "MCP_BRIDGE_MAX_CALLS_PER_PRINCIPAL",
         _positive_int,
@@ -1326,11 +1343,20 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> BridgeConfig
     if config.runtime == "kubernetes":
         _check_kubernetes(config)
     if config.oauth_issuer is None and (
-        config.oauth_resource is not None or config.oauth_scopes or config.oauth_principal_claim != "sub"
+        config.oauth_resource is not None
+        or config.oauth_scopes
+        or config.oauth_principal_claim != "sub"
+        or config.oauth_client_id is not None
+        or config.oauth_client_secret_file is not None
     ):
         raise ConfigError(
-            "MCP_BRIDGE_OAUTH_RESOURCE, _SCOPES and _PRINCIPAL_CLAIM need MCP_BRIDGE_OAUTH_ISSUER (the "
-            "authorization server whose tokens the bridge takes)"
+            "MCP_BRIDGE_OAUTH_RESOURCE, _SCOPES, _PRINCIPAL_CLAIM, _CLIENT_ID and _CLIENT_SECRET_FILE need "
+            "MCP_BRIDGE_OAUTH_ISSUER (the authorization server whose tokens the bridge takes)"
+        )
+    if (config.oauth_client_id is None) != (config.oauth_client_secret_file is None):
+        raise ConfigError(
+            "MCP_BRIDGE_OAUTH_CLIENT_ID and MCP_BRIDGE_OAUTH_CLIENT_SECRET_FILE go together: the bridge's "
+            "client at the issuer, which introspects tokens that are not JWTs"
         )
     if config.public_url is not None and config.transport != "http":
         raise ConfigError("MCP_BRIDGE_PUBLIC_URL is for the HTTP transport (--transport http)")
@@ -12072,8 +12098,18 @@ def issuer_metadata_urls(issuer: str) -> list[str]:
     ]
 
 
-def discover_jwks_uri(issuer: str) -> str:
-    """The issuer's jwks_uri from its metadata; CommandError saying what failed (checked at
+@dataclass(frozen=True)
+class IssuerEndpoints:
+    """Where the bridge checks an issuer's tokens: the keys that sign its JWTs, and its
+    introspection endpoint (RFC 7662; only for a bridge with a client of its own there)."""
+
+    jwks_uri: str | None
+    introspection_endpoint: str | None = None
+
+
+def discover_issuer(issuer: str, introspects: bool = False) -> IssuerEndpoints:
+    """The issuer's endpoints from its metadata: its jwks_uri, and with ``introspects`` its
+    introspection endpoint, which must be there; CommandError saying what failed (checked at
     start-up: a bridge that cannot check tokens must not start as if it could)."""
     import urllib.request
 
@@ -12091,30 +12127,80 @@ def discover_jwks_uri(issuer: str) -> str:
         if named.rstrip("/") != issuer.rstrip("/"):
             tried.append("%s: not this issuer's metadata" % url)
             continue
-        jwks_uri = metadata.get("jwks_uri")
-        if isinstance(jwks_uri, str) and jwks_uri:
-            return _web_url(jwks_uri)
-        tried.append("%s: no jwks_uri" % url)
+        found: dict[str, str | None] = {}
+        for name, wanted in (("jwks_uri", True), ("introspection_endpoint", introspects)):
+            value = metadata.get(name)
+            try:
+                found[name] = _web_url(value) if wanted and isinstance(value, str) and value else None
+            except ValueError as exc:
+                tried.append("%s: its %s %s" % (url, name, exc))
+                found[name] = None
+        if introspects and found["introspection_endpoint"] is None:
+            tried.append("%s: no introspection_endpoint (MCP_BRIDGE_OAUTH_CLIENT_ID is set)" % url)
+            continue
+        if found["jwks_uri"] is None and found["introspection_endpoint"] is None:
+            tried.append("%s: no jwks_uri" % url)
+            continue
+        return IssuerEndpoints(found["jwks_uri"], found["introspection_endpoint"])
     raise CommandError(
-        "MCP_BRIDGE_OAUTH_ISSUER=%s: no metadata with the keys that sign its tokens (jwks_uri) was "
-        "found, so no token could be checked: %s" % (issuer, "; ".join(tried))
+        "MCP_BRIDGE_OAUTH_ISSUER=%s: no metadata with the keys that sign its tokens (jwks_uri)%s was "
+        "found, so no token could be checked: %s"
+        % (issuer, " or its introspection endpoint" if introspects else "", "; ".join(tried))
     )
+
+
+class TokenRefusedError(Exception):
+    """Why an access token is not taken (logged, never with the token)."""
+
+
+JWT_SHAPE = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
+INTROSPECTION_CACHE_SECONDS = 60.0  # a revoked token is still taken for at most this long
+INTROSPECTION_CACHE_ENTRIES = 4096
+
+
+def introspected_claims(answer: object, issuer: str, resource: str, now: float) -> dict[str, Any]:
+    """The claims of an issuer's introspection answer (RFC 7662) for a token it says is
+    active, for this bridge (``aud`` must name ``resource``) and not expired; else
+    TokenRefusedError saying why."""
+    if not isinstance(answer, dict) or answer.get("active") is not True:
+        raise TokenRefusedError("the issuer says it is not active")
+    named = answer.get("iss")
+    if named is not None and str(named).rstrip("/") != issuer.rstrip("/"):
+        raise TokenRefusedError("the issuer's answer names another issuer")
+    audience = answer.get("aud")
+    audiences = [audience] if isinstance(audience, str) else audience if isinstance(audience, list) else []
+    if resource not in audiences:
+        raise TokenRefusedError("it is not for this bridge (its audience is %r)" % (audience,))
+    expires = answer.get("exp")
+    if isinstance(expires, int | float) and expires + OAUTH_CLOCK_SKEW < now:
+        raise TokenRefusedError("it has expired")
+    return answer
 
 
 class OAuthTokenVerifier:
     """The SDK's TokenVerifier with MCP_BRIDGE_OAUTH_ISSUER: a token of the token file (if
     any) names its principal as before; any other must be a JWT of the issuer for this
-    bridge. Whatever is wrong with a token, it is refused (401), never let through."""
+    bridge, or, with a client of the bridge's at the issuer, a token the issuer's
+    introspection endpoint says is active for this bridge (its answer cached for a minute
+    at most). Whatever is wrong with a token, it is refused (401), never let through."""
 
-    def __init__(self, config: BridgeConfig, jwks_uri: str) -> None:
+    def __init__(self, config: BridgeConfig, endpoints: IssuerEndpoints) -> None:
         import jwt
 
         assert config.oauth_issuer is not None
         self.config = config
         self.issuer = config.oauth_issuer
         self.resource = oauth_resource(config)
-        self.keys = jwt.PyJWKClient(jwks_uri, cache_keys=True, timeout=int(OAUTH_DISCOVERY_TIMEOUT))
-        self._limiter = anyio.CapacityLimiter(4)  # the JWKS fetch and the signature check block
+        self.keys = None
+        if endpoints.jwks_uri is not None:
+            timeout = int(OAUTH_DISCOVERY_TIMEOUT)
+            self.keys = jwt.PyJWKClient(endpoints.jwks_uri, cache_keys=True, timeout=timeout)
+        self.introspection_endpoint = endpoints.introspection_endpoint
+        self._client_secret = ""
+        if config.oauth_client_secret_file is not None:
+            self._client_secret = config.oauth_client_secret_file.read_text(encoding="utf-8").strip()
+        self._introspected: dict[str, tuple[float, dict[str, Any]]] = {}  # by the token's digest
+        self._limiter = anyio.CapacityLimiter(4)  # the JWKS fetch, the signature check, introspection
 
     async def verify_token(self, token: str) -> AccessToken | None:
         import jwt
@@ -12125,7 +12211,13 @@ class OAuthTokenVerifier:
         if principal is not None:
             return AccessToken(token="", client_id=principal, scopes=[])
         try:
-            claims = await anyio.to_thread.run_sync(self._claims, token, limiter=self._limiter)
+            if self.keys is not None and (self.introspection_endpoint is None or JWT_SHAPE.fullmatch(token)):
+                claims = await anyio.to_thread.run_sync(self._claims, token, limiter=self._limiter)
+            else:
+                claims = await self._introspect(token)
+        except TokenRefusedError as exc:
+            logger.info("refused an access token: %s", exc)
+            return None
         except jwt.PyJWKClientConnectionError as exc:
             logger.warning("the issuer's keys could not be fetched, so a token was refused: %s", exc)
             return None
@@ -12154,9 +12246,60 @@ class OAuthTokenVerifier:
             subject=subject,
         )
 
+    async def _introspect(self, token: str) -> dict[str, Any]:
+        """The issuer's word on ``token``, from the cache while it holds."""
+        digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+        now = time.time()
+        cached = self._introspected.get(digest)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        answer = await anyio.to_thread.run_sync(self._ask_issuer, token, limiter=self._limiter)
+        claims = introspected_claims(answer, self.issuer, self.resource, now)
+        expires = claims.get("exp")
+        until = now + INTROSPECTION_CACHE_SECONDS
+        if isinstance(expires, int | float):
+            until = min(until, float(expires))
+        if len(self._introspected) >= INTROSPECTION_CACHE_ENTRIES:  # the lapsed first, else the oldest
+            kept = {key: entry for key, entry in self._introspected.items() if entry[0] > now}
+            self._introspected = kept if len(kept) < INTROSPECTION_CACHE_ENTRIES else {}
+        self._introspected[digest] = (until, claims)
+        return claims
+
+    def _ask_issuer(self, token: str) -> object:
+        """The introspection endpoint's JSON answer about ``token``, asked as the bridge's
+        client (HTTP Basic, RFC 6749's form-encoded id and secret)."""
+        import urllib.error
+        import urllib.request
+
+        assert self.introspection_endpoint is not None and self.config.oauth_client_id is not None
+        quote = partial(urllib.parse.quote, safe="")
+        credentials = "%s:%s" % (quote(self.config.oauth_client_id), quote(self._client_secret))
+        request = urllib.request.Request(
+            self.introspection_endpoint,
+            data=urllib.parse.urlencode({"token": token, "token_type_hint": "access_token"}).encode(),
+            headers={
+                "Authorization": "Basic " + base64.b64encode(credentials.encode()).decode(),
+                "Accept": "application/json",
+                "Content-Type": "application/x-www-form-urlencoded",
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=OAUTH_DISCOVERY_TIMEOUT) as response:
+                return json.loads(response.read(1 << 20))
+        except urllib.error.HTTPError as exc:
+            logger.warning(
+                "the issuer's introspection endpoint answered HTTP %d%s, so a token was refused",
+                exc.code,
+                " (check MCP_BRIDGE_OAUTH_CLIENT_ID and its secret)" if exc.code in (400, 401, 403) else "",
+            )
+        except (OSError, ValueError) as exc:
+            logger.warning("the issuer's introspection endpoint failed, so a token was refused: %s", exc)
+        raise TokenRefusedError("the issuer could not be asked about it")
+
     def _claims(self, token: str) -> dict[str, Any]:
         import jwt
 
+        assert self.keys is not None
         key = self.keys.get_signing_key_from_jwt(token)  # fetched once, then cached
         claims = jwt.decode(
             token,
@@ -12291,13 +12434,14 @@ def uvicorn_server_class() -> type[uvicorn.Server]:
     return _UvicornServer
 
 
-def token_file_warning(tokens: AuthTokens) -> str | None:
+def secret_file_warning(path: Path, what: str) -> str | None:
+    """What to say of a file of secrets (``what``) that other users can read, if it is one."""
     try:
-        mode = tokens.path.stat().st_mode
+        mode = path.stat().st_mode
     except OSError:
         return None
     if mode & 0o077:
-        return "the token file %s can be read by other users; `chmod 600 %s`" % (tokens.path, tokens.path)
+        return "%s %s can be read by other users; `chmod 600 %s`" % (what, path, path)
     return None
 
 
@@ -12349,7 +12493,7 @@ def warn_about_tokens(config: BridgeConfig) -> None:
             config.port,
             LOCAL_PRINCIPAL,
         )
-    elif (warning := token_file_warning(config.auth_tokens)) is not None:
+    elif (warning := secret_file_warning(config.auth_tokens.path, "the token file")) is not None:
         logger.warning(warning)
 
 
@@ -14683,7 +14827,11 @@ def serve_main(args: Sequence[str], environ: Mapping[str, str]) -> int:
     if config.transport == "http":
         verifier = None
         if config.oauth_issuer is not None:
-            verifier = OAuthTokenVerifier(config, discover_jwks_uri(config.oauth_issuer))
+            endpoints = discover_issuer(config.oauth_issuer, config.oauth_client_id is not None)
+            verifier = OAuthTokenVerifier(config, endpoints)
+            secret = config.oauth_client_secret_file
+            if secret is not None and (warning := secret_file_warning(secret, "the client secret file")):
+                logger.warning(warning)
             logger.info("taking OAuth access tokens of %s for %s", config.oauth_issuer, verifier.resource)
         try:
             listener = listen_socket(config.host, config.port)

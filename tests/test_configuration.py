@@ -81,6 +81,8 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "MCP_BRIDGE_OAUTH_RESOURCE": ("https://bridge.example.com/mcp", "https://bridge.example.com/mcp"),
     "MCP_BRIDGE_OAUTH_PRINCIPAL_CLAIM": ("email", "email"),
     "MCP_BRIDGE_OAUTH_SCOPES": ("mcp, tools", ("mcp", "tools")),
+    "MCP_BRIDGE_OAUTH_CLIENT_ID": ("mcp-bridge", "mcp-bridge"),
+    "MCP_BRIDGE_OAUTH_CLIENT_SECRET_FILE": (__file__, Path(__file__)),
     "MCP_BRIDGE_KUBE_NAMESPACE": ("sandboxes", "sandboxes"),
     "MCP_BRIDGE_KUBE_CONTEXT": ("team@cluster-1", "team@cluster-1"),
     "MCP_BRIDGE_KUBE_RUNTIME_CLASS": ("gvisor", "gvisor"),
@@ -135,6 +137,9 @@ def test_environment_variable_is_parsed_into_its_field(option: bridge.Option) ->
     needs = {}
     if option.env.startswith("MCP_BRIDGE_OAUTH_"):
         needs = {"MCP_BRIDGE_TRANSPORT": "http", "MCP_BRIDGE_OAUTH_ISSUER": "https://login.example.com/"}
+        if option.env.startswith("MCP_BRIDGE_OAUTH_CLIENT_"):  # the two go together
+            client = [env for env in ENV_VALUES if env.startswith("MCP_BRIDGE_OAUTH_CLIENT_")]
+            needs.update({env: ENV_VALUES[env][0] for env in client})
     elif option.env == "MCP_BRIDGE_PUBLIC_URL":
         needs = {"MCP_BRIDGE_TRANSPORT": "http"}
     config = load_config([], {**needs, option.env: raw})

@@ -27,6 +27,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.auth import OAuthClientMetadata
 
+import mcp_server_code_execution_mode as bridge
 from tests.conftest import REPO, Engine, console_script
 from tests.harness import bridge_env, free_port, wait_for_port
 from tests.servers.oauth_server import KID, load_key
@@ -59,17 +60,22 @@ class Setup:
 
 @contextmanager
 def oauth_bridge(
-    engine: Engine | None, state_dir: Path, tmp_path: Path, provider: str = "stub", **env: str
+    engine: Engine | None,
+    state_dir: Path,
+    tmp_path: Path,
+    provider: str = "stub",
+    token_format: str = "jwt",
+    **env: str,
 ) -> Iterator[Setup]:
     """The bridge over HTTP behind an authorization server: the test stub (which can also
     mint tokens by hand: Setup.token), or ``provider="oidc-provider"``, a self-hosted
-    OpenID provider."""
+    OpenID provider (issuing ``token_format`` tokens)."""
     issuer_port, bridge_port = free_port(), free_port()
     issuer = "http://127.0.0.1:%d" % issuer_port
     bridge_url = "http://127.0.0.1:%d/mcp" % bridge_port
     key_file = tmp_path / "issuer-key.pem"
     if provider == "oidc-provider":
-        authority = oidc_provider(issuer_port, bridge_url)
+        authority = oidc_provider(issuer_port, bridge_url, token_format=token_format)
     else:
         argv = [sys.executable, str(OAUTH_SERVER), str(issuer_port), "--jwt-audience", bridge_url]
         argv += ["--key-file", str(key_file)]
@@ -140,16 +146,26 @@ async def sign_in_at_oidc_provider(link: str, person: str) -> str:
     raise AssertionError("oidc-provider did not redirect back: %s" % answer.text[:500])
 
 
-def oidc_provider(port: int, *audiences: str) -> subprocess.Popen[bytes]:
-    """tests/servers/oidc_provider.mjs on ``port``, issuing tokens for ``audiences``."""
+def oidc_provider(port: int, *audiences: str, token_format: str = "jwt") -> subprocess.Popen[bytes]:
+    """tests/servers/oidc_provider.mjs on ``port``, issuing tokens for ``audiences`` (JWTs,
+    or opaque ones its introspection endpoint explains to the client "mcp-bridge")."""
     if not (OIDC_PROVIDER_MODULE / "package.json").exists():
         pytest.fail("oidc-provider is not installed at %s; run scripts/setup.sh" % OIDC_PROVIDER_MODULE)
-    argv = ["node", str(OIDC_PROVIDER), str(OIDC_PROVIDER_MODULE), str(port), ",".join(audiences)]
+    argv = [
+        "node",
+        str(OIDC_PROVIDER),
+        str(OIDC_PROVIDER_MODULE),
+        str(port),
+        ",".join(audiences),
+        token_format,
+    ]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 @asynccontextmanager
-async def logged_in(url: str, person: str, provider: str = "stub") -> AsyncIterator[ClientSession]:
+async def logged_in(
+    url: str, person: str, provider: str = "stub", storage: MemoryStorage | None = None
+) -> AsyncIterator[ClientSession]:
     """The SDK's streamable HTTP client with its OAuth client, logged in as ``person``: the
     "browser" follows the authorization server's approval to the redirect by hand."""
     query: dict[str, str] = {}
@@ -170,7 +186,7 @@ async def logged_in(url: str, person: str, provider: str = "stub") -> AsyncItera
         redirect_uris=["http://127.0.0.1:%d/callback" % free_port()],  # type: ignore[list-item]
         client_name="user:" + person,
     )
-    auth = OAuthClientProvider(url, metadata, MemoryStorage(), open_link, redirected)
+    auth = OAuthClientProvider(url, metadata, storage or MemoryStorage(), open_link, redirected)
     async with (
         create_mcp_http_client(auth=auth) as http,
         streamable_http_client(url, http_client=http) as streams,
@@ -284,6 +300,83 @@ async def test_a_self_hosted_openid_provider_logs_people_in_as_their_own_princip
         async with logged_in(setup.bridge_url, "erin", "oidc-provider") as erin:
             assert await run(erin, "runtime.load_memory('who')") is None  # her own memory
     assert sorted(path.name for path in (state_dir / "principals").iterdir()) == ["dana", "erin"]
+
+
+BRIDGE_SECRET = "bridge-secret-for-tests-only"  # the bridge's client at oidc_provider.mjs
+
+
+async def test_opaque_tokens_are_checked_at_the_issuers_introspection_endpoint(
+    proxy_engine: Engine, state_dir: Path, tmp_path: Path
+) -> None:
+    secret = tmp_path / "client-secret"
+    secret.write_text(BRIDGE_SECRET + "\n")
+    secret.chmod(0o600)
+    client = {"MCP_BRIDGE_OAUTH_CLIENT_ID": "mcp-bridge", "MCP_BRIDGE_OAUTH_CLIENT_SECRET_FILE": str(secret)}
+    storage = MemoryStorage()
+    with oauth_bridge(
+        proxy_engine,
+        state_dir,
+        tmp_path,
+        provider="oidc-provider",
+        token_format="opaque",
+        MCP_BRIDGE_OAUTH_SCOPES="tools",
+        **client,
+    ) as setup:
+        async with logged_in(setup.bridge_url, "dana", "oidc-provider", storage) as dana:
+            assert await run(dana, "runtime.save_memory('who', 'dana')['key']") == "who"
+        token = storage.tokens.access_token
+        assert token.count(".") != 2  # opaque: only the issuer can say what it is
+        assert (await post_initialize(setup.bridge_url, token)).status_code == 200
+        forged = await post_initialize(setup.bridge_url, "made-up-opaque-token-of-mallory")
+        assert forged.status_code == 401 and "resource_metadata=" in forged.headers["www-authenticate"]
+    log = setup.log.read_text()
+    assert "refused an access token: the issuer says it is not active" in log
+    assert token not in log
+    assert [path.name for path in (state_dir / "principals").iterdir()] == ["dana"]
+
+    secret.write_text("not-the-secret\n")  # the bridge's client is misconfigured: refused, said
+    secret.chmod(0o644)
+    with oauth_bridge(
+        None, state_dir, tmp_path, provider="oidc-provider", token_format="opaque",
+        MCP_BRIDGE_PREWARM="0", **client,
+    ) as setup:  # fmt: skip
+        assert (await post_initialize(setup.bridge_url, "any-opaque-token")).status_code == 401
+    said = setup.log.read_text()
+    assert "check MCP_BRIDGE_OAUTH_CLIENT_ID and its secret" in said
+    assert "the client secret file %s can be read by other users" % secret in said
+    assert "not-the-secret" not in said
+
+
+def test_the_issuers_introspection_answer_must_be_active_for_this_bridge_and_unexpired() -> None:
+    issuer, mine, now = "https://login.example", "https://code.example/mcp", 1_000_000.0
+    good = {"active": True, "iss": issuer + "/", "aud": [mine, "other"], "exp": now + 10, "sub": "dana"}
+    assert bridge.introspected_claims(good, issuer, mine, now) == good
+    for answer, said in (
+        ({"active": False}, "not active"),
+        ({**good, "active": "true"}, "not active"),
+        ("garbage", "not active"),
+        ({**good, "iss": "https://evil.example"}, "another issuer"),
+        ({**good, "aud": "https://other.example/mcp"}, "not for this bridge"),
+        ({key: value for key, value in good.items() if key != "aud"}, "not for this bridge"),
+        ({**good, "exp": now - 61}, "expired"),
+    ):
+        with pytest.raises(bridge.TokenRefusedError, match=said):
+            bridge.introspected_claims(answer, issuer, mine, now)
+    assert bridge.introspected_claims({**good, "exp": now - 30}, issuer, mine, now)  # clock skew
+
+
+def test_the_bridges_client_needs_an_issuer_and_both_its_id_and_secret(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("s")
+    http = ["--transport", "http"]
+    issuer = {"MCP_BRIDGE_OAUTH_ISSUER": "https://login.example.com"}
+    with pytest.raises(bridge.ConfigError, match="go together"):
+        bridge.load_config(http, {**issuer, "MCP_BRIDGE_OAUTH_CLIENT_ID": "mcp-bridge"})
+    with pytest.raises(bridge.ConfigError, match="need MCP_BRIDGE_OAUTH_ISSUER"):
+        bridge.load_config(http, {"MCP_BRIDGE_OAUTH_CLIENT_SECRET_FILE": str(secret)})
+    both = {**issuer, "MCP_BRIDGE_OAUTH_CLIENT_ID": "mcp-bridge"}
+    both["MCP_BRIDGE_OAUTH_CLIENT_SECRET_FILE"] = str(secret)
+    assert bridge.load_config(http, both).oauth_client_id == "mcp-bridge"
 
 
 def test_an_unreachable_issuer_stops_the_start_and_settings_without_one_are_refused(

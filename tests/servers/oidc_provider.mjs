@@ -4,22 +4,33 @@
 // for the bridge's resource (RFC 8707) with the "tools" scope. Its login and consent pages
 // are the library's own development ones (any login name, any password).
 //
-//   node tests/servers/oidc_provider.mjs MODULE_DIR PORT AUDIENCE[,AUDIENCE...]
+//   node tests/servers/oidc_provider.mjs MODULE_DIR PORT AUDIENCE[,AUDIENCE...] [jwt|opaque]
 //
 // MODULE_DIR: the installed oidc-provider package; each AUDIENCE: a resource it issues
-// tokens for (the HTTP bridge's MCP URL, a proxied MCP server's).
+// tokens for (the HTTP bridge's MCP URL, a proxied MCP server's), as JWTs or as opaque
+// tokens that its introspection endpoint explains to the client "mcp-bridge" (secret
+// BRIDGE_SECRET below), the bridge's own.
 import { pathToFileURL } from "node:url";
 import { join } from "node:path";
 import { readFileSync } from "node:fs";
 
-const [moduleDir, port, audienceList] = process.argv.slice(2);
+const [moduleDir, port, audienceList, format = "jwt"] = process.argv.slice(2);
+const BRIDGE_SECRET = "bridge-secret-for-tests-only";
 const audiences = audienceList.split(",");
 const main = JSON.parse(readFileSync(join(moduleDir, "package.json"), "utf8")).main;
 const { default: Provider, errors } = await import(pathToFileURL(join(moduleDir, main)).href);
 
 const issuer = `http://127.0.0.1:${port}`;
 const provider = new Provider(issuer, {
+  clients: [{
+    client_id: "mcp-bridge",
+    client_secret: BRIDGE_SECRET,
+    grant_types: [],
+    response_types: [],
+    redirect_uris: [],
+  }],
   features: {
+    introspection: { enabled: true },
     devInteractions: { enabled: true },
     registration: { enabled: true },
     resourceIndicators: {
@@ -34,8 +45,8 @@ const provider = new Provider(issuer, {
           scope: "tools",
           audience: resource,
           accessTokenTTL: 300,
-          accessTokenFormat: "jwt",
-          jwt: { sign: { alg: "RS256" } },
+          accessTokenFormat: format,
+          ...(format === "jwt" ? { jwt: { sign: { alg: "RS256" } } } : {}),
         };
       },
     },
