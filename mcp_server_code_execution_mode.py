@@ -61,6 +61,7 @@ import os
 import random
 import re
 import secrets
+import select
 import shlex
 import shutil
 import signal
@@ -11632,22 +11633,41 @@ def claimed_stdio() -> Iterator[tuple[int, int]]:
         os.dup2(wire_out, 1)
 
 
+def is_pipe(fd: int) -> bool:
+    """Whether ``fd`` is a pipe, as a client's stdio is: the event loop can wait on it (a
+    terminal or a file is read and written by a worker thread instead)."""
+    try:
+        return stat.S_ISFIFO(os.fstat(fd).st_mode)
+    except OSError:
+        return False
+
+
 class LineWriter:
     """Whole lines to the client, one at a time: the server's messages and the transport's
     own error replies share the pipe. Once the client has closed it, lines are dropped
-    (stdin's end then stops the server)."""
+    (stdin's end then stops the server). A line that fits the pipe's room at once is
+    written on the loop (most answers: a worker thread's two hand-offs cost more than the
+    write); a longer one, or one the client is slow to take, in a worker thread."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.lock = anyio.Lock()
         self.closed = False
+        self._room: select.poll | None = None  # POLLOUT on a pipe: PIPE_BUF bytes take no wait
+        if is_pipe(fd):
+            self._room = select.poll()
+            self._room.register(fd, select.POLLOUT)
 
     async def write_line(self, data: bytes) -> None:
         async with self.lock:
             if self.closed:
                 return
+            line = data + b"\n"
             try:
-                await anyio.to_thread.run_sync(self._write_all, data + b"\n")
+                if self._room is not None and len(line) <= select.PIPE_BUF and self._room.poll(0):
+                    os.write(self.fd, line)  # atomic, and there is room: it cannot block
+                else:
+                    await anyio.to_thread.run_sync(self._write_all, line)
             except OSError as exc:
                 logger.warning("the client's stdout pipe is closed (%s); no more replies can be sent", exc)
                 self.closed = True
@@ -11687,13 +11707,18 @@ async def stdio_transport(
 
     async def read_stdin() -> None:
         splitter = LineSplitter(cap)
+        on_loop = is_pipe(wire_in)  # read once readable: no worker thread per message
         with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
             async with read_send:
                 while True:
                     try:
-                        chunk = await anyio.to_thread.run_sync(
-                            os.read, wire_in, _READ_CHUNK, abandon_on_cancel=True
-                        )
+                        if on_loop:
+                            await anyio.wait_readable(wire_in)
+                            chunk = os.read(wire_in, _READ_CHUNK)  # readable: returns at once
+                        else:
+                            chunk = await anyio.to_thread.run_sync(
+                                os.read, wire_in, _READ_CHUNK, abandon_on_cancel=True
+                            )
                     except OSError as exc:
                         logger.warning("reading the client's stdin failed (%s); stopping", exc)
                         return

@@ -11,10 +11,11 @@ import select
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 import mcp_server_code_execution_mode as bridge
@@ -237,3 +238,90 @@ def test_the_last_line_counts_without_a_newline_after_it() -> None:
     assert splitter.rest() is None
     splitter.feed(b"x" * 20)
     assert splitter.rest() == bridge.OversizedLine(20, b"x" * 20, b"x" * 20)
+
+
+# --- the pipes themselves: on the loop where they are pipes, in a thread otherwise -------
+
+
+def test_a_line_longer_than_the_pipe_takes_at_once_arrives_whole_in_order() -> None:
+    async def main() -> bytes:
+        read_end, write_end = os.pipe()
+        writer = bridge.LineWriter(write_end)
+        got = bytearray()
+
+        def drain() -> None:
+            while chunk := os.read(read_end, 1 << 16):
+                got.extend(chunk)
+
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(anyio.to_thread.run_sync, drain)
+                await writer.write_line(b"small")
+                await writer.write_line(b"x" * 300_000)  # past the pipe's 64 KiB: the thread's
+                await writer.write_line(b"after")
+                os.close(write_end)
+        finally:
+            os.close(read_end)
+        return bytes(got)
+
+    assert anyio.run(main) == b"small\n" + b"x" * 300_000 + b"\nafter\n"
+
+
+def test_a_client_that_stops_reading_never_stops_the_loop() -> None:
+    async def main() -> tuple[int, bytes]:
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        with suppress(BlockingIOError):
+            while True:
+                os.write(write_end, b"." * 4096)  # the client's pipe is full: it reads nothing
+        os.set_blocking(write_end, True)
+        writer = bridge.LineWriter(write_end)
+        ticks = 0
+        async with anyio.create_task_group() as group:
+            group.start_soon(writer.write_line, b"reply")
+            for _ in range(20):  # the loop goes on while the reply waits for room
+                await anyio.sleep(0.01)
+                ticks += 1
+            tail = b""
+            while not tail.endswith(b"reply\n"):  # the client reads again: the reply arrives
+                tail = (tail + os.read(read_end, 1 << 16))[-64:]
+        os.close(read_end)
+        os.close(write_end)
+        return ticks, tail
+
+    ticks, tail = anyio.run(main)
+    assert ticks == 20 and tail.endswith(b"reply\n")
+
+
+def test_a_bridge_whose_stdin_is_a_file_reads_it_in_a_thread(state_dir: Path, tmp_path: Path) -> None:
+    # Not a pipe (the loop cannot wait on a file): read by a worker thread, to its end.
+    requests = tmp_path / "requests.jsonl"
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "f", "version": "1"},
+        },
+    }
+    lines = [initialize, {"jsonrpc": "2.0", "method": "notifications/initialized"}]
+    lines.append({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    requests.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with requests.open("rb") as file:
+        assert not bridge.is_pipe(file.fileno())
+    env = bridge_env(None, state_dir, MCP_BRIDGE_PREWARM="0", HOME=str(tmp_path))
+    with requests.open("rb") as stdin:
+        done = subprocess.run(
+            [console_script()],
+            stdin=stdin,
+            capture_output=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=60,
+            check=False,
+        )
+    replies = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [reply.get("id") for reply in replies] == [0, 1], done.stderr[-2000:]
+    assert replies[1]["result"]["tools"][0]["name"] == "run_python"
