@@ -281,6 +281,8 @@ def terminal_json(text: str) -> str:
 #    |    +-- TooManySessionsError        a new session while MCP_BRIDGE_MAX_SESSIONS hold sandboxes
 #    |    +-- TooManyCallsError           a principal's run_python calls in flight are at their cap
 #    |    +-- UnauthenticatedError        an HTTP request without the principal auth sets
+#    |    |    +-- TokenRefusedError      an access token not taken: why, for the log (never raised
+#    |    |                               past the token check, which answers 401)
 #    |    +-- TooManyMcpSessionsError     a principal's MCP sessions are at their cap
 #    +-- CommandError (.status)           a person at a terminal reads it: what to run or set there;
 #         |                               main() prints it once and exits with its status
@@ -397,6 +399,10 @@ class TooManyCallsError(BridgeError):
 
 class UnauthenticatedError(BridgeError):
     """An HTTP request reached a handler without the principal the auth middleware sets."""
+
+
+class TokenRefusedError(UnauthenticatedError):
+    """Why an access token is not taken (logged, never with the token)."""
 
 
 class TooManyMcpSessionsError(BridgeError):
@@ -12172,10 +12178,6 @@ def discover_issuer(issuer: str, introspects: bool = False) -> IssuerEndpoints:
         "found, so no token could be checked: %s"
         % (issuer, " or its introspection endpoint" if introspects else "", "; ".join(tried))
     )
-
-
-class TokenRefusedError(Exception):
-    """Why an access token is not taken (logged, never with the token)."""
 
 
 JWT_SHAPE = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
