@@ -272,6 +272,8 @@ def terminal_json(text: str) -> str:
 #    |    +-- ShuttingDownError           a stop signal arrived during the call
 #    |    +-- ServerUnavailableError      a configured MCP server did not start, or died
 #    |    |    +-- LoginRequiredError     it wants an OAuth login: the link to open
+#    |    |    +-- PersonalLoginError     it wants a login on a bridge of several principals: served
+#    |    |                               again by the principal's own connection (never shown)
 #    |    |    +-- OversizedMessageError  it sent a message over the cap (handed to its client
 #    |    |                               session as a stream item, never raised)
 #    |    +-- ProxyError                  a request from the sandbox the bridge refuses or cannot serve
@@ -353,6 +355,10 @@ class LoginRequiredError(ServerUnavailableError):
     def __init__(self, message: str, login: object = None) -> None:
         super().__init__(message)
         self.login = login
+
+
+class PersonalLoginError(ServerUnavailableError):
+    """A shared connection's server wants a login: each principal logs in on its own."""
 
 
 class OversizedMessageError(ServerUnavailableError):
@@ -4758,7 +4764,11 @@ class PooledClient:
         self.calls_in_flight: list[tuple[CallListener, anyio.CancelScope]] = []  # with each deadline
         self.wire = WireWatch()  # how large its messages are, where its transport measures them
         self.login = None  # a streamable-HTTP server's OAuth login, where it may want one
-        if wants_oauth(spec):
+        # A shared connection of a bridge of several principals never logs in (whose account
+        # would it be?): a 401 says the server wants each principal's own (ClientPool).
+        self.personal_login = False
+        self._watches_logins = wants_oauth(spec) and config.names_principals and principal is None
+        if wants_oauth(spec) and not self._watches_logins:
             self.login = ServerLogin(spec, config.state_dir, principal=principal, redirects=redirects)
         self._start_lock = anyio.Lock()
         self._starting: anyio.Event | None = None  # the last start's ready event
@@ -4816,6 +4826,8 @@ class PooledClient:
                 raise login.required()
         if self.session is None:
             spec = self.spec
+            if self.personal_login:  # served again by the calling principal's own connection
+                raise PersonalLoginError("MCP server %r wants each principal's own login" % spec.name)
             command = " (command: %s)" % shown_command(spec.command, spec.args) if spec.command else ""
             reason, stderr_tail = self.failure or "unknown error", process_log.stderr_tail()
             raise ServerUnavailableError(
@@ -4929,13 +4941,20 @@ class PooledClient:
         from mcp.shared._httpx_utils import create_mcp_http_client  # one of SDK_INTERNALS
 
         auth = None if self.login is None else self.login.provider()
-        async with (
-            create_mcp_http_client(headers=headers, auth=auth) as http,
-            streamable_http_client(
+        async with create_mcp_http_client(headers=headers, auth=auth) as http:
+            if self._watches_logins:
+                http.event_hooks["response"].append(self._saw_response)
+            async with streamable_http_client(
                 spec.url, http_client=http, max_sse_event_size=self.config.max_frame_bytes
-            ) as streams,
-        ):
-            yield streams
+            ) as streams:
+                yield streams
+
+    async def _saw_response(self, response: Any) -> None:
+        """A shared connection's HTTP answer: a 401 means the server wants a login, each
+        principal its own (see ClientPool)."""
+        if response.status_code == 401 and not self.personal_login:
+            self.personal_login = True
+            logger.info("MCP server %s wants a login: each principal logs in with its own", self.spec.name)
 
     def _checked(self, item: SessionMessage | Exception) -> SessionMessage | Exception:
         """``item``, or, when it answers tools/list (the one result with a "tools" list)
@@ -5178,8 +5197,10 @@ class PooledClient:
 
 class ClientPool:
     """All configured servers, each started lazily on first use and then kept. On an HTTP
-    bridge of several principals (``redirects``), a server with a login is each principal's
-    own (of_principal): their accounts, tokens and connections never mix."""
+    bridge of several principals (``redirects``) every principal uses the shared
+    connections, but a server that answers one with 401 wants a login: from then on each
+    principal has its own connection to it (of_principal), whose account, tokens and login
+    are that principal's alone."""
 
     def __init__(
         self, discovery: DiscoveryResult, config: BridgeConfig, task_group: anyio.abc.TaskGroup
@@ -5188,7 +5209,7 @@ class ClientPool:
         self.config = config
         self.task_group = task_group
         self.tool_list_cache = ToolListCache(config.state_dir / TOOL_LISTS_PATH)
-        self.clients = {
+        self.shared = {
             spec.alias: PooledClient(spec, config, task_group, self.tool_list_cache)
             for spec in discovery.servers
             if server_allowed(spec.name, config)
@@ -5196,26 +5217,39 @@ class ClientPool:
         self.redirects = (
             LoginRedirects(config.base_url + LOGIN_CALLBACK_PATH) if config.names_principals else None
         )
-        self._principals: dict[str, ClientPool] = {}  # of_principal's, by principal
+        self.principal: str | None = None  # whose view of the pool this is (of_principal)
+        self._own: dict[str, PooledClient] = {}  # that principal's own connections, by alias
+        self._views: dict[str, ClientPool] = {}  # every principal's view, by principal
+
+    @property
+    def clients(self) -> dict[str, PooledClient]:
+        """The connections this pool's user calls, by alias: the shared ones, but the
+        principal's own to a server that wants a login."""
+        if self.principal is None:
+            return self.shared
+        return {
+            alias: self._own_client(client) if client.personal_login else client
+            for alias, client in self.shared.items()
+        }
+
+    def _own_client(self, shared: PooledClient) -> PooledClient:
+        own = self._own.get(shared.spec.alias)
+        if own is None:
+            cache, redirects = self.tool_list_cache, self.redirects
+            own = PooledClient(shared.spec, self.config, self.task_group, cache, self.principal, redirects)
+            self._own[shared.spec.alias] = own
+        return own
 
     def of_principal(self, principal: str) -> ClientPool:
-        """The pool as ``principal`` uses it: the same clients, but its own for a server
-        with a login (wherever principals are told apart; else this pool)."""
-        if self.redirects is None or not any(client.login for client in self.clients.values()):
+        """The pool as ``principal`` uses it (on a bridge that tells principals apart; else
+        this pool)."""
+        if self.redirects is None:
             return self
-        found = self._principals.get(principal)
-        if found is None:
-            found = self._principals[principal] = copy.copy(self)
-            found.clients = {
-                alias: client
-                if client.login is None
-                else PooledClient(
-                    client.spec, self.config, self.task_group, self.tool_list_cache, principal, self.redirects
-                )
-                for alias, client in self.clients.items()
-            }
-            found._principals = {}
-        return found
+        view = self._views.get(principal)
+        if view is None:
+            view = self._views[principal] = copy.copy(self)
+            view.principal, view._own, view._views = principal, {}, {}
+        return view
 
     def client(self, alias: str) -> PooledClient:
         client = self.clients.get(alias)
@@ -5238,13 +5272,12 @@ class ClientPool:
         return list(dict.fromkeys(notices))
 
     async def aclose(self) -> None:
-        """Close every client this pool started, and every principal's own."""
-        clients = {id(client): client for client in self.clients.values()}
-        for pool in self._principals.values():
-            clients.update((id(client), client) for client in pool.clients.values())
+        """Close every connection this pool started, and every principal's own."""
+        clients = [*self.shared.values(), *self._own.values()]
+        clients.extend(own for view in self._views.values() for own in view._own.values())
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as group:
-                for client in clients.values():
+                for client in clients:
                     if client.starts:  # a client never started has no owner task to wait for
                         group.start_soon(client.aclose)
 
@@ -7460,7 +7493,10 @@ class SandboxAPI:
             else partial(entry.handler, self, **arguments)
         )
         try:
-            return await serve()
+            try:
+                return await serve()
+            except PersonalLoginError:  # now the principal's own connection's (ClientPool)
+                return await serve()
         except LoginRequiredError as exc:
             # A client that can show a link gets it now, and the request goes on after the
             # login; others (and a user who declines) get the link in the error.

@@ -447,6 +447,38 @@ def test_a_principals_login_is_its_own_file_and_says_so(tmp_path: Path) -> None:
     assert "`mcp-server-code-execution-mode login notes`" in str(operators.required())
 
 
+async def test_a_shared_connection_becomes_each_principals_own_once_its_server_wants_a_login(
+    tmp_path: Path,
+) -> None:
+    specs = tuple(
+        bridge.ServerSpec(name=name, alias=name, transport="http", url="http://x/%s" % name, source="t")
+        for name in ("notes", "public")
+    )
+    tokens = bridge.AuthTokens(tmp_path / "tokens", ())
+    config = bridge.BridgeConfig(state_dir=tmp_path, transport="http", auth_tokens=tokens)
+    async with anyio.create_task_group() as group:
+        pool = bridge.ClientPool(bridge.DiscoveryResult(specs, (), ()), config, group)
+        alice, bob = pool.of_principal("alice"), pool.of_principal("bob")
+        assert pool.of_principal("alice") is alice
+        assert alice.clients["notes"] is pool.shared["notes"] is bob.clients["notes"]  # shared at first
+        assert pool.shared["notes"].login is None  # a shared connection never logs in
+
+        pool.shared["notes"].personal_login = True  # it answered 401
+        own = alice.clients["notes"]
+        assert own is alice.client("notes") is not pool.shared["notes"]
+        assert own.login is not None and own.login.principal == "alice"
+        assert own.login.tokens.path.parent == tmp_path / "principals" / "alice" / "oauth"
+        bobs = bob.clients["notes"].login
+        assert bob.clients["notes"] is not own and bobs is not None and bobs.principal == "bob"
+        assert alice.clients["public"] is pool.shared["public"]  # the rest stay shared
+        await pool.aclose()
+
+        stdio = bridge.ClientPool(
+            bridge.DiscoveryResult(specs, (), ()), bridge.BridgeConfig(state_dir=tmp_path), group
+        )
+        assert stdio.of_principal("local") is stdio and stdio.shared["notes"].login is not None
+
+
 async def test_a_token_is_refreshed_before_it_expires_also_after_a_restart(tmp_path: Path) -> None:
     # On a 401 the SDK would ask the user to log in again, though it could refresh: a server
     # whose clock runs ahead must never see a token at its very end.
@@ -524,9 +556,11 @@ async def test_on_an_http_bridge_each_principal_logs_in_with_its_own_account(
     proxy_engine: Engine, state_dir: Path, tmp_path: Path
 ) -> None:
     from tests.test_http import ALICE, BOB, call, http_bridge, http_client
+    from tests.test_proxy import _http_stub
 
-    with oauth_server() as url:
-        home = claude_desktop_home(state_dir.parent, {"notes": {"type": "http", "url": url}})
+    with oauth_server() as url, _http_stub() as public:
+        servers = {"notes": {"type": "http", "url": url}, "remote": {"type": "http", "url": public}}
+        home = claude_desktop_home(state_dir.parent, servers)
         env = isolated_env(proxy_engine, state_dir, home)
         async with (
             http_bridge(proxy_engine, state_dir, approve="none") as running,
@@ -561,6 +595,12 @@ async def test_on_an_http_bridge_each_principal_logs_in_with_its_own_account(
                 "bob",
             ]
             assert not (state_dir / bridge.OAUTH_DIR).exists()  # no login of the bridge's own
+
+            for session in (alice, bob):  # a server without a login stays one shared connection
+                assert "'sum': 6" in (await call(session, "mcp_remote.pair(a=4)"))["text"]
+            said = running.log.read_text()
+            assert said.count("wants a login: each principal logs in with its own") == 1
+            assert "remote wants a login" not in said
 
             logout = cli(env, "logout", "notes", "--principal", "bob")
             assert logout.returncode == 0 and "Logged out of notes for principal bob" in logout.stdout
