@@ -12218,6 +12218,7 @@ def discover_issuer(issuer: str, introspects: bool = False) -> IssuerEndpoints:
 
 JWT_SHAPE = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
 INTROSPECTION_CACHE_SECONDS = 60.0  # a revoked token is still taken for at most this long
+REFUSAL_CACHE_SECONDS = 30.0  # a token the issuer called inactive is not asked about again meanwhile
 INTROSPECTION_CACHE_ENTRIES = 4096
 
 
@@ -12262,7 +12263,8 @@ class OAuthTokenVerifier:
         self._client_secret = ""
         if config.oauth_client_secret_file is not None:
             self._client_secret = config.oauth_client_secret_file.read_text(encoding="utf-8").strip()
-        self._introspected: dict[str, tuple[float, dict[str, Any]]] = {}  # by the token's digest
+        # The issuer's answers, by the token's digest, each until when it holds.
+        self._introspected: dict[str, tuple[float, dict[str, Any] | str]] = {}  # str: why refused
         self._limiter = anyio.CapacityLimiter(4)  # the JWKS fetch, the signature check, introspection
 
     async def verify_token(self, token: str) -> AccessToken | None:
@@ -12315,18 +12317,28 @@ class OAuthTokenVerifier:
         now = time.time()
         cached = self._introspected.get(digest)
         if cached is not None and cached[0] > now:
+            if isinstance(cached[1], str):  # why the issuer refused it
+                raise TokenRefusedError(cached[1])
             return cached[1]
         answer = await anyio.to_thread.run_sync(self._ask_issuer, token, limiter=self._limiter)
-        claims = introspected_claims(answer, self.issuer, self.resource, now)
+        try:
+            claims = introspected_claims(answer, self.issuer, self.resource, now)
+        except TokenRefusedError as refused:  # the issuer's word: kept a while, so a stream of
+            self._remember(digest, now + REFUSAL_CACHE_SECONDS, str(refused))  # the same token asks once
+            raise
         expires = claims.get("exp")
         until = now + INTROSPECTION_CACHE_SECONDS
         if isinstance(expires, int | float):
             until = min(until, float(expires))
-        if len(self._introspected) >= INTROSPECTION_CACHE_ENTRIES:  # the lapsed first, else the oldest
+        self._remember(digest, until, claims)
+        return claims
+
+    def _remember(self, digest: str, until: float, answer: dict[str, Any] | str) -> None:
+        if len(self._introspected) >= INTROSPECTION_CACHE_ENTRIES:  # the lapsed first, else all
+            now = time.time()
             kept = {key: entry for key, entry in self._introspected.items() if entry[0] > now}
             self._introspected = kept if len(kept) < INTROSPECTION_CACHE_ENTRIES else {}
-        self._introspected[digest] = (until, claims)
-        return claims
+        self._introspected[digest] = (until, answer)
 
     def _ask_issuer(self, token: str) -> object:
         """The introspection endpoint's JSON answer about ``token``, asked as the bridge's
@@ -12417,7 +12429,6 @@ def http_app(
     from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
     from mcp.server.transport_security import TransportSecuritySettings
     from starlette.applications import Starlette
-    from starlette.middleware import Middleware
     from starlette.middleware.authentication import AuthenticationMiddleware
     from starlette.responses import JSONResponse
     from starlette.routing import Route
@@ -12459,12 +12470,17 @@ def http_app(
     routes = [
         # 401 with `WWW-Authenticate: Bearer` for a request without a valid token (with
         # OAuth, pointing to the protected-resource metadata).
+        # Tokens are checked here alone: a token sent to another path (/health, a login's
+        # callback) is never looked at, so it cannot make the bridge ask the issuer.
         Route(
             MCP_PATH,
-            endpoint=RequireAuthMiddleware(
-                SessionCapApp(manager),
-                required_scopes=list(config.oauth_scopes),
-                resource_metadata_url=resource_metadata,
+            endpoint=AuthenticationMiddleware(
+                RequireAuthMiddleware(
+                    SessionCapApp(manager),
+                    required_scopes=list(config.oauth_scopes),
+                    resource_metadata_url=resource_metadata,
+                ),
+                backend=backend,
             ),
         ),
         Route(HEALTH_PATH, endpoint=health, methods=["GET"]),
@@ -12472,7 +12488,7 @@ def http_app(
     ]
     if bridge.pool.redirects is not None:  # a browser back from a principal's login: no token
         routes.append(Route(LOGIN_CALLBACK_PATH, endpoint=bridge.pool.redirects.endpoint, methods=["GET"]))
-    app = Starlette(routes=routes, middleware=[Middleware(AuthenticationMiddleware, backend=backend)])
+    app = Starlette(routes=routes)
     return app, manager
 
 

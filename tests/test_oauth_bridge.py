@@ -329,8 +329,13 @@ async def test_opaque_tokens_are_checked_at_the_issuers_introspection_endpoint(
         assert (await post_initialize(setup.bridge_url, token)).status_code == 200
         forged = await post_initialize(setup.bridge_url, "made-up-opaque-token-of-mallory")
         assert forged.status_code == 401 and "resource_metadata=" in forged.headers["www-authenticate"]
+        async with httpx2.AsyncClient() as http:  # only /mcp looks at tokens: no issuer asked
+            health = await http.get(
+                setup.bridge_url.replace("/mcp", "/health"), headers={"Authorization": "Bearer elsewhere"}
+            )
+        assert health.status_code == 200
     log = setup.log.read_text()
-    assert "refused an access token: the issuer says it is not active" in log
+    assert log.count("refused an access token: the issuer says it is not active") == 1
     assert token not in log
     assert [path.name for path in (state_dir / "principals").iterdir()] == ["dana"]
 
@@ -363,6 +368,34 @@ def test_the_issuers_introspection_answer_must_be_active_for_this_bridge_and_une
         with pytest.raises(bridge.TokenRefusedError, match=said):
             bridge.introspected_claims(answer, issuer, mine, now)
     assert bridge.introspected_claims({**good, "exp": now - 30}, issuer, mine, now)  # clock skew
+
+
+async def test_the_issuers_answers_are_cached_refusals_too(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("s\n")
+    config = bridge.BridgeConfig(
+        transport="http",
+        oauth_issuer="https://login.example",
+        oauth_resource="https://code.example/mcp",
+        oauth_client_id="mcp-bridge",
+        oauth_client_secret_file=secret,
+    )
+    verifier = bridge.OAuthTokenVerifier(
+        config, bridge.IssuerEndpoints(None, "https://login.example/introspect")
+    )
+    asked: list[str] = []
+    good = {"active": True, "aud": "https://code.example/mcp", "sub": "dana", "exp": time.time() + 300}
+
+    def ask_issuer(token: str) -> object:
+        asked.append(token)
+        return good if token == "good" else {"active": False}
+
+    verifier._ask_issuer = ask_issuer  # type: ignore[method-assign]
+    for _ in range(3):
+        assert await verifier.verify_token("bad") is None
+        taken = await verifier.verify_token("good")
+        assert taken is not None and taken.client_id == "dana" and taken.token == ""
+    assert asked == ["bad", "good"]  # once each: the rest from the cache
 
 
 def test_the_bridges_client_needs_an_issuer_and_both_its_id_and_secret(tmp_path: Path) -> None:
