@@ -200,6 +200,7 @@ SDK_INTERNALS = (
     "mcp.os.posix.utilities:terminate_posix_process_tree",  # stops a stdio server's process group
     "mcp.client.auth.oauth2:OAuthContext.token_expiry_time",  # a stored token's expiry, after a restart
     "mcp.client.auth.oauth2:OAuthContext.update_token_expiry",  # refreshed before it expires
+    "mcp.client.auth.oauth2:OAuthContext.oauth_metadata",  # where to refresh, after a restart
     "mcp.server.streamable_http_manager:StreamableHTTPSessionManager._admit_session",  # per-principal cap
     "mcp.server.streamable_http_manager:StreamableHTTPSessionManager._session_owners",  # who holds each
     "mcp.server.streamable_http_manager:StreamableHTTPSessionManager._server_instances",  # how many open
@@ -4407,6 +4408,21 @@ class OAuthTokenFile:
         update = partial(self._update, client=dumped, redirect_port=self.redirect_port())
         await anyio.to_thread.run_sync(update)
 
+    def keep_authorization_server(self, metadata: dict[str, Any]) -> None:
+        """The authorization server's metadata (RFC 8414), where its tokens are refreshed."""
+        if self.read().get("authorization_server") != metadata:
+            self._update(authorization_server=metadata)
+
+    def authorization_server(self) -> Any:
+        """The stored authorization server's metadata (an OAuthMetadata), or None."""
+        from mcp.shared.auth import OAuthMetadata
+
+        stored = self.read().get("authorization_server")
+        try:
+            return None if stored is None else OAuthMetadata.model_validate(stored)
+        except ValidationError:
+            return None
+
     def redirect_port(self) -> int:
         """The loopback port of the bridge's registration (an authorization server may hold
         it to its registration exactly): a free one until then, kept with the registration
@@ -4620,9 +4636,15 @@ class ServerLogin:
                 context.token_expiry_time = None
             else:
                 context.token_expiry_time = time.time() + lifetime - refresh_lead(lifetime)
+            # Tokens came from the authorization server the SDK found: kept with them, since a
+            # new connection's SDK knows none until a 401 and would send its refresh token to
+            # the MCP server's own origin.
+            if context.oauth_metadata is not None:  # one of SDK_INTERNALS
+                self.tokens.keep_authorization_server(context.oauth_metadata.model_dump(mode="json"))
 
         context.update_token_expiry = refresh_early  # type: ignore[method-assign]
         stored = self.tokens.read()
+        context.oauth_metadata = self.tokens.authorization_server()  # one of SDK_INTERNALS
         expires, tokens = stored.get("expires_at"), stored.get("tokens")
         lifetime = tokens.get("expires_in") if isinstance(tokens, dict) else None
         if isinstance(expires, int | float):  # one of SDK_INTERNALS

@@ -99,6 +99,16 @@ async def test_the_token_file_is_private_atomic_and_a_damaged_one_counts_as_no_l
     assert bridge.OAuthTokenFile(tokens.path).redirect_port() == port  # the registration's, after a restart
     assert [path.name for path in tokens.path.parent.iterdir()] == ["server.json"]  # no temporary left
 
+    assert tokens.authorization_server() is None
+    tokens.keep_authorization_server(
+        {"issuer": "https://as.example", "authorization_endpoint": "https://as.example/a",
+         "token_endpoint": "https://as.example/t"}
+    )  # fmt: skip
+    assert str(tokens.authorization_server().token_endpoint) == "https://as.example/t"
+    assert (await tokens.get_tokens()).access_token == "a"  # kept beside the tokens
+
+    tokens.path.write_text('{"authorization_server": {"token_endpoint": 5}}')
+    assert tokens.authorization_server() is None  # damaged: the SDK finds it again
     tokens.path.write_text('{"tokens": {"access_token": ')  # torn by something else
     assert await tokens.get_tokens() is None
     tokens.path.write_text('{"tokens": {"token_type": 7}}')
@@ -409,10 +419,11 @@ async def test_a_server_behind_a_self_hosted_openid_provider_is_used_after_a_log
 
     with local_server(argv, "the resource server") as port:
         url = "http://127.0.0.1:%d/mcp" % port
-        provider = oidc_provider(issuer_port, url)
+        provider = oidc_provider(issuer_port, url, token_seconds=4)
         try:
             wait_for_port(issuer_port, provider, "oidc-provider")
-            async with bridge_client(oauth_env(proxy_engine, state_dir, tmp_path, url)) as client:
+            env = oauth_env(proxy_engine, state_dir, tmp_path, url)
+            async with bridge_client(env) as client:
                 asked = await run_cell(client, "mcp_notes.whoami()")
                 assert "wants you to log in" in asked["text"], asked["text"]
                 link = re.search(r"%s/auth\?[^\s'\"]+" % re.escape(issuer), asked["text"])
@@ -425,6 +436,13 @@ async def test_a_server_behind_a_self_hosted_openid_provider_is_used_after_a_log
                 who = await run_cell(client, "mcp_notes.whoami()")
                 assert who["status"] == "ok", who["text"]
                 assert "'subject': 'dana'" in who["value"] and url in who["value"]
+
+            # The access token expires while no bridge runs: the next bridge refreshes it at the
+            # provider's token endpoint (not at the server's origin, which has none), no login.
+            await anyio.sleep(5)
+            async with bridge_client(env) as client:
+                again = await run_cell(client, "mcp_notes.whoami()")
+                assert again["status"] == "ok" and "'subject': 'dana'" in again["value"], again["text"]
         finally:
             provider.kill()
             provider.wait(10)

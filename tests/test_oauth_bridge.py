@@ -146,9 +146,12 @@ async def sign_in_at_oidc_provider(link: str, person: str) -> str:
     raise AssertionError("oidc-provider did not redirect back: %s" % answer.text[:500])
 
 
-def oidc_provider(port: int, *audiences: str, token_format: str = "jwt") -> subprocess.Popen[bytes]:
+def oidc_provider(
+    port: int, *audiences: str, token_format: str = "jwt", token_seconds: int = 300
+) -> subprocess.Popen[bytes]:
     """tests/servers/oidc_provider.mjs on ``port``, issuing tokens for ``audiences`` (JWTs,
-    or opaque ones its introspection endpoint explains to the client "mcp-bridge")."""
+    or opaque ones its introspection endpoint explains to the client "mcp-bridge") that
+    last ``token_seconds``."""
     if not (OIDC_PROVIDER_MODULE / "package.json").exists():
         pytest.fail("oidc-provider is not installed at %s; run scripts/setup.sh" % OIDC_PROVIDER_MODULE)
     argv = [
@@ -158,6 +161,7 @@ def oidc_provider(port: int, *audiences: str, token_format: str = "jwt") -> subp
         str(port),
         ",".join(audiences),
         token_format,
+        str(token_seconds),
     ]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

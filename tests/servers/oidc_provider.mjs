@@ -4,17 +4,18 @@
 // for the bridge's resource (RFC 8707) with the "tools" scope. Its login and consent pages
 // are the library's own development ones (any login name, any password).
 //
-//   node tests/servers/oidc_provider.mjs MODULE_DIR PORT AUDIENCE[,AUDIENCE...] [jwt|opaque]
+//   node tests/servers/oidc_provider.mjs MODULE_DIR PORT AUDIENCE[,AUDIENCE...] [jwt|opaque] [TTL]
 //
 // MODULE_DIR: the installed oidc-provider package; each AUDIENCE: a resource it issues
 // tokens for (the HTTP bridge's MCP URL, a proxied MCP server's), as JWTs or as opaque
 // tokens that its introspection endpoint explains to the client "mcp-bridge" (secret
-// BRIDGE_SECRET below), the bridge's own.
+// BRIDGE_SECRET below), the bridge's own; access tokens last TTL seconds (default 300), and
+// every client that may refresh gets a refresh token.
 import { pathToFileURL } from "node:url";
 import { join } from "node:path";
 import { readFileSync } from "node:fs";
 
-const [moduleDir, port, audienceList, format = "jwt"] = process.argv.slice(2);
+const [moduleDir, port, audienceList, format = "jwt", ttl = "300"] = process.argv.slice(2);
 const BRIDGE_SECRET = "bridge-secret-for-tests-only";
 const audiences = audienceList.split(",");
 const main = JSON.parse(readFileSync(join(moduleDir, "package.json"), "utf8")).main;
@@ -44,7 +45,7 @@ const provider = new Provider(issuer, {
         return {
           scope: "tools",
           audience: resource,
-          accessTokenTTL: 300,
+          accessTokenTTL: Number(ttl),
           accessTokenFormat: format,
           ...(format === "jwt" ? { jwt: { sign: { alg: "RS256" } } } : {}),
         };
@@ -53,6 +54,7 @@ const provider = new Provider(issuer, {
   },
   scopes: ["openid", "offline_access", "tools"],
   pkce: { required: () => true },
+  issueRefreshToken: async (ctx, client) => client.grantTypeAllowed("refresh_token"),
   async findAccount(ctx, id) {
     return { accountId: id, async claims() { return { sub: id }; } };
   },
