@@ -4329,6 +4329,7 @@ REFRESH_EARLY = 60.0  # at most this many seconds before it expires, a token is 
 SERVER_LOGIN_FINISH = 30.0  # seconds for the rest of a server's start once its login is done
 REDIRECT_PATH = "/callback"  # on the loopback port of a login of the bridge's own
 LOGIN_CALLBACK_PATH = "/oauth/callback"  # on the HTTP bridge: its principals' logins
+ABANDONED = " abandoned"  # in place of a redirect's query: the bridge closed (no query has it)
 MAX_REDIRECT_REQUEST_BYTES = 16 * 1024
 
 
@@ -4405,7 +4406,9 @@ class OAuthTokenFile:
 
     async def set_client_info(self, client_info: Any) -> None:
         dumped = client_info.model_dump(mode="json", exclude_none=True)
-        update = partial(self._update, client=dumped, redirect_port=self.redirect_port())
+        # The loopback port it registered, where it has one (not the HTTP bridge's address).
+        port = {} if self.redirect_uri is not None else {"redirect_port": self.redirect_port()}
+        update = partial(self._update, client=dumped, **port)
         await anyio.to_thread.run_sync(update)
 
     def keep_authorization_server(self, metadata: dict[str, Any]) -> None:
@@ -4570,9 +4573,11 @@ class ServerLogin:
         redirects = self.redirects
         port = self.tokens.redirect_port() if redirects is None else 0
         redirect_uri = "http://127.0.0.1:%d%s" % (port, REDIRECT_PATH) if redirects is None else redirects.url
+        # What the consent page shows: on a shared bridge, whose login it is.
+        name = SERVER_NAME if self.principal is None else "%s (for %s)" % (SERVER_NAME, self.principal)
         metadata = OAuthClientMetadata(
             redirect_uris=[redirect_uri],  # type: ignore[list-item]
-            client_name=SERVER_NAME,
+            client_name=name,
             grant_types=["authorization_code", "refresh_token"],
             token_endpoint_auth_method="none",
         )
@@ -4585,12 +4590,12 @@ class ServerLogin:
             self.link, self.waiting, self.done = url, True, anyio.Event()
             if self.starting is not None:  # the user's time is not the server's start
                 self.starting.deadline = math.inf
-            logger.warning(
-                "MCP server %s wants a login%s: open %s",
-                shown_name(self.spec.name),
-                "" if self.principal is None else " of principal %s" % self.principal,
-                url,
-            )
+            if self.principal is None:  # the user's own bridge: its log may be where they look
+                logger.warning("MCP server %s wants a login: open %s", shown_name(self.spec.name), url)
+            else:  # the link is the principal's: whoever opens it logs in for that principal
+                logger.info(
+                    "MCP server %s wants principal %s to log in", shown_name(self.spec.name), self.principal
+                )
             if self.on_link is not None:
                 self.on_link(url)
             self.asked.set()
@@ -4613,6 +4618,8 @@ class ServerLogin:
                 self.done.set()
                 if self.starting is not None:
                     self.starting.deadline = anyio.current_time() + SERVER_LOGIN_FINISH
+            if ABANDONED in query:
+                raise ServerUnavailableError("the bridge closed before the login was completed")
             if "error" in query:
                 raise ServerUnavailableError(
                     "its authorization server refused the login: %s%s"
@@ -4682,7 +4689,7 @@ class ServerLogin:
         if self.waiting and self._listener is not None:
             await self._listener.aclose()
         if self.waiting and self._pending is not None:
-            self._pending[1].arrive({"error": "the bridge closed before the browser came back"})
+            self._pending[1].arrive({ABANDONED: "1"})
 
     def forgotten(self) -> bool:
         """Whether the login was removed (`logout`) while a connection still holds its token."""
@@ -12244,12 +12251,27 @@ REFUSAL_CACHE_SECONDS = 30.0  # a token the issuer called inactive is not asked 
 INTROSPECTION_CACHE_ENTRIES = 4096
 
 
+@lru_cache(maxsize=1)
+def opener_without_redirects() -> Any:
+    """urllib's opener, but a redirect is an error: urllib would send the credentials along."""
+    import urllib.request
+
+    class NoRedirects(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    return urllib.request.build_opener(NoRedirects)
+
+
 def introspected_claims(answer: object, issuer: str, resource: str, now: float) -> dict[str, Any]:
     """The claims of an issuer's introspection answer (RFC 7662) for a token it says is
     active, for this bridge (``aud`` must name ``resource``) and not expired; else
     TokenRefusedError saying why."""
     if not isinstance(answer, dict) or answer.get("active") is not True:
         raise TokenRefusedError("the issuer says it is not active")
+    kind = answer.get("token_type")
+    if kind is not None and str(kind).lower() not in ("bearer", "access_token", "dpop"):
+        raise TokenRefusedError("it is not an access token (%s)" % str(kind)[:40])
     named = answer.get("iss")
     if named is not None and str(named).rstrip("/") != issuer.rstrip("/"):
         raise TokenRefusedError("the issuer's answer names another issuer")
@@ -12261,6 +12283,19 @@ def introspected_claims(answer: object, issuer: str, resource: str, now: float) 
     if isinstance(expires, int | float) and expires + OAUTH_CLOCK_SKEW < now:
         raise TokenRefusedError("it has expired")
     return answer
+
+
+def read_client_secret(path: Path) -> str:
+    """The secret in ``path``; CommandError when there is none to read."""
+    try:
+        secret = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CommandError(
+            "MCP_BRIDGE_OAUTH_CLIENT_SECRET_FILE=%s cannot be read: %s" % (path, exc)
+        ) from None
+    if not secret:
+        raise CommandError("MCP_BRIDGE_OAUTH_CLIENT_SECRET_FILE=%s is empty" % path)
+    return secret
 
 
 class OAuthTokenVerifier:
@@ -12284,7 +12319,7 @@ class OAuthTokenVerifier:
         self.introspection_endpoint = endpoints.introspection_endpoint
         self._client_secret = ""
         if config.oauth_client_secret_file is not None:
-            self._client_secret = config.oauth_client_secret_file.read_text(encoding="utf-8").strip()
+            self._client_secret = read_client_secret(config.oauth_client_secret_file)
         # The issuer's answers, by the token's digest, each until when it holds.
         self._introspected: dict[str, tuple[float, dict[str, Any] | str]] = {}  # str: why refused
         self._limiter = anyio.CapacityLimiter(4)  # the JWKS fetch, the signature check, introspection
@@ -12381,9 +12416,10 @@ class OAuthTokenVerifier:
             },
         )
         try:
-            with urllib.request.urlopen(request, timeout=OAUTH_DISCOVERY_TIMEOUT) as response:
+            with opener_without_redirects().open(request, timeout=OAUTH_DISCOVERY_TIMEOUT) as response:
                 return json.loads(response.read(1 << 20))
         except urllib.error.HTTPError as exc:
+            exc.close()
             logger.warning(
                 "the issuer's introspection endpoint answered HTTP %d%s, so a token was refused",
                 exc.code,
@@ -12556,6 +12592,8 @@ async def serve_http(
     flight are answered, then every principal's sandboxes are removed (leaving the bridge)."""
     if verifier is None:
         warn_about_tokens(config)
+    if (warning := public_url_warning(config, discovery)) is not None:
+        logger.warning(warning)
     async with anyio.create_task_group() as group:
         async with open_bridge(config, discovery) as bridge:
             app, manager = http_app(build_server(bridge), bridge, verifier)
@@ -12596,6 +12634,24 @@ def warn_about_tokens(config: BridgeConfig) -> None:
         )
     elif (warning := secret_file_warning(config.auth_tokens.path, "the token file")) is not None:
         logger.warning(warning)
+
+
+def public_url_warning(config: BridgeConfig, discovery: DiscoveryResult) -> str | None:
+    """Said before anything starts, on a bridge whose principals may log in to proxied HTTP
+    servers: an address their browsers may not reach, or one that carries the login's code
+    in the clear."""
+    if not config.names_principals or not any(wants_oauth(spec) for spec in discovery.servers):
+        return None
+    callback = config.base_url + LOGIN_CALLBACK_PATH
+    host = urllib.parse.urlsplit(callback).hostname or ""
+    if config.public_url is None and not is_loopback_host(config.host):
+        return (
+            "MCP_BRIDGE_PUBLIC_URL is not set: a principal's login to a proxied HTTP server comes "
+            "back to %s, which browsers elsewhere may not reach; set it to the address they use" % callback
+        )
+    if callback.startswith("http:") and not is_loopback_host(host):
+        return "logins to proxied HTTP servers come back to %s in the clear; use https (a proxy)" % callback
+    return None
 
 
 async def stop_http_on_signal(http_server: uvicorn.Server, bridge: Bridge) -> None:
@@ -14787,10 +14843,13 @@ def forward_pasted_redirect(port: int, lines: Iterable[str]) -> None:
     for line in lines:
         pasted = urllib.parse.urlsplit(line.strip())
         if pasted.path == REDIRECT_PATH and pasted.query:
-            with suppress(OSError):
+            try:
                 back = "http://127.0.0.1:%d%s?%s" % (port, REDIRECT_PATH, pasted.query)
                 urllib.request.urlopen(back, timeout=10).close()
-            return
+                return
+            except OSError as exc:  # the login stopped waiting, or the port is not its
+                print("That address could not be handed to the login (%s)." % exc, file=sys.stderr)
+                continue
         if line.strip():
             print(
                 "That is not where the login ended (an address with %s?code=...)." % REDIRECT_PATH,

@@ -368,10 +368,40 @@ def test_the_issuers_introspection_answer_must_be_active_for_this_bridge_and_une
         ({**good, "aud": "https://other.example/mcp"}, "not for this bridge"),
         ({key: value for key, value in good.items() if key != "aud"}, "not for this bridge"),
         ({**good, "exp": now - 61}, "expired"),
+        ({**good, "token_type": "refresh_token"}, "not an access token"),
     ):
         with pytest.raises(bridge.TokenRefusedError, match=said):
             bridge.introspected_claims(answer, issuer, mine, now)
     assert bridge.introspected_claims({**good, "exp": now - 30}, issuer, mine, now)  # clock skew
+    assert bridge.introspected_claims({**good, "token_type": "Bearer"}, issuer, mine, now)
+
+
+def test_a_client_secret_file_that_holds_none_stops_the_start(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.write_text("  \n")
+    with pytest.raises(bridge.CommandError, match="is empty"):
+        bridge.read_client_secret(empty)
+    with pytest.raises(bridge.CommandError, match="cannot be read"):
+        bridge.read_client_secret(tmp_path)  # a folder
+    (tmp_path / "secret").write_text("s3cret\n")
+    assert bridge.read_client_secret(tmp_path / "secret") == "s3cret"
+
+
+def test_a_shared_bridge_says_when_logins_could_not_come_back(tmp_path: Path) -> None:
+    notes = bridge.ServerSpec(name="notes", alias="notes", transport="http", url="https://n/mcp", source="t")
+    found = bridge.DiscoveryResult((notes,), (), ())
+    tokens = bridge.AuthTokens(tmp_path / "tokens", ())
+
+    def warning(**settings: Any) -> str | None:
+        config = bridge.BridgeConfig(state_dir=tmp_path, transport="http", auth_tokens=tokens, **settings)
+        return bridge.public_url_warning(config, found)
+
+    assert "MCP_BRIDGE_PUBLIC_URL is not set" in (warning(host="0.0.0.0") or "")
+    assert "in the clear" in (warning(host="0.0.0.0", public_url="http://10.1.2.3:8000") or "")
+    assert warning(host="0.0.0.0", public_url="https://code.example") is None
+    assert warning() is None  # loopback: the browser is on this machine
+    config = bridge.BridgeConfig(state_dir=tmp_path, transport="http", auth_tokens=tokens, host="0.0.0.0")
+    assert bridge.public_url_warning(config, bridge.DiscoveryResult((), (), ())) is None  # no such server
 
 
 async def test_the_issuers_answers_are_cached_refusals_too(tmp_path: Path) -> None:
