@@ -301,25 +301,37 @@ async def test_logout_forces_a_new_login_and_a_revoked_refresh_token_asks_again(
             assert "wants you to log in" in revoked["text"], revoked["text"]
 
 
+def login_command(env: dict[str, str]) -> subprocess.Popen[str]:
+    """`login notes --no-browser` at a terminal: its stdin, stdout and stderr are pipes."""
+    return subprocess.Popen(
+        [console_script(), "login", "notes", "--no-browser"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def said_until(login: subprocess.Popen[str], words: str) -> str:
+    """What ``login`` printed on stderr up to the line with ``words``."""
+    assert login.stderr is not None
+    said = ""
+    while words not in said:
+        line = login.stderr.readline()
+        assert line, "the login command ended before saying %r: %s" % (words, said)
+        said += line
+    return said
+
+
 async def test_the_login_command_logs_in_at_a_terminal_for_the_bridge(
     proxy_engine: Engine, state_dir: Path, tmp_path: Path
 ) -> None:
     with oauth_server() as url:
         env = oauth_env(proxy_engine, state_dir, tmp_path, url)
-        login = subprocess.Popen(
-            [console_script(), "login", "notes", "--no-browser"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        login = login_command(env)
         try:
-            assert login.stderr is not None
-            said = ""
-            while not LINK.search(said):
-                line = login.stderr.readline()
-                assert line, "the login command ended without a link: %s" % said
-                said += line
+            said = said_until(login, "paste that page's address here")
             await open_in_browser(the_link(said))
             out, _ = login.communicate(timeout=60)
         finally:
@@ -340,21 +352,10 @@ async def test_a_browser_on_another_machine_finishes_the_login_by_its_pasted_add
     # does not load; the person pastes the address it ended on into the login command.
     with oauth_server() as url:
         env = oauth_env(proxy_engine, state_dir, tmp_path, url)
-        login = subprocess.Popen(
-            [console_script(), "login", "notes", "--no-browser"],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        login = login_command(env)
         try:
-            assert login.stderr is not None and login.stdin is not None
-            said = ""
-            while "paste that page's address here" not in said:
-                line = login.stderr.readline()
-                assert line, "the login command ended without asking: %s" % said
-                said += line
+            assert login.stdin is not None
+            said = said_until(login, "paste that page's address here")
             async with httpx2.AsyncClient() as browser:  # approves, but never reaches the redirect
                 ended_on = (await browser.get(the_link(said))).headers["location"]
             assert "/callback?code=" in ended_on

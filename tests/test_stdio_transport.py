@@ -77,6 +77,18 @@ class RawBridge:
         raise AssertionError("no VmHWM in /proc/%d/status" % self.process.pid)
 
 
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"},
+    },
+}
+
+
 @contextmanager
 def raw_bridge(env: dict[str, str], cwd: Path) -> Iterator[RawBridge]:
     process = subprocess.Popen(
@@ -84,18 +96,7 @@ def raw_bridge(env: dict[str, str], cwd: Path) -> Iterator[RawBridge]:
     )
     raw = RawBridge(process)
     try:
-        raw.send_message(
-            {
-                "jsonrpc": "2.0",
-                "id": 0,
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": "2025-06-18",
-                    "capabilities": {},
-                    "clientInfo": {"name": "raw", "version": "1"},
-                },
-            }
-        )
+        raw.send_message(INITIALIZE)
         assert "result" in raw.reply_to(0, 60)
         raw.send_message({"jsonrpc": "2.0", "method": "notifications/initialized"})
         yield raw
@@ -296,17 +297,7 @@ def test_a_client_that_stops_reading_never_stops_the_loop() -> None:
 def test_a_bridge_whose_stdin_is_a_file_reads_it_in_a_thread(state_dir: Path, tmp_path: Path) -> None:
     # Not a pipe (the loop cannot wait on a file): read by a worker thread, to its end.
     requests = tmp_path / "requests.jsonl"
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 0,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "f", "version": "1"},
-        },
-    }
-    lines = [initialize, {"jsonrpc": "2.0", "method": "notifications/initialized"}]
+    lines = [INITIALIZE, {"jsonrpc": "2.0", "method": "notifications/initialized"}]
     lines.append({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
     requests.write_text("".join(json.dumps(line) + "\n" for line in lines))
     with requests.open("rb") as file:
