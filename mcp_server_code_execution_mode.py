@@ -3633,6 +3633,7 @@ def dropped_tools_notice(server: str, dropped: Sequence[tuple[str, str]], kept: 
 
 RESULT_ENVELOPE_SLACK = 64 * 1024  # JSON-RPC envelope around a capped tool result
 _READ_CHUNK = 1 << 20
+_READ_CHUNK_ON_LOOP = 1 << 16  # a pipe's default size; a 1 MiB buffer costs 15x as much to make
 _LINE_EDGE = 1024  # bytes kept of each end of a discarded line: enough to find its id
 _SERVER_EXIT_GRACE = 2.0  # seconds per shutdown step: stdin closed, SIGTERM, SIGKILL
 OVERSIZED = "mcp-bridge:oversized"  # marks the error the bridge answers in place of a discarded line
@@ -11704,49 +11705,66 @@ def claimed_stdio() -> Iterator[tuple[int, int]]:
         os.dup2(wire_out, 1)
 
 
-def is_pipe(fd: int) -> bool:
-    """Whether ``fd`` is a pipe, as a client's stdio is: the event loop can wait on it (a
-    terminal or a file is read and written by a worker thread instead)."""
+def stdio_kind(fd: int) -> Literal["pipe", "socket"] | None:
+    """What a client's stdio ``fd`` is, where the event loop can wait on it: a pipe (a
+    Python client's), a socket (Node's libuv gives its children socketpairs); None for a
+    terminal or a file, which a worker thread reads and writes instead."""
     try:
-        return stat.S_ISFIFO(os.fstat(fd).st_mode)
+        mode = os.fstat(fd).st_mode
     except OSError:
-        return False
+        return None
+    return "pipe" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode) else None
 
 
 class LineWriter:
     """Whole lines to the client, one at a time: the server's messages and the transport's
     own error replies share the pipe. Once the client has closed it, lines are dropped
-    (stdin's end then stops the server). A line that fits the pipe's room at once is
-    written on the loop (most answers: a worker thread's two hand-offs cost more than the
-    write); a longer one, or one the client is slow to take, in a worker thread."""
+    (stdin's end then stops the server). What goes without waiting is written on the loop
+    (most answers: a worker thread's two hand-offs cost more than the write): on a pipe, a
+    line of at most PIPE_BUF bytes while poll says there is room; on a socket, what a send
+    that may not wait takes. The rest, or all of it for a terminal or a file, goes through
+    a worker thread. The descriptor's own flags are never changed: the client shares them."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.lock = anyio.Lock()
         self.closed = False
+        kind = stdio_kind(fd)
         self._room: select.poll | None = None  # POLLOUT on a pipe: PIPE_BUF bytes take no wait
-        if is_pipe(fd):
+        if kind == "pipe" and hasattr(select, "poll"):
             self._room = select.poll()
             self._room.register(fd, select.POLLOUT)
+        # A second descriptor of the socket, for send(MSG_DONTWAIT): that flag is per call.
+        self._socket = socket.socket(fileno=os.dup(fd)) if kind == "socket" else None
 
     async def write_line(self, data: bytes) -> None:
         async with self.lock:
             if self.closed:
                 return
-            line = data + b"\n"
+            line = memoryview(data + b"\n")
             try:
                 if self._room is not None and len(line) <= select.PIPE_BUF and self._room.poll(0):
-                    os.write(self.fd, line)  # atomic, and there is room: it cannot block
-                else:
+                    line = line[os.write(self.fd, line) :]  # atomic, and there is room: all of it
+                elif self._socket is not None:
+                    with suppress(BlockingIOError):
+                        line = line[self._socket.send(line, socket.MSG_DONTWAIT) :]
+                if line:
                     await anyio.to_thread.run_sync(self._write_all, line)
             except OSError as exc:
                 logger.warning("the client's stdout pipe is closed (%s); no more replies can be sent", exc)
                 self.closed = True
 
-    def _write_all(self, data: bytes) -> None:
-        view = memoryview(data)
+    def close(self) -> None:
+        """Let go of the socket's second descriptor (the client's own stays as it is)."""
+        if self._socket is not None:
+            self._socket.close()
+
+    def _write_all(self, view: memoryview) -> None:
         while view:
-            view = view[os.write(self.fd, view) :]
+            try:
+                view = view[os.write(self.fd, view) :]
+            except BlockingIOError:  # the client made its end non-blocking: wait for room
+                select.select([], [self.fd], [])
 
 
 @asynccontextmanager
@@ -11778,14 +11796,14 @@ async def stdio_transport(
 
     async def read_stdin() -> None:
         splitter = LineSplitter(cap)
-        on_loop = is_pipe(wire_in)  # read once readable: no worker thread per message
+        on_loop = stdio_kind(wire_in) is not None  # read once readable: no worker thread per message
         with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
             async with read_send:
                 while True:
                     try:
                         if on_loop:
                             await anyio.wait_readable(wire_in)
-                            chunk = os.read(wire_in, _READ_CHUNK)  # readable: returns at once
+                            chunk = os.read(wire_in, _READ_CHUNK_ON_LOOP)  # readable: returns at once
                         else:
                             chunk = await anyio.to_thread.run_sync(
                                 os.read, wire_in, _READ_CHUNK, abandon_on_cancel=True
@@ -11808,10 +11826,13 @@ async def stdio_transport(
                     message.message.model_dump_json(by_alias=True, exclude_unset=True).encode()
                 )
 
-    async with anyio.create_task_group() as pipes:
-        pipes.start_soon(read_stdin)
-        pipes.start_soon(write_stdout)
-        yield read_receive, write_send
+    try:
+        async with anyio.create_task_group() as pipes:
+            pipes.start_soon(read_stdin)
+            pipes.start_soon(write_stdout)
+            yield read_receive, write_send
+    finally:
+        out.close()
 
 
 async def serve(config: BridgeConfig, discovery: DiscoveryResult) -> None:
@@ -11847,9 +11868,9 @@ async def serve(config: BridgeConfig, discovery: DiscoveryResult) -> None:
                     server = build_server(bridge)
                     await server.run(*streams, server.create_initialization_options())
             if run_scope.cancelled_caught:
-                # Leaving the bridge has removed the sandbox, but the stdin reader is a worker
-                # thread blocked in read(), which the interpreter's exit would wait for until
-                # the client writes or closes stdin.
+                # Leaving the bridge has removed the sandbox, but where stdin is a terminal or a
+                # file its reader is a worker thread blocked in read(), which the interpreter's
+                # exit would wait for until the client writes or closes stdin.
                 logging.shutdown()
                 os._exit(0)
             group.cancel_scope.cancel()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -244,9 +245,20 @@ def test_the_last_line_counts_without_a_newline_after_it() -> None:
 # --- the pipes themselves: on the loop where they are pipes, in a thread otherwise -------
 
 
-def test_a_line_longer_than_the_pipe_takes_at_once_arrives_whole_in_order() -> None:
+def client_stdio(kind: str) -> tuple[int, int]:
+    """A client's end and the bridge's end of its stdout: a pipe (Python's clients) or a
+    socketpair (Node's libuv), both blocking."""
+    if kind == "pipe":
+        return os.pipe()
+    ours, theirs = socket.socketpair()
+    return ours.detach(), theirs.detach()
+
+
+@pytest.mark.parametrize("kind", ["pipe", "socket"])
+def test_a_line_longer_than_the_pipe_takes_at_once_arrives_whole_in_order(kind: str) -> None:
     async def main() -> bytes:
-        read_end, write_end = os.pipe()
+        read_end, write_end = client_stdio(kind)
+        assert bridge.stdio_kind(write_end) == kind
         writer = bridge.LineWriter(write_end)
         got = bytearray()
 
@@ -260,6 +272,7 @@ def test_a_line_longer_than_the_pipe_takes_at_once_arrives_whole_in_order() -> N
                 await writer.write_line(b"small")
                 await writer.write_line(b"x" * 300_000)  # past the pipe's 64 KiB: the thread's
                 await writer.write_line(b"after")
+                writer.close()
                 os.close(write_end)
         finally:
             os.close(read_end)
@@ -268,9 +281,10 @@ def test_a_line_longer_than_the_pipe_takes_at_once_arrives_whole_in_order() -> N
     assert anyio.run(main) == b"small\n" + b"x" * 300_000 + b"\nafter\n"
 
 
-def test_a_client_that_stops_reading_never_stops_the_loop() -> None:
+@pytest.mark.parametrize("kind", ["pipe", "socket"])
+def test_a_client_that_stops_reading_never_stops_the_loop(kind: str) -> None:
     async def main() -> tuple[int, bytes]:
-        read_end, write_end = os.pipe()
+        read_end, write_end = client_stdio(kind)
         os.set_blocking(write_end, False)
         with suppress(BlockingIOError):
             while True:
@@ -286,6 +300,7 @@ def test_a_client_that_stops_reading_never_stops_the_loop() -> None:
             tail = b""
             while not tail.endswith(b"reply\n"):  # the client reads again: the reply arrives
                 tail = (tail + os.read(read_end, 1 << 16))[-64:]
+        writer.close()
         os.close(read_end)
         os.close(write_end)
         return ticks, tail
@@ -301,7 +316,7 @@ def test_a_bridge_whose_stdin_is_a_file_reads_it_in_a_thread(state_dir: Path, tm
     lines.append({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
     requests.write_text("".join(json.dumps(line) + "\n" for line in lines))
     with requests.open("rb") as file:
-        assert not bridge.is_pipe(file.fileno())
+        assert bridge.stdio_kind(file.fileno()) is None
     env = bridge_env(None, state_dir, MCP_BRIDGE_PREWARM="0", HOME=str(tmp_path))
     with requests.open("rb") as stdin:
         done = subprocess.run(
