@@ -14235,6 +14235,12 @@ async def _probe_server(client: PooledClient, limiter: anyio.CapacityLimiter) ->
         try:
             with anyio.fail_after(client.config.server_start_timeout + DOCTOR_SERVER_SLACK):
                 await client.ensure_running()
+        except PersonalLoginError:  # a shared bridge's: each principal logs in through its calls
+            said = (
+                "MCP server %r wants an OAuth login: each principal logs in with its own account, "
+                "through the link its first call returns" % spec.name
+            )
+            return DoctorCheck("servers", spec.name, "ok", said, where)
         except ServerUnavailableError as exc:
             return DoctorCheck("servers", spec.name, "fail", str(exc), where)
         except TimeoutError:

@@ -403,6 +403,20 @@ def test_doctor_names_the_login_link(proxy_engine: Engine, state_dir: Path, tmp_
     assert doctor.returncode == 1, doctor.stdout + doctor.stderr
     assert "wants you to log in" in doctor.stdout and LINK.search(doctor.stdout), doctor.stdout
 
+    # A shared bridge's settings: no login of the doctor's own; each principal logs in itself.
+    tokens = tmp_path / "tokens"
+    tokens.write_text("%s alice\n" % ("t" * 32))
+    tokens.chmod(0o600)
+    shared = {**env, "MCP_BRIDGE_TRANSPORT": "http", "MCP_BRIDGE_AUTH_TOKENS": str(tokens)}
+    with oauth_server() as url:
+        notes = {"notes": {"type": "http", "url": url}}
+        shared["HOME"] = str(claude_desktop_home(tmp_path / "shared", notes))
+        doctor = subprocess.run(
+            [console_script(), "doctor"], env=shared, capture_output=True, text=True, timeout=120, check=False
+        )
+    assert "each principal logs in with its own account" in doctor.stdout, doctor.stdout
+    assert not LINK.search(doctor.stdout) and doctor.returncode == 0, doctor.stdout + doctor.stderr
+
 
 async def test_a_server_behind_a_self_hosted_openid_provider_is_used_after_a_login_there(
     proxy_engine: Engine, state_dir: Path, tmp_path: Path
