@@ -4792,6 +4792,8 @@ class PooledClient:
         # RunContext.relay): a stdio server's question names no call, so it is passed on
         # only while exactly one call runs.
         self.calls_in_flight: list[tuple[CallListener, anyio.CancelScope]] = []  # with each deadline
+        self.last_used = 0.0  # time.monotonic() of the last ensure_running
+        self.parked = False  # closed for being idle: the next use reconnects without a notice
         self.wire = WireWatch()  # how large its messages are, where its transport measures them
         self.login = None  # a streamable-HTTP server's OAuth login, where it may want one
         # A shared connection of a bridge of several principals never logs in (whose account
@@ -4810,6 +4812,7 @@ class PooledClient:
         return self.session is not None and not self._closed.is_set() and not self._stop.is_set()
 
     async def ensure_running(self) -> ClientSession:
+        self.last_used = time.monotonic()
         if self.running and self.session is not None:  # each proxied call: no lock, no checkpoint
             if self.login is None or not self.login.forgotten():
                 return self.session
@@ -4826,9 +4829,10 @@ class PooledClient:
                 if self.running and self.session is not None:
                     return self.session
             # What the notice says once it runs again: a restart only of a server that ran.
-            before, ran = self.failure or "had stopped", self.ran
+            before, ran, parked = self.failure or "had stopped", self.ran, self.parked
+            self.parked = False
             await self._start()
-            if self.starts > 1:
+            if self.starts > 1 and not parked:
                 self.notices.append(
                     "MCP server %r %s; it was restarted." % (self.spec.name, before)
                     if ran
@@ -5217,12 +5221,30 @@ class PooledClient:
             self.failure = reason
             self._stop.set()
 
+    def park_if_idle(self, now: float, idle: float) -> bool:
+        """Close the connection when no call has used it for ``idle`` seconds and none is in
+        flight or waiting for a login; the next use reconnects with the tokens it has."""
+        if (
+            self.session is None
+            or self._stop.is_set()
+            or self.calls_in_flight
+            or now - self.last_used < idle
+            or (self.login is not None and self.login.waiting)
+        ):
+            return False
+        self.parked = True
+        self._stop.set()
+        return True
+
     async def aclose(self) -> None:
         self._stop.set()
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):
             if self.login is not None:
                 await self.login.abandon()
             await self._closed.wait()
+
+
+IDLE_CHECK_SECONDS = 60.0  # how often the principals' own connections are checked for idleness
 
 
 class ClientPool:
@@ -5250,6 +5272,10 @@ class ClientPool:
         self.principal: str | None = None  # whose view of the pool this is (of_principal)
         self._own: dict[str, PooledClient] = {}  # that principal's own connections, by alias
         self._views: dict[str, ClientPool] = {}  # every principal's view, by principal
+        # Principals may be many (an issuer's users): their own connections close when idle.
+        self._idle_closer = anyio.CancelScope()
+        if self.redirects is not None and config.idle_timeout > 0:
+            task_group.start_soon(self._close_idle_connections)
 
     @property
     def clients(self) -> dict[str, PooledClient]:
@@ -5269,6 +5295,17 @@ class ClientPool:
             own = PooledClient(shared.spec, self.config, self.task_group, cache, self.principal, redirects)
             self._own[shared.spec.alias] = own
         return own
+
+    def close_idle(self, now: float) -> int:
+        """Close the principals' own connections idle for MCP_BRIDGE_IDLE_TIMEOUT: how many."""
+        own = (client for view in self._views.values() for client in view._own.values())
+        return sum(client.park_if_idle(now, self.config.idle_timeout) for client in own)
+
+    async def _close_idle_connections(self) -> None:
+        with self._idle_closer:  # until aclose
+            while True:
+                await anyio.sleep(min(IDLE_CHECK_SECONDS, self.config.idle_timeout))
+                self.close_idle(time.monotonic())
 
     def of_principal(self, principal: str) -> ClientPool:
         """The pool as ``principal`` uses it (on a bridge that tells principals apart; else
@@ -5303,6 +5340,7 @@ class ClientPool:
 
     async def aclose(self) -> None:
         """Close every connection this pool started, and every principal's own."""
+        self._idle_closer.cancel()
         clients = [*self.shared.values(), *self._own.values()]
         clients.extend(own for view in self._views.values() for own in view._own.values())
         with anyio.CancelScope(shield=True):

@@ -20,7 +20,7 @@ import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import httpx2
@@ -510,6 +510,34 @@ async def test_a_shared_connection_becomes_each_principals_own_once_its_server_w
             bridge.DiscoveryResult(specs, (), ()), bridge.BridgeConfig(state_dir=tmp_path), group
         )
         assert stdio.of_principal("local") is stdio and stdio.shared["notes"].login is not None
+
+
+async def test_a_principals_idle_connection_closes_and_comes_back_without_a_word(tmp_path: Path) -> None:
+    from tests.test_proxy import _http_stub
+
+    with _http_stub() as url:
+        spec = bridge.ServerSpec(name="remote", alias="remote", transport="http", url=url, source="t")
+        tokens = bridge.AuthTokens(tmp_path / "tokens", ())
+        config = bridge.BridgeConfig(
+            state_dir=tmp_path, transport="http", auth_tokens=tokens, idle_timeout=30
+        )
+        async with anyio.create_task_group() as group:  # its idle closer ends with aclose
+            pool = bridge.ClientPool(bridge.DiscoveryResult((spec,), (), ()), config, group)
+            pool.shared["remote"].personal_login = True  # as after a 401
+            own = pool.of_principal("alice").client("remote")
+            await own.ensure_running()
+            assert pool.close_idle(time.monotonic()) == 0  # just used
+            own.calls_in_flight.append(cast(Any, (None, None)))
+            assert pool.close_idle(time.monotonic() + 31) == 0  # a call is using it
+            own.calls_in_flight.clear()
+            assert pool.close_idle(time.monotonic() + 31) == 1
+            with anyio.fail_after(10):
+                while own.starts == 1 and own.session is not None:
+                    await anyio.sleep(0.01)
+            assert not own.running
+            await own.ensure_running()  # the next call reconnects, and the model hears nothing of it
+            assert own.running and own.starts == 2 and own.notices == []
+            await pool.aclose()
 
 
 async def test_a_token_is_refreshed_before_it_expires_also_after_a_restart(tmp_path: Path) -> None:
