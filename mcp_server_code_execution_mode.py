@@ -12381,6 +12381,7 @@ class OAuthTokenVerifier:
             self._client_secret = read_client_secret(config.oauth_client_secret_file)
         # The issuer's answers, by the token's digest, each until when it holds.
         self._introspected: dict[str, tuple[float, dict[str, Any] | str]] = {}  # str: why refused
+        self._asking: dict[str, anyio.Event] = {}  # digests the issuer is being asked about
         self._limiter = anyio.CapacityLimiter(4)  # the JWKS fetch, the signature check, introspection
 
     async def verify_token(self, token: str) -> AccessToken | None:
@@ -12428,15 +12429,23 @@ class OAuthTokenVerifier:
         )
 
     async def _introspect(self, token: str) -> dict[str, Any]:
-        """The issuer's word on ``token``, from the cache while it holds."""
+        """The issuer's word on ``token``, from the cache while it holds; requests that bring
+        the same new token together wait for one answer."""
         digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+        while (asking := self._asking.get(digest)) is not None:
+            await asking.wait()
         now = time.time()
         cached = self._introspected.get(digest)
         if cached is not None and cached[0] > now:
             if isinstance(cached[1], str):  # why the issuer refused it
                 raise TokenRefusedError(cached[1])
             return cached[1]
-        answer = await anyio.to_thread.run_sync(self._ask_issuer, token, limiter=self._limiter)
+        self._asking[digest] = asked = anyio.Event()
+        try:
+            answer = await anyio.to_thread.run_sync(self._ask_issuer, token, limiter=self._limiter)
+        finally:
+            del self._asking[digest]
+            asked.set()
         try:
             claims = introspected_claims(answer, self.issuer, self.resource, now)
         except TokenRefusedError as refused:  # the issuer's word: kept a while, so a stream of

@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx2
 import jwt
 import pytest
@@ -425,11 +426,14 @@ async def test_the_issuers_answers_are_cached_refusals_too(tmp_path: Path) -> No
         return good if token == "good" else {"active": False}
 
     verifier._ask_issuer = ask_issuer  # type: ignore[method-assign]
+    async with anyio.create_task_group() as group:  # at once, as a client's POST and GET bring it
+        for _ in range(3):
+            group.start_soon(verifier.verify_token, "good")
     for _ in range(3):
         assert await verifier.verify_token("bad") is None
         taken = await verifier.verify_token("good")
         assert taken is not None and taken.client_id == "dana" and taken.token == ""
-    assert asked == ["bad", "good"]  # once each: the rest from the cache
+    assert asked == ["good", "bad"]  # once each: the rest waited for that answer, or the cache
 
 
 def test_the_bridges_client_needs_an_issuer_and_both_its_id_and_secret(tmp_path: Path) -> None:
