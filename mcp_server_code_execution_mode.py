@@ -4413,9 +4413,14 @@ class OAuthTokenFile:
         await anyio.to_thread.run_sync(update)
 
     def keep_authorization_server(self, metadata: dict[str, Any]) -> None:
-        """The authorization server's metadata (RFC 8414), where its tokens are refreshed."""
-        if self.read().get("authorization_server") != metadata:
+        """The authorization server's metadata (RFC 8414), where its tokens are refreshed. A
+        file that cannot be written costs only that (the SDK finds it again after a 401)."""
+        if self.read().get("authorization_server") == metadata:
+            return
+        try:
             self._update(authorization_server=metadata)
+        except OSError as exc:
+            logger.warning("the OAuth token file %s cannot be written: %s", self.path, exc)
 
     def authorization_server(self) -> Any:
         """The stored authorization server's metadata (an OAuthMetadata), or None."""

@@ -81,7 +81,9 @@ def token_file(state_dir: Path) -> Path:
 # --- the token file and the redirect, without a server ---------------------------------
 
 
-async def test_the_token_file_is_private_atomic_and_a_damaged_one_counts_as_no_login(tmp_path: Path) -> None:
+async def test_the_token_file_is_private_atomic_and_a_damaged_one_counts_as_no_login(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
     tokens = bridge.OAuthTokenFile(tmp_path / "oauth" / "server.json")
@@ -109,6 +111,13 @@ async def test_the_token_file_is_private_atomic_and_a_damaged_one_counts_as_no_l
 
     tokens.path.write_text('{"authorization_server": {"token_endpoint": 5}}')
     assert tokens.authorization_server() is None  # damaged: the SDK finds it again
+
+    def full_disk(**fields: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    tokens._update = full_disk  # type: ignore[method-assign]
+    tokens.keep_authorization_server({"issuer": "https://other.example"})  # said; the login goes on
+    assert "cannot be written: [Errno 28] No space left on device" in caplog.text
     tokens.path.write_text('{"tokens": {"access_token": ')  # torn by something else
     assert await tokens.get_tokens() is None
     tokens.path.write_text('{"tokens": {"token_type": 7}}')
