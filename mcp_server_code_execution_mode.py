@@ -4422,13 +4422,14 @@ class OAuthTokenFile:
         except OSError as exc:
             logger.warning("the OAuth token file %s cannot be written: %s", self.path, exc)
 
-    def authorization_server(self) -> Any:
-        """The stored authorization server's metadata (an OAuthMetadata), or None."""
+    def authorization_server(self, stored: Mapping[str, Any] | None = None) -> Any:
+        """The stored authorization server's metadata (an OAuthMetadata), or None;
+        ``stored``: the file's contents, where already read."""
         from mcp.shared.auth import OAuthMetadata
 
-        stored = self.read().get("authorization_server")
+        metadata = (self.read() if stored is None else stored).get("authorization_server")
         try:
-            return None if stored is None else OAuthMetadata.model_validate(stored)
+            return None if metadata is None else OAuthMetadata.model_validate(metadata)
         except ValidationError:
             return None
 
@@ -4452,6 +4453,11 @@ class OAuthTokenFile:
         except FileNotFoundError:
             return False
         return True
+
+
+def query_value(url: str, name: str) -> str | None:
+    """The value of the query parameter ``name`` in ``url``, if it has one."""
+    return dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query)).get(name)
 
 
 def redirect_page(server: str, query: Mapping[str, str]) -> str:
@@ -4488,7 +4494,7 @@ class LoginRedirects:
 
     def expect(self, link: str, server: str) -> tuple[str, PendingRedirect]:
         """The state of the login ``link`` starts, and its arrival."""
-        state = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(link).query)).get("state")
+        state = query_value(link, "state")
         if not state:
             raise ServerUnavailableError("its login link carries no state, so the login could not come back")
         pending = self.pending[state] = PendingRedirect(server)
@@ -4577,8 +4583,11 @@ class ServerLogin:
         from mcp.shared.auth import OAuthClientMetadata
 
         redirects = self.redirects
-        port = self.tokens.redirect_port() if redirects is None else 0
-        redirect_uri = "http://127.0.0.1:%d%s" % (port, REDIRECT_PATH) if redirects is None else redirects.url
+        if redirects is None:
+            port = self.tokens.redirect_port()
+            redirect_uri = "http://127.0.0.1:%d%s" % (port, REDIRECT_PATH)
+        else:
+            port, redirect_uri = 0, redirects.url
         # What the consent page shows: on a shared bridge, whose login it is.
         name = SERVER_NAME if self.principal is None else "%s (for %s)" % (SERVER_NAME, self.principal)
         metadata = OAuthClientMetadata(
@@ -4657,7 +4666,7 @@ class ServerLogin:
 
         context.update_token_expiry = refresh_early  # type: ignore[method-assign]
         stored = self.tokens.read()
-        context.oauth_metadata = self.tokens.authorization_server()  # one of SDK_INTERNALS
+        context.oauth_metadata = self.tokens.authorization_server(stored)  # one of SDK_INTERNALS
         expires, tokens = stored.get("expires_at"), stored.get("tokens")
         lifetime = tokens.get("expires_in") if isinstance(tokens, dict) else None
         if isinstance(expires, int | float):  # one of SDK_INTERNALS
@@ -5288,12 +5297,12 @@ class ClientPool:
         principal's own to a server that wants a login."""
         if self.principal is None:
             return self.shared
-        return {
-            alias: self._own_client(client) if client.personal_login else client
-            for alias, client in self.shared.items()
-        }
+        return {alias: self._used(client) for alias, client in self.shared.items()}
 
-    def _own_client(self, shared: PooledClient) -> PooledClient:
+    def _used(self, shared: PooledClient) -> PooledClient:
+        """The connection this pool's user calls in place of ``shared``."""
+        if self.principal is None or not shared.personal_login:
+            return shared
         own = self._own.get(shared.spec.alias)
         if own is None:
             cache, redirects = self.tool_list_cache, self.redirects
@@ -5324,15 +5333,15 @@ class ClientPool:
         return view
 
     def client(self, alias: str) -> PooledClient:
-        client = self.clients.get(alias)
+        client = self.shared.get(alias)
         if client is None:
-            known = ", ".join(sorted(self.clients)) or "(none configured)"
+            known = ", ".join(sorted(self.shared)) or "(none configured)"
             unusable = "".join(
                 " A configuration file could not be used, so its servers are missing: %s." % problem
                 for problem in self.discovery.unusable
             )
             raise ProxyError("Unknown MCP server %r. Available servers: %s.%s" % (alias, known, unusable))
-        return client
+        return self._used(client)
 
     def drain_notices(self) -> list[str]:
         """Every client's notices since the last drain, each once (a loop of searches over
@@ -14980,8 +14989,7 @@ def login_main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
             file=sys.stderr,
             flush=True,
         )
-        redirect = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query)).get("redirect_uri", "")
-        port = urllib.parse.urlsplit(redirect).port
+        port = urllib.parse.urlsplit(query_value(url, "redirect_uri") or "").port
         with suppress(AttributeError, OSError, ValueError):  # no stdin at all: nothing to paste
             if port is not None:
                 lines = terminal_lines(sys.stdin.fileno())
