@@ -1299,11 +1299,15 @@ class Executor:
         try:
             return self.loop.run_until_complete(task)
         except KeyboardInterrupt:
-            task.cancel()
-            try:
-                self.loop.run_until_complete(task)
-            except BaseException:
-                pass
+            # Raised in the code's own frames, the task has ended with it, and asyncio
+            # never stops the loop for such a task: running it again would never return.
+            # Raised elsewhere (the loop waiting), the task is cancelled and let finish.
+            if not task.done():
+                task.cancel()
+                try:
+                    self.loop.run_until_complete(task)
+                except BaseException:
+                    pass
             raise
 
 

@@ -709,6 +709,24 @@ def test_interrupt_stops_awaited_code(kernel: KernelProcess) -> None:
     assert kernel.run("await asyncio.sleep(0, result='loop still usable')")["value"] == "'loop still usable'"
 
 
+def test_interrupt_that_lands_in_a_coroutines_own_code_stops_it(kernel: KernelProcess) -> None:
+    # The task ends with the KeyboardInterrupt itself, and asyncio never stops the loop
+    # for such a task: the kernel once ran the loop again for it and hung until killed.
+    code = "async def spin():\n    print('started', flush=True)\n    while True:\n        pass\nawait spin()"
+    kernel.run("kept = 'yes'")
+    execute_id = kernel.start(code)
+    kernel.wait_for_text(execute_id, "started")
+
+    kernel.send({"type": "interrupt", "id": execute_id})
+    _, result = kernel.collect(execute_id)
+
+    assert result["status"] == "interrupted", result
+    assert "while True" in result["error"]["traceback"]
+    assert kernel.run("kept")["value"] == "'yes'"
+    awaited = kernel.run("import asyncio\nawait asyncio.sleep(0, result='loop usable')")
+    assert awaited["value"] == "'loop usable'"
+
+
 def test_interrupt_for_a_different_id_is_ignored(kernel: KernelProcess, tmp_path: Path) -> None:
     # The code runs until the test creates `go`, which it does only after the barrier
     # shows the kernel has handled the interrupt: so the interrupt met running code.
