@@ -38,6 +38,7 @@ import collections.abc
 import contextlib
 import contextvars
 import difflib
+import fcntl
 import functools
 import hashlib
 import hmac
@@ -51,10 +52,12 @@ import operator
 import os
 import queue
 import random
+import select
 import signal
 import socket
 import subprocess
 import sys
+import termios
 import textwrap
 import threading
 import time
@@ -906,88 +909,71 @@ class OutputPump(threading.Thread):
     """Reads one of the executor's output pipes (its fd 1 or fd 2) and hands the text to
     ``deliver(name, text)``.
 
-    The supervisor keeps its own copy of the pipe's write end, so ``start_sync()`` +
-    ``wait_synced()`` can wait until everything written to the pipe before a moment has
-    been delivered: a random marker goes through the pipe itself, so ordering holds for
-    every writer (the executor, its subprocesses), and the executor cannot forge it."""
+    It reads only while it holds its lock, and only what the pipe holds then (FIONREAD),
+    so ``drain()``, taking the same lock, delivers everything written to the pipe before
+    that moment, by the executor or any process it started, from the caller's own thread:
+    no hand-off to this thread on every result, and nothing is ever read but not yet
+    delivered."""
 
     def __init__(self, name: str, read_fd: int, write_fd: int, deliver: Callable[[str, str], None]) -> None:
         super().__init__(name="pump-" + name, daemon=True)
         self.stream_name = name
         self.read_fd = read_fd
-        self.write_fd = write_fd
+        self.write_fd = write_fd  # the supervisor's copy: end of file only once retire() closes it
         self.deliver = deliver
-        self.marker = b"\x00MCP-SYNC-" + os.urandom(12).hex().encode() + b"\x00"
-        # Markers written and seen: a sync is done when every marker written so far has
-        # come through (a late marker of an earlier, timed-out sync cannot end a later one).
-        self._issued = self._seen = 0
-        self._progress = threading.Condition()
-        self._ended = False
-        self._write_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._ended = False  # set (under the lock) before read_fd is closed
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
-    def start_sync(self) -> None:
-        with self._write_lock:
-            if self.write_fd < 0:  # closed: the executor is being replaced; nothing more will come
-                return
-            with self._progress:
-                self._issued += 1
-            os.write(self.write_fd, self.marker)
-
-    def wait_synced(self, timeout: float = 5.0) -> bool:
-        """True once everything written before the last start_sync() was delivered;
-        False after ``timeout`` (the output that is late is then counted as background)."""
-        with self._progress:
-            return self._progress.wait_for(lambda: self._ended or self._seen >= self._issued, timeout)
-
-    def _marker_seen(self) -> None:
-        with self._progress:
-            self._seen += 1
-            self._progress.notify_all()
+    def drain(self, timeout: float = 5.0) -> bool:
+        """Deliver what the pipe holds now; False if the pump stayed busy for ``timeout``
+        (a client that does not read: that output is then counted as background)."""
+        if not self._lock.acquire(timeout=timeout):
+            return False
+        try:
+            if not self._ended:
+                pending = _unread_bytes(self.read_fd)
+                while pending > 0:
+                    pending -= self._deliver_some(pending)
+        finally:
+            self._lock.release()
+        return True
 
     def close_write_end(self) -> None:
         """Once every other writer is gone the pump reads end of file and stops."""
-        with self._write_lock:
-            if self.write_fd >= 0:
-                os.close(self.write_fd)
-                self.write_fd = -1
+        fd, self.write_fd = self.write_fd, -1
+        if fd >= 0:
+            os.close(fd)
 
     def run(self) -> None:
-        carry = b""
+        poller = select.poll()
+        poller.register(self.read_fd, select.POLLIN)
         try:
             while True:
-                data = os.read(self.read_fd, 1 << 16)
-                if not data:
-                    break
-                buffer = carry + data
-                while True:
-                    index = buffer.find(self.marker)
-                    if index < 0:
-                        break
-                    self._forward(buffer[:index])
-                    buffer = buffer[index + len(self.marker) :]
-                    self._marker_seen()
-                keep = _partial_suffix(buffer, self.marker)
-                carry = buffer[len(buffer) - keep :] if keep else b""
-                self._forward(buffer[: len(buffer) - keep])
-            self._forward(carry)
+                # POLLHUP: every writer is gone; what is left in the pipe is read first.
+                hung_up = any(flags & ~select.POLLIN for _, flags in poller.poll())
+                with self._lock:
+                    pending = _unread_bytes(self.read_fd)
+                    if pending:
+                        self._deliver_some(pending)
+                    elif hung_up:
+                        return
+                    # else drain() took it between the poll and the lock
         finally:
-            os.close(self.read_fd)
-            with self._progress:
+            with self._lock:
                 self._ended = True
-                self._progress.notify_all()
+                os.close(self.read_fd)
 
-    def _forward(self, data: bytes) -> None:
+    def _deliver_some(self, pending: int) -> int:
+        data = os.read(self.read_fd, min(pending, 1 << 16))  # never blocks: it is in the pipe
         if data:
             self.deliver(self.stream_name, self._decoder.decode(data))
+        return len(data) or pending
 
 
-def _partial_suffix(buffer: bytes, marker: bytes) -> int:
-    """Length of the longest tail of ``buffer`` that could start ``marker``."""
-    for size in range(min(len(buffer), len(marker) - 1), 0, -1):
-        if marker.startswith(buffer[-size:]):
-            return size
-    return 0
+def _unread_bytes(fd: int) -> int:
+    """How many bytes a pipe holds, unread."""
+    return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, bytes(4)), sys.byteorder)
 
 
 # =============================================================================
@@ -3112,11 +3098,9 @@ class ExecutorHandle:
         self.reader: threading.Thread | None = None  # reads its frame pipe until end of file
 
     def sync_output(self) -> None:
-        # Both markers first, then both waits: the pumps drain concurrently.
+        """Deliver the output written before now, before the result that follows it."""
         for pump in self.pumps:
-            pump.start_sync()
-        for pump in self.pumps:
-            pump.wait_synced()
+            pump.drain()
 
     def retire(self, join_pumps: float) -> None:
         """After the process is dead: close the supervisor's pipe ends and let the

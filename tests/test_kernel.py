@@ -25,7 +25,7 @@ from mcp_sandbox_kernel import (
     PROTOCOL_VERSION,
     FrameDecoder,
     OutputKeeper,
-    _partial_suffix,
+    OutputPump,
     boot_payload,
     encode_frame,
 )
@@ -853,39 +853,65 @@ def test_user_code_setting_sys_stdout_to_none_does_not_kill_the_kernel(kernel: K
     assert kernel.run("kept")["value"] == "'state'"
 
 
-# --- units: _partial_suffix and OutputKeeper ---------------------------------------------------
+# --- units: OutputPump and OutputKeeper ---------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("buffer", "expected"),
-    [
-        (b"", 0),
-        (b"hello", 0),
-        (b"xxA", 1),
-        (b"xxAB", 2),
-        (b"xxABC", 3),
-        (b"ABC", 3),
-        (b"xxABCD", 0),  # a whole marker is found by find(), never kept as a suffix
-        (b"xxAC", 0),
-        (b"AB-A", 1),
-    ],
-)
-def test_partial_suffix_is_the_longest_tail_that_could_start_the_marker(buffer: bytes, expected: int) -> None:
-    assert _partial_suffix(buffer, b"ABCD") == expected
+def _pump(deliver: Any) -> tuple[OutputPump, int]:
+    read_fd, write_fd = os.pipe()
+    writer = os.dup(write_fd)  # the executor's end; the pump keeps write_fd, as the supervisor's copy
+    pump = OutputPump("stdout", read_fd, write_fd, deliver)
+    pump.start()
+    return pump, writer
 
 
-def test_partial_suffix_prefers_the_longest_overlapping_tail() -> None:
-    assert _partial_suffix(b"zzAA", b"AAB") == 2
-    assert _partial_suffix(b"zzA", b"AAB") == 1
+def test_drain_delivers_everything_written_before_it_once_and_in_order() -> None:
+    # The pump thread races the draining thread for every chunk: whoever reads, each chunk
+    # is delivered once, in order, and before drain() returns.
+    delivered: list[str] = []
+    pump, writer = _pump(lambda _name, text: delivered.append(text))
+    try:
+        for number in range(2000):
+            os.write(writer, b"%d;" % number)
+            assert pump.drain()
+            assert "".join(delivered).endswith(";%d;" % number if number else "0;")
+        assert "".join(delivered) == "".join("%d;" % number for number in range(2000))
+    finally:
+        os.close(writer)
+        pump.close_write_end()
+        pump.join(WAIT)
+    assert not pump.is_alive()
+    assert pump.drain()  # after the end: nothing to read, and no read of a closed descriptor
 
 
-def test_partial_suffix_with_the_real_marker_shape() -> None:
-    marker = b"\x00MCP-SYNC-0123456789abcdef\x00"
+def test_drain_gives_up_while_the_pump_is_stuck_delivering() -> None:
+    entered, release = threading.Event(), threading.Event()
 
-    assert _partial_suffix(b"output\x00", marker) == 1
-    assert _partial_suffix(b"output\x00MCP-SY", marker) == 7
-    assert _partial_suffix(b"output\x00\x00", marker) == 1
-    assert _partial_suffix(b"output", marker) == 0
+    def deliver(_name: str, _text: str) -> None:
+        entered.set()
+        release.wait(WAIT)  # a bridge that does not read its channel
+
+    pump, writer = _pump(deliver)
+    try:
+        os.write(writer, b"x")
+        assert entered.wait(WAIT)
+        assert pump.drain(timeout=0.05) is False
+    finally:
+        release.set()
+        os.close(writer)
+        pump.close_write_end()
+        pump.join(WAIT)
+
+
+def test_a_pump_ends_once_every_writer_is_gone_after_delivering_the_rest() -> None:
+    delivered: list[str] = []
+    pump, writer = _pump(lambda _name, text: delivered.append(text))
+    os.write(writer, "last words \u00e9".encode())
+    os.close(writer)
+    pump.close_write_end()
+    pump.join(WAIT)
+
+    assert not pump.is_alive()
+    assert "".join(delivered) == "last words \u00e9"
 
 
 def test_output_keeper_streams_half_the_budget_keeps_half_as_tail_and_counts_between(tmp_path: Path) -> None:
