@@ -4065,11 +4065,13 @@ _CLOCK_SLACK = 60.0  # seconds an entry may seem to have been saved in the futur
 _PROGRAM_KEY = re.compile(r"[0-9a-f]{64}")
 
 
-def server_program_key(spec: ServerSpec, secret: bytes) -> str:
+def server_program_key(spec: ServerSpec, secret: bytes, principal: str | None = None) -> str:
     """The tool-list cache's key for ``spec``: an HMAC (with ``secret``, tool_lists_secret)
     of its transport and its command, arguments, folder and env (stdio) or its URL and
     headers: two entries that run one program set up differently (another token, another
-    toolset) are two servers. Nothing of them can be read back from the key."""
+    toolset) are two servers. ``principal``: a shared bridge's principal whose own login
+    listed the tools (what an account sees is its own, not its co-tenants'). Nothing of
+    them can be read back from the key."""
     if spec.transport == "stdio":
         named: list[object] = [
             spec.transport,
@@ -4080,6 +4082,8 @@ def server_program_key(spec: ServerSpec, secret: bytes) -> str:
         ]
     else:
         named = [spec.transport, spec.url, sorted(spec.headers.items())]
+    if principal is not None:
+        named.append(["principal", principal])
     return hmac.new(secret, json.dumps(named).encode(), hashlib.sha256).hexdigest()
 
 
@@ -4187,18 +4191,22 @@ class ToolListCache:
         self._pending: dict[str, CachedToolList | None] = {}  # key -> entry (None: drop it)
         self._lock = anyio.Lock()
 
-    async def get(self, spec: ServerSpec) -> CachedToolList | None:
-        """The fresh entry for ``spec``'s program, or None."""
+    async def get(self, spec: ServerSpec, principal: str | None = None) -> CachedToolList | None:
+        """The fresh entry for ``spec``'s program (as ``principal`` logged in, if one did), or None."""
         async with self._lock:
             entries = await self._loaded()
-            found = entries.get(server_program_key(spec, self._secret))
+            found = entries.get(server_program_key(spec, self._secret, principal))
         return found if found is not None and found.fresh(time.time()) else None
 
     async def save(
-        self, spec: ServerSpec, initialized: types.InitializeResult, tools: list[types.Tool]
+        self,
+        spec: ServerSpec,
+        initialized: types.InitializeResult,
+        tools: list[types.Tool],
+        principal: str | None = None,
     ) -> None:
-        """Caches what ``spec``'s server just listed live. A file that cannot be written is
-        logged, not raised: the server works all the same."""
+        """Caches what ``spec``'s server just listed live (to ``principal``'s own login). A
+        file that cannot be written is logged, not raised: the server works all the same."""
         listed = CachedToolList.listed(spec, initialized, tools, time.time())
         size = len(_compact_json(listed.entry))
         kept: CachedToolList | None = listed
@@ -4213,7 +4221,7 @@ class ToolListCache:
             kept = None  # and an older entry is dropped: it no longer says what the server has
         async with self._lock:
             await self._loaded()
-        self._pending[server_program_key(spec, self._secret)] = kept
+        self._pending[server_program_key(spec, self._secret, principal)] = kept
         async with self._lock:
             if not self._pending:
                 return  # the write this save waited for took its entry too
@@ -4793,6 +4801,7 @@ class PooledClient:
         self.config = config
         self.task_group = task_group
         self.tool_list_cache = tool_list_cache
+        self.principal = principal
         self._cached: CachedToolList | None = None  # what cached_tools() found, kept as the same object
         self.session: ClientSession | None = None
         self.tools: list[types.Tool] = []
@@ -5068,7 +5077,7 @@ class PooledClient:
         if self.starts or self.tool_list_cache is None:
             return None
         if self._cached is None:
-            self._cached = await self.tool_list_cache.get(self.spec)
+            self._cached = await self.tool_list_cache.get(self.spec, self.principal)
         if self.starts or self._cached is None or not self._cached.fresh(time.time()):
             return None
         return self._cached
@@ -5076,7 +5085,7 @@ class PooledClient:
     async def _cache_tools(self) -> None:
         """The tool list just listed live, into the cache for later bridges' searches."""
         if self.tool_list_cache is not None and self.initialized is not None:
-            await self.tool_list_cache.save(self.spec, self.initialized, self.tools)
+            await self.tool_list_cache.save(self.spec, self.initialized, self.tools, self.principal)
 
     async def _on_question(
         self, context: object, params: types.ElicitRequestParams

@@ -339,6 +339,30 @@ async def test_the_cache_is_bounded_private_atomic_and_holds_no_secrets(state_di
     assert (await bridge.ToolListCache(path).get(numbered_spec(0))).server_info.version == "2"  # type: ignore[union-attr]
 
 
+async def test_a_principals_own_login_caches_its_tool_list_for_that_principal_alone(state_dir: Path) -> None:
+    """On a shared bridge, what a server lists to alice's own login (account-specific tools)
+    is never what a search of bob's, or of the shared connection, reads from the cache."""
+    path = cache_file(state_dir)
+    spec = numbered_spec(1)  # an HTTP server
+    config = bridge.BridgeConfig(state_dir=state_dir)
+    alices = ["alice_private_board"]
+    async with anyio.create_task_group() as group:
+        alice = bridge.PooledClient(spec, config, group, bridge.ToolListCache(path), principal="alice")
+        alice.initialized = initialized(spec.name)
+        alice.tools = [types.Tool(name=name, input_schema={"type": "object"}) for name in alices]
+        await alice._cache_tools()  # as after alice's own tools/list
+
+        later = bridge.ToolListCache(path)  # a new bridge on the same state dir
+        bob = bridge.PooledClient(spec, config, group, later, principal="bob")
+        shared = bridge.PooledClient(spec, config, group, later)
+        again = bridge.PooledClient(spec, config, group, later, principal="alice")
+        assert await bob.cached_tools() is None
+        assert await shared.cached_tools() is None
+        found = await again.cached_tools()
+        assert found is not None and [tool.name for tool in found.tools] == alices
+        group.cancel_scope.cancel()
+
+
 async def test_the_cache_keeps_no_list_over_its_byte_caps(state_dir: Path) -> None:
     path = cache_file(state_dir)
     cache = bridge.ToolListCache(path)
