@@ -518,6 +518,33 @@ async def test_a_streamable_http_server_is_proxied(
             assert result["value"] == "('http', {'sum': 6, 'product': 8})"
 
 
+async def test_an_sse_server_is_proxied(proxy_engine: Engine, state_dir: Path, tmp_path: Path) -> None:
+    """The older HTTP+SSE transport (a config's "type": "sse"), against the SDK's own SSE
+    server: discovery, a structured result, a tool's error, and a search by its tool list."""
+
+    def argv(port: int) -> list[str]:
+        return [sys.executable, stub_entry()["args"][0], "--sse", str(port)]
+
+    with local_server(argv, "the stub over SSE") as port:
+        url = "http://127.0.0.1:%d/sse" % port
+        home = claude_desktop_home(tmp_path, {"older": {"type": "sse", "url": url}})
+        async with bridge_client(proxy_env(proxy_engine, state_dir, home)) as client:
+            result = await run_ok(
+                client,
+                """
+                from mcp import runtime
+                servers = runtime.discovered_servers(detailed=True)['servers']
+                try:
+                    mcp_older.fail(message='broken on purpose')
+                except runtime.MCPError as exc:
+                    failed = str(exc)
+                hits = [hit['tool'] for hit in runtime.search_tool_docs('sum and product of two numbers')]
+                (servers[0]['transport'], mcp_older.pair(a=4), 'broken on purpose' in failed, hits[0])
+                """,
+            )
+            assert result["value"] == "('sse', {'sum': 6, 'product': 8}, True, 'pair')"
+
+
 async def test_a_tool_call_that_outlives_its_timeout_fails_clearly(
     proxy_engine: Engine, state_dir: Path, tmp_path: Path
 ) -> None:

@@ -159,8 +159,11 @@ async def grow(name: str, ctx: Context) -> str:
 
 
 if __name__ == "__main__":
-    # `--http PORT` serves streamable HTTP on 127.0.0.1 instead of stdio.
+    # `--http PORT` serves streamable HTTP on 127.0.0.1 instead of stdio; `--sse PORT`, the
+    # older HTTP+SSE transport (GET /sse, POST /messages/) that some servers still speak.
     if len(sys.argv) == 3 and sys.argv[1] == "--http":
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    elif len(sys.argv) == 3 and sys.argv[1] == "--sse":
+        server.run("sse", host="127.0.0.1", port=int(sys.argv[2]))
     else:
         server.run()
