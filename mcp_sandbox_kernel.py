@@ -38,6 +38,7 @@ import collections.abc
 import contextlib
 import contextvars
 import difflib
+import errno
 import fcntl
 import functools
 import hashlib
@@ -55,6 +56,7 @@ import random
 import select
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import termios
@@ -761,6 +763,21 @@ def head_and_tail(text: str, keep: int) -> tuple[str, int, str]:
     return text[:head], len(text) - keep, text[len(text) - keep // 2 :]
 
 
+def open_for_saving(path: str) -> io.TextIOWrapper:
+    """``path`` (in a folder the code can write to) opened afresh to save a stream to. Never
+    through a symlink, and never a FIFO the code put there: opening one to write blocks until
+    it is read, and the supervisor opens it holding its lock (OSError instead)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file: %s" % path)
+        os.set_blocking(fd, True)
+        return open(fd, "w", encoding="utf-8")  # closed by finish_saving
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class StreamKeeper:
     """One output stream of one execute: the head (streamed live), the tail (held back
     until the result) and the count of what lies between. Once saving starts, the file
@@ -811,7 +828,7 @@ class StreamKeeper:
     def start_saving(self, path: str) -> None:
         self.saving = True
         try:
-            self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed by finish_saving)
+            self.file = open_for_saving(path)
         except OSError as exc:
             self.save_error = "%s: %s" % (type(exc).__name__, exc)
             return
@@ -919,6 +936,7 @@ class OutputPump(threading.Thread):
         super().__init__(name="pump-" + name, daemon=True)
         self.stream_name = name
         self.read_fd = read_fd
+        os.set_blocking(read_fd, False)  # reads take what FIONREAD says is there, never wait
         self.write_fd = write_fd  # the supervisor's copy: end of file only once retire() closes it
         self.deliver = deliver
         self._lock = threading.Lock()
@@ -965,7 +983,10 @@ class OutputPump(threading.Thread):
                 os.close(self.read_fd)
 
     def _deliver_some(self, pending: int) -> int:
-        data = os.read(self.read_fd, min(pending, 1 << 16))  # never blocks: it is in the pipe
+        try:
+            data = os.read(self.read_fd, min(pending, 1 << 16))  # it is in the pipe
+        except BlockingIOError:  # FIONREAD said more than there was: never wait, holding the lock
+            return pending
         if data:
             self.deliver(self.stream_name, self._decoder.decode(data))
         return len(data) or pending
@@ -3100,7 +3121,11 @@ class ExecutorHandle:
     def sync_output(self) -> None:
         """Deliver the output written before now, before the result that follows it."""
         for pump in self.pumps:
-            pump.drain()
+            try:
+                pump.drain()
+            except Exception as exc:  # the result must still go out; this output then comes late
+                message = "supervisor: draining the executor's %s failed: %r" % (pump.stream_name, exc)
+                print(message, file=sys.stderr)
 
     def retire(self, join_pumps: float) -> None:
         """After the process is dead: close the supervisor's pipe ends and let the

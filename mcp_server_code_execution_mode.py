@@ -4056,7 +4056,10 @@ async def _stop_server_process(process: anyio.abc.Process, stderr_read: anyio.Ev
 # TOOL_LIST_MAX_AGE is stale; a file or an entry that does not read back as what
 # ToolListCache writes is ignored (logged) and replaced by the next write.
 TOOL_LISTS_PATH = Path("cache") / "tool-lists.json"  # under the state dir
-TOOL_LISTS_FORMAT = 1  # the file's "format"; a file of another format is ignored
+# The file's "format"; a file of another format is ignored. 2: a list a principal's own
+# login listed is keyed by the principal; a file of format 1 may hold one under the key
+# every principal's shared connection reads.
+TOOL_LISTS_FORMAT = 2
 MAX_CACHED_SERVERS = 64
 MAX_TOOL_LISTS_BYTES = 4 * 1024 * 1024
 MAX_CACHED_LIST_BYTES = 1024 * 1024

@@ -239,8 +239,8 @@ def good_spec() -> bridge.ServerSpec:
 
 
 DAMAGE = {
-    "garbage bytes": lambda almanac, state_dir: b'\x00\xff\xfe{"format": 1, "serv',
-    "JSON of the wrong shape": lambda almanac, state_dir: b'{"format": 1, "servers": [["almanac", {}]]}',
+    "garbage bytes": lambda almanac, state_dir: b'\x00\xff\xfe{"format": 2, "serv',
+    "JSON of the wrong shape": lambda almanac, state_dir: b'{"format": 2, "servers": [["almanac", {}]]}',
     "another format": lambda almanac, state_dir: b'{"format": 99, "servers": {}}',
     "a tool that fails validation": a_bad_tool,
 }
@@ -360,6 +360,16 @@ async def test_a_principals_own_login_caches_its_tool_list_for_that_principal_al
         assert await shared.cached_tools() is None
         found = await again.cached_tools()
         assert found is not None and [tool.name for tool in found.tools] == alices
+
+        # A file of format 1 (before this) kept such a list under the shared key: ignored.
+        before = bridge.PooledClient(spec, config, group, bridge.ToolListCache(path))
+        before.initialized, before.tools = alice.initialized, alice.tools
+        await before._cache_tools()
+        assert await bridge.PooledClient(spec, config, group, bridge.ToolListCache(path)).cached_tools()
+        document = json.loads(path.read_bytes())
+        path.write_text(json.dumps({**document, "format": 1}), encoding="utf-8")
+        upgraded = bridge.PooledClient(spec, config, group, bridge.ToolListCache(path))
+        assert await upgraded.cached_tools() is None
         group.cancel_scope.cancel()
 
 
