@@ -3508,12 +3508,22 @@ class Supervisor:
         error = {"type": "SandboxError", "message": message, "traceback": ""}
         self.channel.send({"type": "result", "id": execute_id, "status": "error", "error": error})
 
-    def start_execute(self, frame: Frame) -> None:
+    def start_execute(self, frame: Frame, queued: bool = False) -> None:
+        """Run ``frame``; ``queued``: it is the head of self.queued, which it leaves only as
+        it becomes the running one (under the lock), so an execute arriving meanwhile always
+        finds the supervisor busy and queues behind it (never runs alongside)."""
         execute_id = frame["id"]
         if not self.ready.wait(EXECUTOR_START_TIMEOUT):
+            if queued:
+                with self.lock:
+                    self.queued.popleft()
             self.refuse_execute(execute_id, "no Python process is ready to run code")
+            if queued:
+                self.start_queued()
             return
         with self.lock:
+            if queued:
+                self.queued.popleft()
             self.pending_notices.extend(self.take_background_notices())
             self.running, self.interrupted = execute_id, False
             self.output.reset()
@@ -3665,10 +3675,14 @@ class Supervisor:
             for key in RESULT_EXTRAS:
                 result.pop(key, None)
             self.channel.send(result)
+        self.start_queued()
+
+    def start_queued(self) -> None:
+        """Start the execute waiting longest, if any."""
         with self.lock:
-            following = self.queued.popleft() if self.queued else None
+            following = self.queued[0] if self.queued else None
         if following is not None:
-            self.start_execute(following)
+            self.start_execute(following, queued=True)
 
 
 # =============================================================================

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -377,6 +378,58 @@ def test_each_execute_gets_exactly_one_result_and_nothing_after_it(kernel: Kerne
         assert frames[last_index]["type"] == "result", execute_id
     assert stream_text([f for f in frames if f["id"] == first], "stdout") == "one\n"
     assert stream_text([f for f in frames if f["id"] == second], "stdout") == "two\n"
+
+
+def test_an_execute_that_arrives_while_a_queued_one_starts_waits_its_turn(tmp_path: Path) -> None:
+    # The supervisor alone, its channels recorded. The race once lost a result: the queued
+    # execute left the queue before it became the running one, and an execute arriving in
+    # between found the supervisor idle and was run alongside it.
+    to_bridge: list[Frame] = []
+    to_executor: list[Frame] = []
+
+    class Recorder:
+        def __init__(self, into: list[Frame]) -> None:
+            self.into = into
+
+        def send(self, frame: Frame) -> None:
+            self.into.append(dict(frame))
+
+    config = {"output_dir": str(tmp_path / "outputs")}
+    supervisor = mcp_sandbox_kernel.Supervisor(Recorder(to_bridge), config, str(tmp_path / "c.json"))  # type: ignore[arg-type]
+    supervisor.child = types.SimpleNamespace(channel=Recorder(to_executor))  # type: ignore[assignment]
+    supervisor.ready.set()
+    arrivals = [{"type": "execute", "id": "third", "code": "3"}]
+
+    def ready_wait(timeout: float | None = None) -> bool:  # the window: an execute arrives now
+        while arrivals:
+            supervisor.on_execute(arrivals.pop())
+        return True
+
+    supervisor.on_execute({"type": "execute", "id": "first", "code": "1"})
+    supervisor.on_execute({"type": "execute", "id": "second", "code": "2"})
+    supervisor.ready.wait = ready_wait  # type: ignore[method-assign]
+    supervisor.finish("first", "ok")
+    assert [frame["id"] for frame in to_executor] == ["first", "second"]
+    assert supervisor.running == "second"
+    supervisor.finish("second", "ok")
+    supervisor.finish("third", "ok")
+
+    assert [frame["id"] for frame in to_executor] == ["first", "second", "third"]
+    assert [frame["id"] for frame in to_bridge if frame["type"] == "result"] == ["first", "second", "third"]
+
+    # No executor to run them: each queued execute is refused in turn, none is left waiting.
+    supervisor.ready.wait = lambda timeout=None: True  # type: ignore[method-assign]
+    for name in ("fourth", "fifth", "sixth"):
+        supervisor.on_execute({"type": "execute", "id": name, "code": "4"})
+    supervisor.ready.wait = lambda timeout=None: False  # type: ignore[method-assign]
+    supervisor.finish("fourth", "ok")
+    results = [frame for frame in to_bridge if frame["type"] == "result"][3:]
+    assert [(frame["id"], frame["status"]) for frame in results] == [
+        ("fourth", "ok"),
+        ("fifth", "error"),
+        ("sixth", "error"),
+    ]
+    assert not supervisor.queued and supervisor.running is None
 
 
 def test_result_frame_has_the_documented_fields(kernel: KernelProcess) -> None:
