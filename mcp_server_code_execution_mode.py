@@ -3950,11 +3950,11 @@ async def capped_stdio_transport(
     process = await _open_server_process(params)
     stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
     assert stdin is not None and stdout is not None and stderr is not None
+    server_stdin: anyio.abc.ByteSendStream = stdin  # as narrowed, for the writer's method
     if wire is not None:
         wire.measured = True
     stderr_read = anyio.Event()
     read_send, read_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-    write_send, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
 
     async def read_stdout() -> None:
         splitter = LineSplitter(cap + RESULT_ENVELOPE_SLACK)
@@ -3983,14 +3983,35 @@ async def capped_stdio_transport(
                             read_send.close()  # the session sees the end; its requests fail now
                             delivering = False
 
-    async def write_stdin() -> None:
-        try:
-            async with write_receive:
-                async for message in write_receive:
-                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
-                    await stdin.send(data.encode() + b"\n")
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            read_send.close()  # the server stopped reading: end the session, do not hang it
+    class StdinWriter:
+        """The session's write stream: each message straight into the server's stdin, in
+        the sending task (a task of its own behind a memory stream cost a hop per message)."""
+
+        closed = False
+
+        async def send(self, message: SessionMessage) -> None:
+            if self.closed:
+                raise anyio.ClosedResourceError
+            data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+            try:
+                await server_stdin.send(data.encode() + b"\n")
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                read_send.close()  # the server stopped reading: end the session, do not hang it
+                raise anyio.BrokenResourceError from None
+
+        async def aclose(self) -> None:
+            self.closed = True
+
+        def close(self) -> None:
+            self.closed = True
+
+        async def __aenter__(self) -> StdinWriter:
+            return self
+
+        async def __aexit__(self, *exc_info: object) -> None:
+            self.closed = True
+
+    write_send = StdinWriter()
 
     async def read_stderr() -> None:
         splitter = LineSplitter(_STDERR_LINE_BYTES)
@@ -4006,7 +4027,6 @@ async def capped_stdio_transport(
 
     async with anyio.create_task_group() as pipes:
         pipes.start_soon(read_stdout)
-        pipes.start_soon(write_stdin)
         pipes.start_soon(read_stderr)
         try:
             yield read_receive, write_send
@@ -7302,7 +7322,6 @@ class CallLog:
 
     def _append(self, line: bytes) -> None:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = self._open_locked()
             try:
                 if os.fstat(fd).st_size + len(line) > CALL_LOG_MAX_BYTES:
@@ -7321,8 +7340,13 @@ class CallLog:
         """The log file, open for appending under an exclusive flock. Another bridge may
         have moved it to calls.jsonl.1 while this one waited for the lock: then the file
         at the path is opened again, so nothing rotates twice."""
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
         while True:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            try:
+                fd = os.open(self.path, flags, 0o600)
+            except FileNotFoundError:  # the state dir is made when it is missing, not per call
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, flags, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 same = os.stat(self.path).st_ino == os.fstat(fd).st_ino

@@ -6,11 +6,14 @@ server), plus unit tests of the capped stdio reader's line splitting."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
 import anyio
+import mcp_types as types
 import pytest
+from mcp.client.stdio import StdioServerParameters
 from mcp.shared.message import SessionMessage
 
 import mcp_server_code_execution_mode as bridge
@@ -394,3 +397,33 @@ def test_a_servers_stderr_is_logged_with_its_name_and_its_last_lines_kept(
     assert log.ending == "exited with status 2"
     log.returncode = -9
     assert log.ending == "was killed by signal 9 (SIGKILL)"
+
+
+# Reads one line, closes its stdin, says so on stdout, and stays alive without reading.
+_STOPS_READING = (
+    "import os, sys, time\n"
+    "sys.stdin.buffer.readline()\n"
+    "os.close(0)\n"
+    'print(\'{"jsonrpc": "2.0", "method": "notifications/message", '
+    '"params": {"level": "info", "data": "stopped reading"}}\', flush=True)\n'
+    "time.sleep(60)\n"
+)
+
+
+async def test_a_server_that_stops_reading_ends_its_session_at_once() -> None:
+    """Messages go straight into the server's stdin from the sender's task: a write the
+    server no longer reads fails that send and ends the session's reading, without
+    waiting for the process to end."""
+    params = StdioServerParameters(command=sys.executable, args=["-c", _STOPS_READING])
+    ping = SessionMessage(types.JSONRPCRequest(jsonrpc="2.0", id=1, method="ping"))
+    with anyio.fail_after(20):
+        transport = bridge.capped_stdio_transport(params, 1_000_000, bridge.ServerProcessLog("quitter"))
+        async with transport as (read, write):
+            await write.send(ping)
+            said = await read.receive()
+            assert isinstance(said, SessionMessage) and "stopped reading" in said.message.model_dump_json()
+            with pytest.raises(anyio.BrokenResourceError):
+                for _ in range(100):  # the first write may still fit the pipe's buffer of a closed end
+                    await write.send(ping)
+            with pytest.raises(anyio.EndOfStream):
+                await read.receive()
