@@ -3527,7 +3527,7 @@ async def list_all_prompts(session: ClientSession) -> types.ListPromptsResult:
 # --- tool lists, tool by tool -----------------------------------------------------------
 # The SDK validates a tools/list result as a whole: one tool whose inputSchema is {} (real
 # servers ship such tools) makes the whole list fail, and every tool of that server
-# vanishes. The relay between transport and session (PooledClient._relay) checks each
+# vanishes. The read stream between transport and session (CheckedReadStream) checks each
 # listing on its way to the session: a tool that fails alone is repaired when that is
 # safe (an inputSchema or outputSchema without "type" gets "type": "object", which tool
 # arguments and structured results always are) or else left out and named; the session
@@ -4797,6 +4797,49 @@ class CallListener(Protocol):
         ...
 
 
+class CheckedReadStream:
+    """A transport's read stream as the session reads it: each item passed through ``check``
+    (PooledClient._checked) in the session's own reading task (a relay task of its own cost
+    a hop per message); ``ended`` is set once the transport has no more to give."""
+
+    def __init__(
+        self,
+        source: Any,  # the transport's read stream (an async iterator of items)
+        check: Callable[[Any], Any],
+        ended: anyio.Event,
+    ) -> None:
+        self.source = source
+        self.check = check
+        self.ended = ended
+
+    def __aiter__(self) -> CheckedReadStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            item = await self.source.__anext__()
+        except (StopAsyncIteration, anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self.ended.set()
+            raise StopAsyncIteration from None
+        return self.check(item)
+
+    async def receive(self) -> Any:
+        try:
+            return await self.__anext__()
+        except StopAsyncIteration:
+            raise anyio.EndOfStream from None
+
+    async def aclose(self) -> None:
+        self.ended.set()
+        await self.source.aclose()
+
+    async def __aenter__(self) -> CheckedReadStream:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
 class PooledClient:
     """One configured MCP server behind a long-lived client session.
 
@@ -4920,32 +4963,30 @@ class PooledClient:
         self, ready: anyio.Event, closed: anyio.Event, stop: anyio.Event, process_log: ServerProcessLog
     ) -> None:
         from mcp.client.session import ClientSession
-        from mcp.shared.message import SessionMessage
 
         owned: ClientSession | None = None
         try:
-            async with self._transport(process_log) as (read, write), anyio.create_task_group() as relays:
-                relayed_send, relayed_read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-                relays.start_soon(self._relay, read, relayed_send, closed)
-                async with ClientSession(
-                    relayed_read,
+            async with (
+                self._transport(process_log) as (read, write),
+                ClientSession(
+                    CheckedReadStream(read, self._checked, closed),
                     write,
                     message_handler=self._on_message,
                     elicitation_callback=self._on_question,
                     logging_callback=self._on_log,
-                ) as session:
-                    with anyio.fail_after(self.config.server_start_timeout) as starting:
-                        if self.login is not None:  # a login stops this clock while the user is asked
-                            self.login.starting = starting
-                        self.initialized = await session.initialize()
-                        self.tools = await list_all_tools(session)
-                    await self._cache_tools()
-                    self.session = owned = session
-                    ready.set()
-                    await _first_of(stop, closed)
-                    if closed.is_set() and not stop.is_set() and stop is self._stop:
-                        self.failure = self.failure or _CONNECTION_ENDED
-                relays.cancel_scope.cancel()
+                ) as session,
+            ):
+                with anyio.fail_after(self.config.server_start_timeout) as starting:
+                    if self.login is not None:  # a login stops this clock while the user is asked
+                        self.login.starting = starting
+                    self.initialized = await session.initialize()
+                    self.tools = await list_all_tools(session)
+                await self._cache_tools()
+                self.session = owned = session
+                ready.set()
+                await _first_of(stop, closed)
+                if closed.is_set() and not stop.is_set() and stop is self._stop:
+                    self.failure = self.failure or _CONNECTION_ENDED
             if process_log.ending is not None and self.failure == _CONNECTION_ENDED and stop is self._stop:
                 self.failure = "%s: its process %s" % (_CONNECTION_ENDED, process_log.ending)
         except Exception as exc:  # any failure of a user-configured server is reported, never fatal
@@ -4971,18 +5012,6 @@ class PooledClient:
                 self.session = None
             closed.set()
             ready.set()
-
-    async def _relay(
-        self, source: Any, target: anyio.abc.ObjectSendStream[SessionMessage | Exception], closed: anyio.Event
-    ) -> None:
-        try:
-            async with target:
-                async for item in source:
-                    await target.send(self._checked(item))
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
-        finally:
-            closed.set()
 
     @asynccontextmanager
     async def _transport(self, process_log: ServerProcessLog) -> AsyncIterator[Any]:
