@@ -101,7 +101,7 @@ from typing import (
 
 import anyio
 import anyio.abc
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
@@ -3935,6 +3935,34 @@ async def _open_server_process(params: StdioServerParameters) -> anyio.abc.Proce
     )
 
 
+class MessageWriter:
+    """A session's write stream that writes each message, as one line of JSON, in the task
+    that sends it (``write_line``: the line without its newline). A task of its own behind
+    a memory stream, as the SDK's transports have, costs a hop of the event loop per
+    message; concurrent senders are ordered by ``write_line``, which writes whole lines."""
+
+    def __init__(self, write_line: Callable[[bytes], Awaitable[None]]) -> None:
+        self.write_line = write_line
+        self.closed = False
+
+    async def send(self, message: SessionMessage) -> None:
+        if self.closed:
+            raise anyio.ClosedResourceError
+        await self.write_line(message.message.model_dump_json(by_alias=True, exclude_unset=True).encode())
+
+    def close(self) -> None:
+        self.closed = True
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+    async def __aenter__(self) -> MessageWriter:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.closed = True
+
+
 @asynccontextmanager
 async def capped_stdio_transport(
     params: StdioServerParameters, cap: int, process_log: ServerProcessLog, wire: WireWatch | None = None
@@ -3983,35 +4011,14 @@ async def capped_stdio_transport(
                             read_send.close()  # the session sees the end; its requests fail now
                             delivering = False
 
-    class StdinWriter:
-        """The session's write stream: each message straight into the server's stdin, in
-        the sending task (a task of its own behind a memory stream cost a hop per message)."""
+    async def write_stdin(line: bytes) -> None:
+        try:
+            await server_stdin.send(line + b"\n")
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            read_send.close()  # the server stopped reading: end the session, do not hang it
+            raise anyio.BrokenResourceError from None
 
-        closed = False
-
-        async def send(self, message: SessionMessage) -> None:
-            if self.closed:
-                raise anyio.ClosedResourceError
-            data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
-            try:
-                await server_stdin.send(data.encode() + b"\n")
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-                read_send.close()  # the server stopped reading: end the session, do not hang it
-                raise anyio.BrokenResourceError from None
-
-        async def aclose(self) -> None:
-            self.closed = True
-
-        def close(self) -> None:
-            self.closed = True
-
-        async def __aenter__(self) -> StdinWriter:
-            return self
-
-        async def __aexit__(self, *exc_info: object) -> None:
-            self.closed = True
-
-    write_send = StdinWriter()
+    write_send = MessageWriter(write_stdin)
 
     async def read_stderr() -> None:
         splitter = LineSplitter(_STDERR_LINE_BYTES)
@@ -11887,9 +11894,7 @@ class LineWriter:
 @asynccontextmanager
 async def stdio_transport(
     wire: tuple[int, int], cap: int = STDIO_MAX_MESSAGE_BYTES
-) -> AsyncIterator[
-    tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
-]:
+) -> AsyncIterator[tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MessageWriter]]:
     """The SDK's stdio_server with a reply to every message and a size cap: a line over
     `cap` bytes is discarded as it arrives and answered with an error, so it is never held
     whole; a line the SDK would drop gets its JSON-RPC error (client_line_item). ``wire``:
@@ -11899,7 +11904,6 @@ async def stdio_transport(
     wire_in, wire_out = wire
     out = LineWriter(wire_out)
     read_send, read_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-    write_send, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
 
     async def deliver(line: bytes | OversizedLine) -> None:
         if isinstance(line, bytes) and len(line) > DECODE_IN_THREAD_BYTES:
@@ -11936,18 +11940,10 @@ async def stdio_transport(
                 if last is not None:
                     await deliver(last)
 
-    async def write_stdout() -> None:
-        async with write_receive:
-            async for message in write_receive:
-                await out.write_line(
-                    message.message.model_dump_json(by_alias=True, exclude_unset=True).encode()
-                )
-
     try:
         async with anyio.create_task_group() as pipes:
             pipes.start_soon(read_stdin)
-            pipes.start_soon(write_stdout)
-            yield read_receive, write_send
+            yield read_receive, MessageWriter(out.write_line)
     finally:
         out.close()
 
