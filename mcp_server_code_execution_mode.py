@@ -77,7 +77,7 @@ import tomllib
 import urllib.parse
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, suppress
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from difflib import SequenceMatcher
@@ -9542,18 +9542,21 @@ class RunningCode:
         asks = self.task is None
         if asks:
             self.pending.asker = self._questions(request)
+        asker, asking = request.asker if asks else None, self.asking
         try:
-            async with anyio.create_task_group() as pump:
-                if asks and request.asker is not None and self.asking is not None:
+            # A task group only where questions are pumped: its end costs a pass of the loop.
+            async with anyio.create_task_group() if asker and asking else nullcontext() as pump:
+                if pump is not None and asker is not None and asking is not None:
                     # The code's questions go to this call's user, each sent for as long as
                     # the code runs; those it asks after this call ends wait for the next one.
-                    pump.start_soon(parked.pump, request.asker, self.asking.start_soon)
+                    pump.start_soon(parked.pump, asker, asking.start_soon)
                 with anyio.move_on_after(seconds or math.inf):
                     if asks and request.round_trip:  # a question ends the wait: the call carries it
                         await _first_of(self.finished, parked.arrived)
                     else:
                         await self.finished.wait()
-                pump.cancel_scope.cancel()
+                if pump is not None:
+                    pump.cancel_scope.cancel()
         except anyio.get_cancelled_exc_class():
             if self.task is None:  # the waiting call owns the code: it stops with it
                 self.scope.cancel()
