@@ -3973,49 +3973,106 @@ async def capped_stdio_transport(
     otherwise (no id found) the connection is ended so the server is restarted. The
     server's stderr goes to `process_log`, which also learns how the process ended;
     `wire` hears the size of each line."""
-    from mcp.shared.message import SessionMessage
-
     process = await _open_server_process(params)
     stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
     assert stdin is not None and stdout is not None and stderr is not None
-    server_stdin: anyio.abc.ByteSendStream = stdin  # as narrowed, for the writer's method
+    # As narrowed, for the methods below.
+    server_stdin: anyio.abc.ByteSendStream = stdin
+    server_stdout: anyio.abc.ByteReceiveStream = stdout
     if wire is not None:
         wire.measured = True
     stderr_read = anyio.Event()
-    read_send, read_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    splitter = LineSplitter(cap + RESULT_ENVELOPE_SLACK)
+    stdout_lock = anyio.Lock(fast_acquire=True)  # one reader of the pipe at a time: the session, or drain
 
-    async def read_stdout() -> None:
-        splitter = LineSplitter(cap + RESULT_ENVELOPE_SLACK)
-        delivering = True  # after the session is gone, the rest is read and dropped
+    class StdoutReader:
+        """The session's read stream: the server's stdout read in the task that receives
+        (the session's own; a reader task behind a memory stream cost a hop per message),
+        line by line. Once it ends without the pipe's end (an oversized message without an
+        id, a server that stopped reading, the session closed it), the rest of the output
+        is read and dropped in a task of its own, so the server never blocks writing."""
+
+        def __init__(self) -> None:
+            self.items: deque[SessionMessage | Exception] = deque()
+            self.ended = False
+            self.reading: anyio.CancelScope | None = None
+
+        def __aiter__(self) -> StdoutReader:
+            return self
+
+        async def __anext__(self) -> SessionMessage | Exception:
+            while not self.items:
+                if self.ended:
+                    raise StopAsyncIteration
+                await self._read()
+            return self.items.popleft()
+
+        async def receive(self) -> SessionMessage | Exception:
+            try:
+                return await self.__anext__()
+            except StopAsyncIteration:
+                raise anyio.EndOfStream from None
+
+        async def _read(self) -> None:
+            async with stdout_lock:
+                reading = self.reading = anyio.CancelScope()  # end() cancels it
+                try:
+                    with reading:
+                        chunk = await server_stdout.receive(_READ_CHUNK)
+                except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                    self.ended = True  # the pipe's end: nothing left to drop
+                    return
+                finally:
+                    self.reading = None
+            if self.ended:  # ended while it waited: the chunk is dropped like the rest
+                return
+            for line in splitter.feed(chunk):
+                if wire is not None:
+                    wire.saw(line.size if isinstance(line, OversizedLine) else len(line))
+                if isinstance(line, bytes) and len(line) > DECODE_IN_THREAD_BYTES:
+                    # Validating megabytes takes long: off the event loop.
+                    item = await anyio.to_thread.run_sync(_server_item, line, cap)
+                else:
+                    item = _server_item(line, cap)
+                if item is not None:
+                    self.items.append(item)
+                if isinstance(item, OversizedMessageError):
+                    self.end()  # the session sees the end after it; its requests fail now
+                    return
+
+        def end(self) -> None:
+            if self.ended:
+                return
+            self.ended = True
+            if self.reading is not None:
+                self.reading.cancel()
+            pipes.start_soon(drop_stdout)
+
+        def close(self) -> None:
+            self.end()
+
+        async def aclose(self) -> None:
+            self.end()
+
+        async def __aenter__(self) -> StdoutReader:
+            return self
+
+        async def __aexit__(self, *exc_info: object) -> None:
+            self.end()
+
+    async def drop_stdout() -> None:
         with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            async with read_send:
+            async with stdout_lock:
                 while True:
-                    chunk = await stdout.receive(_READ_CHUNK)
-                    for line in splitter.feed(chunk):
-                        if wire is not None:
-                            wire.saw(line.size if isinstance(line, OversizedLine) else len(line))
-                        if not delivering:
-                            item = None
-                        elif isinstance(line, bytes) and len(line) > DECODE_IN_THREAD_BYTES:
-                            # Validating megabytes takes long: off the event loop.
-                            item = await anyio.to_thread.run_sync(_server_item, line, cap)
-                        else:
-                            item = _server_item(line, cap)
-                        if item is None:
-                            continue
-                        try:
-                            await read_send.send(item)
-                        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                            delivering = False
-                        if isinstance(item, OversizedMessageError):
-                            read_send.close()  # the session sees the end; its requests fail now
-                            delivering = False
+                    await server_stdout.receive(_READ_CHUNK)
+
+    read_receive = StdoutReader()
 
     async def write_stdin(line: bytes) -> None:
         try:
             await server_stdin.send(line + b"\n")
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            read_send.close()  # the server stopped reading: end the session, do not hang it
+            read_receive.end()  # the server stopped reading: end the session, do not hang it
             raise anyio.BrokenResourceError from None
 
     write_send = MessageWriter(write_stdin)
@@ -4033,7 +4090,6 @@ async def capped_stdio_transport(
             stderr_read.set()
 
     async with anyio.create_task_group() as pipes:
-        pipes.start_soon(read_stdout)
         pipes.start_soon(read_stderr)
         try:
             yield read_receive, write_send

@@ -427,3 +427,31 @@ async def test_a_server_that_stops_reading_ends_its_session_at_once() -> None:
                     await write.send(ping)
             with pytest.raises(anyio.EndOfStream):
                 await read.receive()
+
+
+# Writes a line over the cap that answers nothing (no id), then a megabyte more, then
+# waits for its stdin to end and exits by itself.
+_FLOODS_AFTER_AN_OVERSIZED_LINE = (
+    "import sys\n"
+    "out = sys.stdout.buffer\n"
+    'out.write(b\'{"jsonrpc": "2.0", "method": "notifications/message", "params": {"pad": "\''
+    " + b'x' * 200000 + b'\"}}\\n')\n"
+    "out.write(b'y' * 1000000 + b'\\n')\n"
+    "out.flush()\n"
+    "sys.stdin.buffer.read()\n"
+)
+
+
+async def test_after_the_session_ends_the_rest_of_a_servers_output_is_read_and_dropped() -> None:
+    """An oversized line without an id ends the session; the server's later output is
+    still read (and dropped), so the server is not left blocked writing and exits by itself
+    once its stdin ends."""
+    params = StdioServerParameters(command=sys.executable, args=["-c", _FLOODS_AFTER_AN_OVERSIZED_LINE])
+    log = bridge.ServerProcessLog("flood")
+    with anyio.fail_after(20):
+        async with bridge.capped_stdio_transport(params, 1000, log) as (read, _):
+            assert isinstance(await read.receive(), bridge.OversizedMessageError)
+            with pytest.raises(anyio.EndOfStream):
+                await read.receive()
+            await anyio.sleep(0.5)  # the megabyte is read meanwhile, not left in the pipe
+    assert log.returncode == 0, log.ending  # exited on its own: not blocked writing, not killed
