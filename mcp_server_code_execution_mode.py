@@ -101,7 +101,6 @@ from typing import (
 
 import anyio
 import anyio.abc
-from anyio.streams.memory import MemoryObjectReceiveStream
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
@@ -3935,6 +3934,58 @@ async def _open_server_process(params: StdioServerParameters) -> anyio.abc.Proce
     )
 
 
+class PulledStream:
+    """A transport's read stream whose items are read in the task that receives them (the
+    session's own), ``fill`` at a time: a reader task behind a memory stream, as the SDK's
+    transports have, costs a pass of the event loop per message. ``fill(stream)`` reads
+    once and appends to ``stream.items``, or calls ``stream.end``; ``on_end``: what to do
+    when the session is done before the pipe (read and drop the rest)."""
+
+    def __init__(
+        self, fill: Callable[[PulledStream], Awaitable[None]], on_end: Callable[[], None] | None = None
+    ) -> None:
+        self.items: deque[SessionMessage | Exception] = deque()
+        self.ended = False
+        self._fill = fill
+        self._on_end = on_end
+
+    def __aiter__(self) -> PulledStream:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        while not self.items:
+            if self.ended:
+                raise StopAsyncIteration
+            await self._fill(self)
+        return self.items.popleft()
+
+    async def receive(self) -> SessionMessage | Exception:
+        try:
+            return await self.__anext__()
+        except StopAsyncIteration:
+            raise anyio.EndOfStream from None
+
+    def end(self, drained: bool = False) -> None:
+        """Nothing more for the session after the items it holds (``drained``: the pipe has
+        ended too)."""
+        if not self.ended:
+            self.ended = True
+            if self._on_end is not None and not drained:
+                self._on_end()
+
+    def close(self) -> None:
+        self.end()
+
+    async def aclose(self) -> None:
+        self.end()
+
+    async def __aenter__(self) -> PulledStream:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.end()
+
+
 class MessageWriter:
     """A session's write stream that writes each message, as one line of JSON, in the task
     that sends it (``write_line``: the line without its newline). A task of its own behind
@@ -3983,82 +4034,43 @@ async def capped_stdio_transport(
         wire.measured = True
     stderr_read = anyio.Event()
     splitter = LineSplitter(cap + RESULT_ENVELOPE_SLACK)
-    stdout_lock = anyio.Lock(fast_acquire=True)  # one reader of the pipe at a time: the session, or drain
+    stdout_lock = anyio.Lock(fast_acquire=True)  # one reader of the pipe at a time: the session, or drop
+    reading: list[anyio.CancelScope] = []  # the session's read in progress, which end() cancels
 
-    class StdoutReader:
-        """The session's read stream: the server's stdout read in the task that receives
-        (the session's own; a reader task behind a memory stream cost a hop per message),
-        line by line. Once it ends without the pipe's end (an oversized message without an
-        id, a server that stopped reading, the session closed it), the rest of the output
-        is read and dropped in a task of its own, so the server never blocks writing."""
-
-        def __init__(self) -> None:
-            self.items: deque[SessionMessage | Exception] = deque()
-            self.ended = False
-            self.reading: anyio.CancelScope | None = None
-
-        def __aiter__(self) -> StdoutReader:
-            return self
-
-        async def __anext__(self) -> SessionMessage | Exception:
-            while not self.items:
-                if self.ended:
-                    raise StopAsyncIteration
-                await self._read()
-            return self.items.popleft()
-
-        async def receive(self) -> SessionMessage | Exception:
+    async def read_stdout(stream: PulledStream) -> None:
+        async with stdout_lock:
+            scope = anyio.CancelScope()
+            reading.append(scope)
             try:
-                return await self.__anext__()
-            except StopAsyncIteration:
-                raise anyio.EndOfStream from None
-
-        async def _read(self) -> None:
-            async with stdout_lock:
-                reading = self.reading = anyio.CancelScope()  # end() cancels it
-                try:
-                    with reading:
-                        chunk = await server_stdout.receive(_READ_CHUNK)
-                except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-                    self.ended = True  # the pipe's end: nothing left to drop
-                    return
-                finally:
-                    self.reading = None
-            if self.ended:  # ended while it waited: the chunk is dropped like the rest
+                with scope:
+                    chunk = await server_stdout.receive(_READ_CHUNK)
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                stream.end(drained=True)
                 return
-            for line in splitter.feed(chunk):
-                if wire is not None:
-                    wire.saw(line.size if isinstance(line, OversizedLine) else len(line))
-                if isinstance(line, bytes) and len(line) > DECODE_IN_THREAD_BYTES:
-                    # Validating megabytes takes long: off the event loop.
-                    item = await anyio.to_thread.run_sync(_server_item, line, cap)
-                else:
-                    item = _server_item(line, cap)
-                if item is not None:
-                    self.items.append(item)
-                if isinstance(item, OversizedMessageError):
-                    self.end()  # the session sees the end after it; its requests fail now
-                    return
-
-        def end(self) -> None:
-            if self.ended:
+            finally:
+                reading.remove(scope)
+        if stream.ended:  # ended while it waited: that chunk is dropped like the rest
+            return
+        for line in splitter.feed(chunk):
+            if wire is not None:
+                wire.saw(line.size if isinstance(line, OversizedLine) else len(line))
+            if isinstance(line, bytes) and len(line) > DECODE_IN_THREAD_BYTES:
+                # Validating megabytes takes long: off the event loop.
+                item = await anyio.to_thread.run_sync(_server_item, line, cap)
+            else:
+                item = _server_item(line, cap)
+            if item is not None:
+                stream.items.append(item)
+            if isinstance(item, OversizedMessageError):
+                stream.end()  # the session sees the end after it; its requests fail now
                 return
-            self.ended = True
-            if self.reading is not None:
-                self.reading.cancel()
-            pipes.start_soon(drop_stdout)
 
-        def close(self) -> None:
-            self.end()
-
-        async def aclose(self) -> None:
-            self.end()
-
-        async def __aenter__(self) -> StdoutReader:
-            return self
-
-        async def __aexit__(self, *exc_info: object) -> None:
-            self.end()
+    def drop_the_rest() -> None:
+        """The session has ended before the pipe: the rest of the server's output is read
+        and dropped in a task of its own, so the server never blocks writing."""
+        for scope in reading:
+            scope.cancel()
+        pipes.start_soon(drop_stdout)
 
     async def drop_stdout() -> None:
         with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
@@ -4066,7 +4078,7 @@ async def capped_stdio_transport(
                 while True:
                     await server_stdout.receive(_READ_CHUNK)
 
-    read_receive = StdoutReader()
+    read_receive = PulledStream(read_stdout, drop_the_rest)
 
     async def write_stdin(line: bytes) -> None:
         try:
@@ -11953,7 +11965,7 @@ class LineWriter:
 @asynccontextmanager
 async def stdio_transport(
     wire: tuple[int, int], cap: int = STDIO_MAX_MESSAGE_BYTES
-) -> AsyncIterator[tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MessageWriter]]:
+) -> AsyncIterator[tuple[PulledStream, MessageWriter]]:
     """The SDK's stdio_server with a reply to every message and a size cap: a line over
     `cap` bytes is discarded as it arrives and answered with an error, so it is never held
     whole; a line the SDK would drop gets its JSON-RPC error (client_line_item). ``wire``:
@@ -11962,47 +11974,37 @@ async def stdio_transport(
 
     wire_in, wire_out = wire
     out = LineWriter(wire_out)
-    read_send, read_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    splitter = LineSplitter(cap)
+    on_loop = stdio_kind(wire_in) is not None  # read once readable: no worker thread per message
 
-    async def deliver(line: bytes | OversizedLine) -> None:
-        if isinstance(line, bytes) and len(line) > DECODE_IN_THREAD_BYTES:
-            item = await anyio.to_thread.run_sync(client_line_item, line, cap)  # megabytes: off the loop
-        else:
-            item = client_line_item(line, cap)
-        if isinstance(item, SessionMessage):
-            await read_send.send(item)
-        elif item is not None:
-            await out.write_line(item)
-
-    async def read_stdin() -> None:
-        splitter = LineSplitter(cap)
-        on_loop = stdio_kind(wire_in) is not None  # read once readable: no worker thread per message
-        with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-            async with read_send:
-                while True:
-                    try:
-                        if on_loop:
-                            await anyio.wait_readable(wire_in)
-                            chunk = os.read(wire_in, _READ_CHUNK_ON_LOOP)  # readable: returns at once
-                        else:
-                            chunk = await anyio.to_thread.run_sync(
-                                os.read, wire_in, _READ_CHUNK, abandon_on_cancel=True
-                            )
-                    except OSError as exc:
-                        logger.warning("reading the client's stdin failed (%s); stopping", exc)
-                        return
-                    if not chunk:
-                        break
-                    for line in splitter.feed(chunk):
-                        await deliver(line)
-                last = splitter.rest()
-                if last is not None:
-                    await deliver(last)
+    async def read_stdin(stream: PulledStream) -> None:
+        try:
+            if on_loop:
+                await anyio.wait_readable(wire_in)
+                chunk = os.read(wire_in, _READ_CHUNK_ON_LOOP)  # readable: returns at once
+            else:
+                chunk = await anyio.to_thread.run_sync(os.read, wire_in, _READ_CHUNK, abandon_on_cancel=True)
+        except OSError as exc:
+            logger.warning("reading the client's stdin failed (%s); stopping", exc)
+            stream.end(drained=True)
+            return
+        if chunk:
+            lines = splitter.feed(chunk)
+        else:  # the client closed stdin: a last line without its newline, then the end
+            lines = [] if (last := splitter.rest()) is None else [last]
+            stream.end(drained=True)
+        for line in lines:
+            if isinstance(line, bytes) and len(line) > DECODE_IN_THREAD_BYTES:
+                item = await anyio.to_thread.run_sync(client_line_item, line, cap)  # megabytes: off the loop
+            else:
+                item = client_line_item(line, cap)
+            if isinstance(item, SessionMessage):
+                stream.items.append(item)
+            elif item is not None:
+                await out.write_line(item)
 
     try:
-        async with anyio.create_task_group() as pipes:
-            pipes.start_soon(read_stdin)
-            yield read_receive, MessageWriter(out.write_line)
+        yield PulledStream(read_stdin), MessageWriter(out.write_line)
     finally:
         out.close()
 
