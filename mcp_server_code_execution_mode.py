@@ -3938,11 +3938,11 @@ class PulledStream:
     """A transport's read stream whose items are read in the task that receives them (the
     session's own), ``fill`` at a time: a reader task behind a memory stream, as the SDK's
     transports have, costs a pass of the event loop per message. ``fill(stream)`` reads
-    once and appends to ``stream.items``, or calls ``stream.end``; ``on_end``: what to do
-    when the session is done before the pipe (read and drop the rest)."""
+    once and appends to ``stream.items``, or calls ``stream.end``; ``on_end(drained)``: what
+    to do at the end (``drained`` False: the session is done before the pipe)."""
 
     def __init__(
-        self, fill: Callable[[PulledStream], Awaitable[None]], on_end: Callable[[], None] | None = None
+        self, fill: Callable[[PulledStream], Awaitable[None]], on_end: Callable[[bool], None] | None = None
     ) -> None:
         self.items: deque[SessionMessage | Exception] = deque()
         self.ended = False
@@ -3970,8 +3970,8 @@ class PulledStream:
         ended too)."""
         if not self.ended:
             self.ended = True
-            if self._on_end is not None and not drained:
-                self._on_end()
+            if self._on_end is not None:
+                self._on_end(drained)
 
     def close(self) -> None:
         self.end()
@@ -3990,28 +3990,43 @@ class MessageWriter:
     """A session's write stream that writes each message, as one line of JSON, in the task
     that sends it (``write_line``: the line without its newline). A task of its own behind
     a memory stream, as the SDK's transports have, costs a hop of the event loop per
-    message; concurrent senders are ordered by ``write_line``, which writes whole lines."""
+    message; concurrent senders are ordered by ``write_line``, which writes whole lines.
+    Closing it fails the sends still waiting to write (BrokenResourceError, as a memory
+    stream whose reader is gone): a peer that no longer reads must not hold them until its
+    pipe breaks."""
 
     def __init__(self, write_line: Callable[[bytes], Awaitable[None]]) -> None:
         self.write_line = write_line
         self.closed = False
+        self._waiting: set[anyio.CancelScope] = set()  # the sends in write_line now
 
     async def send(self, message: SessionMessage) -> None:
         if self.closed:
             raise anyio.ClosedResourceError
-        await self.write_line(message.message.model_dump_json(by_alias=True, exclude_unset=True).encode())
+        line = message.message.model_dump_json(by_alias=True, exclude_unset=True).encode()
+        scope = anyio.CancelScope()
+        self._waiting.add(scope)
+        try:
+            with scope:
+                await self.write_line(line)
+        finally:
+            self._waiting.discard(scope)
+        if scope.cancelled_caught:
+            raise anyio.BrokenResourceError
 
     def close(self) -> None:
         self.closed = True
+        for scope in self._waiting:
+            scope.cancel()
 
     async def aclose(self) -> None:
-        self.closed = True
+        self.close()
 
     async def __aenter__(self) -> MessageWriter:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        self.closed = True
+        self.close()
 
 
 @asynccontextmanager
@@ -4065,12 +4080,15 @@ async def capped_stdio_transport(
                 stream.end()  # the session sees the end after it; its requests fail now
                 return
 
-    def drop_the_rest() -> None:
-        """The session has ended before the pipe: the rest of the server's output is read
-        and dropped in a task of its own, so the server never blocks writing."""
-        for scope in reading:
-            scope.cancel()
-        pipes.start_soon(drop_stdout)
+    def stdout_ended(drained: bool) -> None:
+        """No more for the session: a send waiting to write would get no answer, so it fails
+        now; if the pipe has not ended, the rest of the server's output is read and dropped
+        in a task of its own, so the server never blocks writing."""
+        write_send.close()
+        if not drained:
+            for scope in reading:
+                scope.cancel()
+            pipes.start_soon(drop_stdout)
 
     async def drop_stdout() -> None:
         with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
@@ -4078,7 +4096,7 @@ async def capped_stdio_transport(
                 while True:
                     await server_stdout.receive(_READ_CHUNK)
 
-    read_receive = PulledStream(read_stdout, drop_the_rest)
+    read_receive = PulledStream(read_stdout, stdout_ended)
 
     async def write_stdin(line: bytes) -> None:
         try:
@@ -4920,8 +4938,8 @@ class PooledClient:
 
     A single owner task opens the transport and the ClientSession and later closes
     them: the SDK's cancel scopes break when a session is entered in one task and
-    exited in another. Callers in any task use the session while it is up. A relay
-    between the transport and the session notices when the server goes away, so the
+    exited in another. Callers in any task use the session while it is up. The
+    session's read stream (CheckedReadStream) notices when the server goes away, so the
     next use restarts it instead of failing. A server that misses a deadline or whose
     connection fails is stopped the same way (a wedged server would make every later
     call wait out the timeout); the model is told when it is restarted."""
@@ -12027,7 +12045,7 @@ async def serve(config: BridgeConfig, discovery: DiscoveryResult) -> None:
                 logger.info("received signal %d; shutting down", signum)
                 if opened is not None:
                     await opened.sandboxes.begin_shutdown(grace=1.0)
-                    await anyio.sleep(0.05)  # lets the SDK's writer flush those answers
+                    await anyio.sleep(0.05)  # lets the tasks sending those answers write them
                 run_scope.cancel()
 
     # The client's pipes are claimed first (no process the bridge starts may inherit them),

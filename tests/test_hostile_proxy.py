@@ -455,3 +455,34 @@ async def test_after_the_session_ends_the_rest_of_a_servers_output_is_read_and_d
                 await read.receive()
             await anyio.sleep(0.5)  # the megabyte is read meanwhile, not left in the pipe
     assert log.returncode == 0, log.ending  # exited on its own: not blocked writing, not killed
+
+
+async def test_a_send_stuck_on_a_server_that_reads_nothing_fails_when_its_output_ends() -> None:
+    """A request the server's stdin cannot take (it reads nothing) waits to be written; once
+    the server's output ends, that send fails at once (it would never be answered), not
+    when the process is killed or the pipe breaks."""
+    quiet = "import os, time\nos.close(1)\ntime.sleep(60)\n"  # no output, stdin left unread
+    params = StdioServerParameters(command=sys.executable, args=["-c", quiet])
+    big = SessionMessage(
+        types.JSONRPCRequest(jsonrpc="2.0", id=1, method="ping", params={"pad": "x" * 1_000_000})
+    )
+    failed: list[float] = []
+    with anyio.fail_after(20):
+        async with bridge.capped_stdio_transport(params, 1_000_000, bridge.ServerProcessLog("quiet")) as (
+            read,
+            write,
+        ):
+
+            async def send_big() -> None:
+                with pytest.raises(anyio.BrokenResourceError):
+                    await write.send(big)
+                failed.append(time.monotonic())
+
+            async with anyio.create_task_group() as sending:
+                sending.start_soon(send_big)
+                await anyio.sleep(0.5)
+                assert not failed  # stuck: the pipe is full
+                with pytest.raises(anyio.EndOfStream):
+                    await read.receive()
+                ended = time.monotonic()
+            assert failed and failed[0] - ended < 1.0
