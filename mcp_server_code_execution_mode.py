@@ -3990,43 +3990,28 @@ class MessageWriter:
     """A session's write stream that writes each message, as one line of JSON, in the task
     that sends it (``write_line``: the line without its newline). A task of its own behind
     a memory stream, as the SDK's transports have, costs a hop of the event loop per
-    message; concurrent senders are ordered by ``write_line``, which writes whole lines.
-    Closing it fails the sends still waiting to write (BrokenResourceError, as a memory
-    stream whose reader is gone): a peer that no longer reads must not hold them until its
-    pipe breaks."""
+    message; concurrent senders are ordered by ``write_line``, which writes whole lines."""
 
     def __init__(self, write_line: Callable[[bytes], Awaitable[None]]) -> None:
         self.write_line = write_line
         self.closed = False
-        self._waiting: set[anyio.CancelScope] = set()  # the sends in write_line now
 
     async def send(self, message: SessionMessage) -> None:
         if self.closed:
             raise anyio.ClosedResourceError
-        line = message.message.model_dump_json(by_alias=True, exclude_unset=True).encode()
-        scope = anyio.CancelScope()
-        self._waiting.add(scope)
-        try:
-            with scope:
-                await self.write_line(line)
-        finally:
-            self._waiting.discard(scope)
-        if scope.cancelled_caught:
-            raise anyio.BrokenResourceError
+        await self.write_line(message.message.model_dump_json(by_alias=True, exclude_unset=True).encode())
 
     def close(self) -> None:
         self.closed = True
-        for scope in self._waiting:
-            scope.cancel()
 
     async def aclose(self) -> None:
-        self.close()
+        self.closed = True
 
     async def __aenter__(self) -> MessageWriter:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        self.close()
+        self.closed = True
 
 
 @asynccontextmanager
@@ -4051,6 +4036,7 @@ async def capped_stdio_transport(
     splitter = LineSplitter(cap + RESULT_ENVELOPE_SLACK)
     stdout_lock = anyio.Lock(fast_acquire=True)  # one reader of the pipe at a time: the session, or drop
     reading: list[anyio.CancelScope] = []  # the session's read in progress, which end() cancels
+    writing: list[anyio.CancelScope] = []  # the sends waiting to write to the server's stdin
 
     async def read_stdout(stream: PulledStream) -> None:
         async with stdout_lock:
@@ -4085,6 +4071,8 @@ async def capped_stdio_transport(
         now; if the pipe has not ended, the rest of the server's output is read and dropped
         in a task of its own, so the server never blocks writing."""
         write_send.close()
+        for scope in writing:
+            scope.cancel()
         if not drained:
             for scope in reading:
                 scope.cancel()
@@ -4099,11 +4087,18 @@ async def capped_stdio_transport(
     read_receive = PulledStream(read_stdout, stdout_ended)
 
     async def write_stdin(line: bytes) -> None:
+        scope = anyio.CancelScope()  # stdout_ended() cancels it: no answer could come
+        writing.append(scope)
         try:
-            await server_stdin.send(line + b"\n")
+            with scope:
+                await server_stdin.send(line + b"\n")
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             read_receive.end()  # the server stopped reading: end the session, do not hang it
             raise anyio.BrokenResourceError from None
+        finally:
+            writing.remove(scope)
+        if scope.cancelled_caught:
+            raise anyio.BrokenResourceError
 
     write_send = MessageWriter(write_stdin)
 
