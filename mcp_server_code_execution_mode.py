@@ -3990,28 +3990,43 @@ class MessageWriter:
     """A session's write stream that writes each message, as one line of JSON, in the task
     that sends it (``write_line``: the line without its newline). A task of its own behind
     a memory stream, as the SDK's transports have, costs a hop of the event loop per
-    message; concurrent senders are ordered by ``write_line``, which writes whole lines."""
+    message; concurrent senders are ordered by ``write_line``, which writes whole lines.
+    Closing it fails the sends still waiting to write (BrokenResourceError, as a memory
+    stream whose reader is gone): a peer that no longer reads must not hold them until its
+    pipe breaks."""
 
     def __init__(self, write_line: Callable[[bytes], Awaitable[None]]) -> None:
         self.write_line = write_line
         self.closed = False
+        self._waiting: set[anyio.CancelScope] = set()  # the sends in write_line now
 
     async def send(self, message: SessionMessage) -> None:
         if self.closed:
             raise anyio.ClosedResourceError
-        await self.write_line(message.message.model_dump_json(by_alias=True, exclude_unset=True).encode())
+        line = message.message.model_dump_json(by_alias=True, exclude_unset=True).encode()
+        scope = anyio.CancelScope()
+        self._waiting.add(scope)
+        try:
+            with scope:
+                await self.write_line(line)
+        finally:
+            self._waiting.discard(scope)
+        if scope.cancelled_caught:
+            raise anyio.BrokenResourceError
 
     def close(self) -> None:
         self.closed = True
+        for scope in self._waiting:
+            scope.cancel()
 
     async def aclose(self) -> None:
-        self.closed = True
+        self.close()
 
     async def __aenter__(self) -> MessageWriter:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        self.closed = True
+        self.close()
 
 
 @asynccontextmanager
@@ -4036,7 +4051,6 @@ async def capped_stdio_transport(
     splitter = LineSplitter(cap + RESULT_ENVELOPE_SLACK)
     stdout_lock = anyio.Lock(fast_acquire=True)  # one reader of the pipe at a time: the session, or drop
     reading: list[anyio.CancelScope] = []  # the session's read in progress, which end() cancels
-    writing: list[anyio.CancelScope] = []  # the sends waiting to write to the server's stdin
 
     async def read_stdout(stream: PulledStream) -> None:
         async with stdout_lock:
@@ -4071,8 +4085,6 @@ async def capped_stdio_transport(
         now; if the pipe has not ended, the rest of the server's output is read and dropped
         in a task of its own, so the server never blocks writing."""
         write_send.close()
-        for scope in writing:
-            scope.cancel()
         if not drained:
             for scope in reading:
                 scope.cancel()
@@ -4087,18 +4099,11 @@ async def capped_stdio_transport(
     read_receive = PulledStream(read_stdout, stdout_ended)
 
     async def write_stdin(line: bytes) -> None:
-        scope = anyio.CancelScope()  # stdout_ended() cancels it: no answer could come
-        writing.append(scope)
         try:
-            with scope:
-                await server_stdin.send(line + b"\n")
+            await server_stdin.send(line + b"\n")
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             read_receive.end()  # the server stopped reading: end the session, do not hang it
             raise anyio.BrokenResourceError from None
-        finally:
-            writing.remove(scope)
-        if scope.cancelled_caught:
-            raise anyio.BrokenResourceError
 
     write_send = MessageWriter(write_stdin)
 
@@ -9623,14 +9628,19 @@ class RunningCode:
         asks = self.task is None
         if asks:
             self.pending.asker = self._questions(request)
-        asker, asking = request.asker if asks else None, self.asking
+        asking = self.asking
+        # The code's questions go to this call's user, each sent for as long as the code
+        # runs; those it asks after this call ends wait for the next one.
+        pump_questions = (
+            partial(parked.pump, request.asker, asking.start_soon)
+            if asks and request.asker is not None and asking is not None
+            else None
+        )
         try:
             # A task group only where questions are pumped: its end costs a pass of the loop.
-            async with anyio.create_task_group() if asker and asking else nullcontext() as pump:
-                if pump is not None and asker is not None and asking is not None:
-                    # The code's questions go to this call's user, each sent for as long as
-                    # the code runs; those it asks after this call ends wait for the next one.
-                    pump.start_soon(parked.pump, asker, asking.start_soon)
+            async with anyio.create_task_group() if pump_questions else nullcontext() as pump:
+                if pump is not None and pump_questions is not None:
+                    pump.start_soon(pump_questions)
                 with anyio.move_on_after(seconds or math.inf):
                     if asks and request.round_trip:  # a question ends the wait: the call carries it
                         await _first_of(self.finished, parked.arrived)
