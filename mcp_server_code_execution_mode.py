@@ -5656,11 +5656,14 @@ def parameter_names(schema: Mapping[str, object]) -> dict[str, str]:
     return python_names
 
 
-def schema_arguments(schema: Mapping[str, object], arguments: Mapping[str, object]) -> dict[str, object]:
-    """``arguments`` with each Python name of parameter_names() renamed back to its schema
-    name (``user_id`` -> ``user-id``). A schema name, or a key the schema does not know, is
-    sent as it is. ProxyError when two keys name the same parameter."""
-    schema_names = {ident: name for name, ident in parameter_names(schema).items()}
+def schema_arguments(
+    schema: Mapping[str, object], arguments: Mapping[str, object], names: Mapping[str, str] | None = None
+) -> dict[str, object]:
+    """``arguments`` with each Python name of parameter_names() (``names``, if known already)
+    renamed back to its schema name (``user_id`` -> ``user-id``). A schema name, or a key the
+    schema does not know, is sent as it is. ProxyError when two keys name the same parameter."""
+    names = parameter_names(schema) if names is None else names
+    schema_names = {ident: name for name, ident in names.items()}
     renamed: dict[str, object] = {}
     given_as: dict[str, str] = {}
     for key, value in arguments.items():
@@ -5737,15 +5740,19 @@ def render_tool_line(server_alias: str, tool: Mapping[str, object]) -> str:
 
 
 def argument_problems(
-    server_alias: str, tool: Mapping[str, object], arguments: Mapping[str, object]
+    server_alias: str,
+    tool: Mapping[str, object],
+    arguments: Mapping[str, object],
+    names: Mapping[str, str] | None = None,
 ) -> str | None:
     """Why a call with ``arguments`` (Python or schema names) cannot be what the model
     meant, with the tool's exact signature so it fixes the call in the same run; None when
     nothing is wrong. An unknown name counts only where the schema lists its parameters and
-    does not take others (additionalProperties): a server would ignore it silently."""
+    does not take others (additionalProperties): a server would ignore it silently.
+    ``names``: the tool's parameter_names(), if known already."""
     schema = tool.get("inputSchema")
     schema = schema if isinstance(schema, Mapping) else {}
-    names = parameter_names(schema)  # schema name -> Python name
+    names = parameter_names(schema) if names is None else names  # schema name -> Python name
     given = {name for name, ident in names.items() if name in arguments or ident in arguments}
     required = schema.get("required")
     missing = [
@@ -8032,10 +8039,11 @@ class SandboxAPI:
         """The call as the server will receive it: the signature shows Python names
         (user_id), the server knows its own (user-id). ProxyError for a call that names
         a parameter the tool does not have, or lacks a required one."""
-        problem = argument_problems(spec.alias, doc, arguments)
+        names = parameter_names(tool.input_schema)  # once for both: the doc's schema is the tool's
+        problem = argument_problems(spec.alias, doc, arguments, names)
         if problem is not None:
             raise ProxyError(problem)
-        renamed = schema_arguments(tool.input_schema, arguments)
+        renamed = schema_arguments(tool.input_schema, arguments, names)
         return proxied_call(self.principal, session_name, spec, tool.name, renamed)
 
     async def _logged(

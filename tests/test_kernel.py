@@ -1140,6 +1140,28 @@ def test_functions_that_await_a_parameter_are_remembered_from_cell_to_cell() -> 
     assert deferred("timed(f(), coro=g())", functions) == "timed(f(), coro=g())"
 
 
+@pytest.mark.parametrize(
+    ("source", "may_defer"),
+    [
+        ("1", False),
+        ("for _ in range(9):\n    last = mcp_x.echo(message='x')\nlast", False),
+        ("x = [f(i) for i in r]", False),
+        ("await f()", True),
+        ("async def g():\n    return 1", True),  # a definition is recorded (or forgotten)
+        ("def g():\n    return 1", True),
+        ("h = lambda: f()", True),
+        ("asyncio.gather(f(), g())", True),
+        ("gather(f())", True),
+        ("timed(f())", True),  # a function known to await its parameter
+    ],
+)
+def test_a_cell_is_rewritten_only_where_it_could_defer_a_call(source: str, may_defer: bool) -> None:
+    import ast
+
+    functions: dict[str, Any] = {"timed": (["coro"], {"coro"})}
+    assert mcp_sandbox_kernel._may_defer(ast.parse(source), functions) is may_defer
+
+
 def test_only_deferrable_callees_return_awaitables() -> None:
     class Tool:
         _mcp_deferrable = True
