@@ -8661,6 +8661,111 @@ def listen_in(directory: Path, name: str) -> socket.socket:
     return listener
 
 
+class ReadableWatch:
+    """Waits until a non-blocking descriptor may have something to read, registered with
+    the event loop once for as long as its reader keeps coming back. anyio.wait_readable
+    registers and unregisters at every wait: two epoll_ctl calls, and for a socket a
+    KeyError that asyncio formats with the socket's repr (two more system calls). Only the
+    loop's callback while nobody waits (the reader is busy with what it read) unregisters
+    it: a descriptor left readable must not wake the loop again and again. A wake may be
+    stale (the reader took the data since the loop polled), so the descriptor must be
+    non-blocking: a blocking read would hold the loop. The bridge runs on anyio's asyncio
+    backend; ``close()`` before the descriptor is closed."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._loop: Any = None  # the running asyncio loop, while registered
+        self._waiter: Any = None  # the future of the wait in progress
+
+    async def wait(self) -> None:
+        import asyncio  # anyio's asyncio backend runs the bridge: asyncio is loaded already
+
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(self.fd, self._readable)
+        self._waiter = waiter = self._loop.create_future()
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    def _readable(self) -> None:
+        waiter = self._waiter
+        if waiter is None:  # nobody waits now: the next wait registers again
+            self.close()
+        elif not waiter.done():
+            waiter.set_result(None)
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.remove_reader(self.fd)
+            self._loop = None
+
+
+class FrameSocket(anyio.abc.ByteStream):
+    """The kernel's connection to the frames' socket, read and written on the event loop
+    as it is: anyio's socket stream passes through the loop once more at each read and
+    each write (a checkpoint) and registers the socket anew at each read (see
+    ReadableWatch); one warm call pays both."""
+
+    def __init__(self, connection: socket.socket) -> None:
+        connection.setblocking(False)
+        self.connection = connection
+        self.readable = ReadableWatch(connection.fileno())
+        self.closed = False
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        while True:
+            if self.closed:
+                raise anyio.ClosedResourceError
+            try:
+                data = self.connection.recv(max_bytes)
+            except BlockingIOError:
+                await self.readable.wait()
+                continue
+            except OSError as exc:  # the kernel's end went away with frames unread
+                raise anyio.BrokenResourceError from exc
+            if not data:
+                raise anyio.EndOfStream
+            return data
+
+    async def send(self, item: bytes) -> None:
+        """All of ``item`` (the caller holds the write lock: frames are never interleaved)."""
+        view = memoryview(item)
+        while view:
+            if self.closed:
+                raise anyio.ClosedResourceError
+            try:
+                view = view[self.connection.send(view) :]
+            except BlockingIOError:  # a frame larger than the socket's buffer, or a slow reader
+                await anyio.wait_writable(self.connection)
+            except OSError as exc:
+                raise anyio.BrokenResourceError from exc
+
+    async def send_eof(self) -> None:
+        with suppress(OSError):
+            self.connection.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.readable.close()  # before the descriptor goes
+            self.connection.close()
+
+    async def aclose(self) -> None:
+        self.close()
+
+
+async def accepted(listener: socket.socket) -> socket.socket:
+    """The next connection to ``listener`` (non-blocking by then)."""
+    listener.setblocking(False)
+    while True:
+        try:
+            return listener.accept()[0]
+        except BlockingIOError:
+            await anyio.wait_readable(listener)
+
+
 class SandboxContainer:
     """One sandbox's container on the engine's side: its name, its private IPC directory
     (the kernel, its settings, the seccomp profile), the launch spec, the process that
@@ -9249,27 +9354,25 @@ class Sandbox:
         """Take the kernel's connection to the frames' socket, if it makes one before its
         hello, and read its frames; only one connection is taken, and the socket's file is
         removed then (or once the hello came over stdio: the kernel could not connect)."""
-        connection: anyio.abc.SocketStream | None = None
+        connection: FrameSocket | None = None
         with self._reader_scope():
-            try:
-                server = await anyio.abc.SocketListener.from_socket(listener)
-            except OSError as exc:
-                listener.close()
-                logger.warning("sandbox %s: its frames' socket is unusable (%s)", self.name, exc)
-                return
-            async with server, anyio.create_task_group() as waiting:
+            with listener:
+                async with anyio.create_task_group() as waiting:
 
-                async def accept() -> None:
-                    nonlocal connection
-                    connection = await server.accept()
-                    waiting.cancel_scope.cancel()
+                    async def accept() -> None:
+                        nonlocal connection
+                        try:
+                            connection = FrameSocket(await accepted(listener))
+                        except OSError as exc:
+                            logger.warning("sandbox %s: its frames' socket is unusable (%s)", self.name, exc)
+                        waiting.cancel_scope.cancel()
 
-                async def hello_over_stdio() -> None:
-                    await _first_of(self.hello_received, self.exited)
-                    waiting.cancel_scope.cancel()
+                    async def hello_over_stdio() -> None:
+                        await _first_of(self.hello_received, self.exited)
+                        waiting.cancel_scope.cancel()
 
-                waiting.start_soon(accept)
-                waiting.start_soon(hello_over_stdio)
+                    waiting.start_soon(accept)
+                    waiting.start_soon(hello_over_stdio)
             self.container.remove_socket_file()
         if connection is not None:
             async with connection:

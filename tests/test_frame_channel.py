@@ -542,6 +542,80 @@ async def test_a_hello_on_stdout_closes_the_listener_and_removes_its_file(tmp_pa
     assert outcome.status == "ok" and outcome.value == "'over stdio'", outcome
 
 
+# --- the bridge's end of the connection: FrameSocket ------------------------------------
+
+
+@pytest.mark.anyio
+async def test_the_frame_socket_reads_and_writes_whole_and_ends_as_an_anyio_stream() -> None:
+    ours, theirs = socket.socketpair()
+    theirs.setblocking(False)
+    stream = bridge.FrameSocket(ours)
+    big = b"x" * (8 << 20)  # far over the socket's buffer: the send waits for room, then goes on
+    received = bytearray()
+
+    async def read_slowly() -> None:
+        while len(received) < len(big):
+            await anyio.wait_readable(theirs)
+            received.extend(theirs.recv(1 << 16))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(read_slowly)
+        with anyio.fail_after(30):
+            await stream.send(big)
+    assert bytes(received) == big
+    theirs.sendall(b"one\n")
+    with anyio.fail_after(5):
+        assert await stream.receive() == b"one\n"
+    theirs.close()
+    with anyio.fail_after(5), pytest.raises(anyio.EndOfStream):
+        await stream.receive()
+    await stream.aclose()
+    with pytest.raises(anyio.ClosedResourceError):
+        await stream.receive()
+    with pytest.raises(anyio.ClosedResourceError):
+        await stream.send(b"late")
+
+
+@pytest.mark.anyio
+async def test_a_stale_wake_of_the_frame_socket_waits_again_and_the_loop_runs_on() -> None:
+    """The loop may call the socket's readable callback after its reader took the data
+    (it polled before): the read must not block the loop, and the wait goes on."""
+    ours, theirs = socket.socketpair()
+    stream = bridge.FrameSocket(ours)
+    theirs.sendall(b"first\n")
+    assert await stream.receive() == b"first\n"
+    stream.readable._readable()  # nobody waits: it unregisters, not spins
+    assert stream.readable._loop is None
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.sleep(0.01)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(tick)
+        with anyio.move_on_after(0.3) as waited:
+
+            async def stale_wake() -> None:
+                await anyio.sleep(0.05)
+                waiter = stream.readable._waiter
+                assert waiter is not None
+                stream.readable._readable()  # as if readable, with nothing there
+
+            group.start_soon(stale_wake)
+            await stream.receive()  # waits on: nothing was sent
+        assert waited.cancelled_caught
+        assert ticks >= 10  # the loop ran on meanwhile
+        theirs.sendall(b"second\n")
+        with anyio.fail_after(5):
+            assert await stream.receive() == b"second\n"
+        group.cancel_scope.cancel()
+    await stream.aclose()
+    theirs.close()
+
+
 @pytest.mark.parametrize(
     ("frame_channel", "remote", "delivery", "via_socket"),
     [
