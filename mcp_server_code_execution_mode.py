@@ -9693,9 +9693,10 @@ class RunningCode:
     after respond_after seconds and a later call can wait for the rest. Its own timeout
     still ends it; cancelling its scope stops the code (the client gave up)."""
 
-    def __init__(self, sandbox: Sandbox, request: RunRequest) -> None:
+    def __init__(self, sandbox: Sandbox, request: RunRequest, task_group: anyio.abc.TaskGroup) -> None:
         self.sandbox = sandbox
         self.request = request  # "still running after" counts from its arrival
+        self.task_group = task_group  # the keeper's: the code and its questions run there
         self.pending = PendingExecute(secrets.token_hex(8), sandbox.config.max_output_chars)
         self.pending.server_log = request.server_log
         self.pending.asker = self._questions(request)
@@ -9704,30 +9705,45 @@ class RunningCode:
         self.outcome: ExecutionOutcome | None = None
         self.failure: Exception | None = None
         self.shown = {"stdout": 0, "stderr": 0}  # characters already returned by "still running"
-        self.asking: anyio.abc.TaskGroup | None = None  # where questions are sent (see run)
+        self.asking: set[anyio.CancelScope] = set()  # the questions being sent (see ask_soon)
         self.task: McpTask | None = None  # when it went on as an MCP task: its end is the task's
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Run the code; the questions it asks are sent in ``self.asking``, which lasts as
-        long as the code: one sent by a call that then answered "still running" can still
-        be answered."""
+    async def run(self) -> None:
+        """Run the code (started with start_soon: a task group's start() costs a pass of the
+        loop, and the waiting call needs nothing from the task first)."""
         request = self.request
         try:
             with self.scope:
-                async with anyio.create_task_group() as self.asking:
-                    task_status.started()
-                    try:
-                        self.outcome = await self.sandbox.execute(
-                            request.code,
-                            request.timeout,
-                            pending=self.pending,
-                            saved_tools=request.saved_tools,
-                        )
-                    except Exception as exc:  # re-raised to the call that waits for it
-                        self.failure = exc
-                    self.asking.cancel_scope.cancel()  # the code has ended: its questions are moot
+                try:
+                    self.outcome = await self.sandbox.execute(
+                        request.code,
+                        request.timeout,
+                        pending=self.pending,
+                        saved_tools=request.saved_tools,
+                    )
+                except Exception as exc:  # re-raised to the call that waits for it
+                    self.failure = exc
         finally:  # also when the whole task group is cancelled (shutdown): nobody waits forever
+            for scope in self.asking:  # the code has ended: its questions are moot
+                scope.cancel()
             self.finished.set()
+
+    def ask_soon(self, ask: Callable[..., Awaitable[None]], *args: object) -> None:
+        """Send a question of the code's (``ask(*args)``) in a task of the keeper's, which
+        lasts as long as the code: one sent by a call that then answered "still running"
+        can still be answered."""
+        if not self.finished.is_set():
+            self.task_group.start_soon(self._asked, ask, args)
+
+    async def _asked(self, ask: Callable[..., Awaitable[None]], args: tuple[object, ...]) -> None:
+        if self.finished.is_set():  # the code ended after this was started: not asked
+            return
+        with anyio.CancelScope() as scope:
+            self.asking.add(scope)
+            try:
+                await ask(*args)
+            finally:
+                self.asking.discard(scope)
 
     async def wait(self, seconds: float, request: RunRequest) -> bool:
         """Whether the code ended within ``seconds`` (0: however long it takes); the
@@ -9739,13 +9755,10 @@ class RunningCode:
         asks = self.task is None
         if asks:
             self.pending.asker = self._questions(request)
-        asking = self.asking
         # The code's questions go to this call's user, each sent for as long as the code
         # runs; those it asks after this call ends wait for the next one.
         pump_questions = (
-            partial(parked.pump, request.asker, asking.start_soon)
-            if asks and request.asker is not None and asking is not None
-            else None
+            partial(parked.pump, request.asker, self.ask_soon) if asks and request.asker is not None else None
         )
         try:
             # A task group only where questions are pumped: its end costs a pass of the loop.
@@ -10185,9 +10198,9 @@ class SandboxKeeper:
             self.lost_reason = None
         sandbox, started = await self._ensure_sandbox()
         notices += started
-        running = RunningCode(sandbox, request)
+        running = RunningCode(sandbox, request, self.task_group)
         self.running = running
-        await self.task_group.start(running.run)
+        self.task_group.start_soon(running.run)
         if await running.wait(self._left(request), request):
             outcome = await self._finish(running)
             assert outcome is not None  # only a cancelled wait stops it, and that raised

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import pytest
@@ -426,3 +426,54 @@ async def test_an_execute_collects_its_own_frames_and_the_first_result_ends_it()
     pending.receive({"type": "result", "id": "e1", "status": "ok"})  # later: ignored
     assert pending.done.is_set() and pending.streams["stderr"] == ["warn"]
     assert pending.result == bridge.sandbox_error_result("e1", "SandboxError", "the executor died")
+
+
+# --- the code a call runs: its questions live as long as it does -------------------------
+
+
+class ScriptedSandbox:
+    """Sandbox.execute's stand-in: the code "runs" until ``end`` is set."""
+
+    def __init__(self) -> None:
+        self.config = CONFIG
+        self.end = anyio.Event()
+
+    async def execute(self, code: str, timeout: float, **_: Any) -> bridge.ExecutionOutcome:
+        await self.end.wait()
+        return bridge.ExecutionOutcome(status="ok", value=code)
+
+
+async def test_the_codes_questions_are_sent_while_it_runs_and_cancelled_when_it_ends() -> None:
+    sandbox = ScriptedSandbox()
+    request = bridge.RunRequest(
+        code="1", timeout=5, reset=False, session_name="default", principal=cast(Any, None)
+    )
+    asked: list[str] = []
+    ended: list[str] = []
+
+    async def ask(name: str) -> None:
+        asked.append(name)
+        try:
+            await anyio.sleep_forever()
+        finally:
+            ended.append(name)
+
+    async with anyio.create_task_group() as keeper:
+        running = bridge.RunningCode(cast(Any, sandbox), request, keeper)
+        keeper.start_soon(running.run)
+        running.ask_soon(ask, "first")
+        with anyio.fail_after(5):
+            while not asked:
+                await anyio.sleep(0)
+        assert running.asking  # in flight while the code runs
+        sandbox.end.set()  # the code's task ends first ...
+        running.ask_soon(ask, "late")  # ... so this one, started while it still ran, asks nothing
+        with anyio.fail_after(5):
+            await running.finished.wait()
+            while not ended:
+                await anyio.sleep(0)
+        running.ask_soon(ask, "after")  # the code has ended: not started
+        await anyio.sleep(0.05)
+        keeper.cancel_scope.cancel()  # whatever is left (nothing, where questions end with the code)
+    assert running.outcome is not None and running.outcome.value == "1"
+    assert asked == ["first"] and ended == ["first"] and not running.asking
