@@ -8661,73 +8661,73 @@ def listen_in(directory: Path, name: str) -> socket.socket:
     return listener
 
 
-class ReadableWatch:
-    """Waits until a non-blocking descriptor may have something to read, registered with
-    the event loop once for as long as its reader keeps coming back. anyio.wait_readable
-    registers and unregisters at every wait: two epoll_ctl calls, and for a socket a
-    KeyError that asyncio formats with the socket's repr (two more system calls). Only the
-    loop's callback while nobody waits (the reader is busy with what it read) unregisters
-    it: a descriptor left readable must not wake the loop again and again. A wake may be
-    stale (the reader took the data since the loop polled), so the descriptor must be
-    non-blocking: a blocking read would hold the loop. The bridge runs on anyio's asyncio
-    backend; ``close()`` before the descriptor is closed."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self._loop: Any = None  # the running asyncio loop, while registered
-        self._waiter: Any = None  # the future of the wait in progress
-
-    async def wait(self) -> None:
-        import asyncio  # anyio's asyncio backend runs the bridge: asyncio is loaded already
-
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-            self._loop.add_reader(self.fd, self._readable)
-        self._waiter = waiter = self._loop.create_future()
-        try:
-            await waiter
-        finally:
-            self._waiter = None
-
-    def _readable(self) -> None:
-        waiter = self._waiter
-        if waiter is None:  # nobody waits now: the next wait registers again
-            self.close()
-        elif not waiter.done():
-            waiter.set_result(None)
-
-    def close(self) -> None:
-        if self._loop is not None:
-            self._loop.remove_reader(self.fd)
-            self._loop = None
-
-
 class FrameSocket(anyio.abc.ByteStream):
     """The kernel's connection to the frames' socket, read and written on the event loop
-    as it is: anyio's socket stream passes through the loop once more at each read and
-    each write (a checkpoint) and registers the socket anew at each read (see
-    ReadableWatch); one warm call pays both."""
+    as asyncio's own transports are: the loop's readable callback reads what has arrived
+    for the task that waits for it, and a write goes out at once. anyio's socket stream
+    costs more at each message: a pass of the loop before each read and each write, the
+    socket registered anew at each read (two epoll_ctl calls, and a KeyError that asyncio
+    formats with the socket's repr: two more system calls), and a read that finds nothing
+    before each wait. The socket stays registered while its reader keeps coming back; a
+    callback while nobody waits unregisters it (data left unread must not wake the loop
+    again and again), and the next receive registers it again. The bridge runs on anyio's
+    asyncio backend."""
 
     def __init__(self, connection: socket.socket) -> None:
         connection.setblocking(False)
         self.connection = connection
-        self.readable = ReadableWatch(connection.fileno())
         self.closed = False
+        self._chunks: deque[bytes] = deque()  # read by the callback, not yet received
+        self._end: BaseException | None = None  # EndOfStream, or BrokenResourceError, once read
+        self._loop: Any = None  # the running asyncio loop, while the socket is registered with it
+        self._waiter: Any = None  # the future of the receive waiting now
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
-        while True:
+        import asyncio  # anyio's asyncio backend runs the bridge: asyncio is loaded already
+
+        while not self._chunks:
             if self.closed:
                 raise anyio.ClosedResourceError
+            if self._end is not None:
+                raise self._end
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+                self._loop.add_reader(self.connection.fileno(), self._readable)
+            self._waiter = waiter = self._loop.create_future()
             try:
-                data = self.connection.recv(max_bytes)
-            except BlockingIOError:
-                await self.readable.wait()
-                continue
-            except OSError as exc:  # the kernel's end went away with frames unread
-                raise anyio.BrokenResourceError from exc
-            if not data:
-                raise anyio.EndOfStream
-            return data
+                await waiter
+            finally:
+                self._waiter = None
+        chunk = self._chunks.popleft()
+        if len(chunk) > max_bytes:
+            self._chunks.appendleft(chunk[max_bytes:])
+            chunk = chunk[:max_bytes]
+        return chunk
+
+    def _readable(self) -> None:
+        waiter = self._waiter
+        if waiter is None:  # nobody waits: the next receive registers the socket again
+            self._unregister()
+            return
+        try:
+            data = self.connection.recv(65536)
+        except BlockingIOError:  # a stale wake: what the loop saw was read already
+            return
+        except OSError as exc:  # the kernel's end went away with frames unread
+            self._end = anyio.BrokenResourceError(str(exc))
+            data = b""
+        if data:
+            self._chunks.append(data)
+        else:
+            self._end = self._end or anyio.EndOfStream()
+            self._unregister()
+        if not waiter.done():
+            waiter.set_result(None)
+
+    def _unregister(self) -> None:
+        if self._loop is not None:
+            self._loop.remove_reader(self.connection.fileno())
+            self._loop = None
 
     async def send(self, item: bytes) -> None:
         """All of ``item`` (the caller holds the write lock: frames are never interleaved)."""
@@ -8749,7 +8749,7 @@ class FrameSocket(anyio.abc.ByteStream):
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self.readable.close()  # before the descriptor goes
+            self._unregister()  # before the descriptor goes
             self.connection.close()
 
     async def aclose(self) -> None:

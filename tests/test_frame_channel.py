@@ -577,15 +577,20 @@ async def test_the_frame_socket_reads_and_writes_whole_and_ends_as_an_anyio_stre
 
 
 @pytest.mark.anyio
-async def test_a_stale_wake_of_the_frame_socket_waits_again_and_the_loop_runs_on() -> None:
-    """The loop may call the socket's readable callback after its reader took the data
-    (it polled before): the read must not block the loop, and the wait goes on."""
+async def test_a_stale_wake_of_the_frame_socket_reads_nothing_and_the_loop_runs_on() -> None:
+    """The loop may call the socket's readable callback after the data it saw was read:
+    the read must not block the loop (the socket is non-blocking), and the wait goes on.
+    A callback while nobody waits leaves the data for the next receive and unregisters
+    the socket (a readable socket nobody reads must not wake the loop again and again)."""
     ours, theirs = socket.socketpair()
     stream = bridge.FrameSocket(ours)
     theirs.sendall(b"first\n")
     assert await stream.receive() == b"first\n"
-    stream.readable._readable()  # nobody waits: it unregisters, not spins
-    assert stream.readable._loop is None
+    theirs.sendall(b"unread\n")
+    stream._readable()  # nobody waits
+    assert stream._loop is None and not stream._chunks
+    assert await stream.receive(3) == b"unr"  # what was left, cut to the size asked for
+    assert await stream.receive() == b"ead\n"
     ticks = 0
 
     async def tick() -> None:
@@ -594,17 +599,15 @@ async def test_a_stale_wake_of_the_frame_socket_waits_again_and_the_loop_runs_on
             ticks += 1
             await anyio.sleep(0.01)
 
+    async def stale_wake() -> None:
+        await anyio.sleep(0.05)
+        assert stream._waiter is not None
+        stream._readable()  # as if readable, with nothing there
+
     async with anyio.create_task_group() as group:
         group.start_soon(tick)
+        group.start_soon(stale_wake)
         with anyio.move_on_after(0.3) as waited:
-
-            async def stale_wake() -> None:
-                await anyio.sleep(0.05)
-                waiter = stream.readable._waiter
-                assert waiter is not None
-                stream.readable._readable()  # as if readable, with nothing there
-
-            group.start_soon(stale_wake)
             await stream.receive()  # waits on: nothing was sent
         assert waited.cancelled_caught
         assert ticks >= 10  # the loop ran on meanwhile
