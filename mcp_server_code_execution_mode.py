@@ -9724,7 +9724,7 @@ class RunningCode:
                 except Exception as exc:  # re-raised to the call that waits for it
                     self.failure = exc
         finally:  # also when the whole task group is cancelled (shutdown): nobody waits forever
-            for scope in self.asking:  # the code has ended: its questions are moot
+            for scope in list(self.asking):  # the code has ended: its questions are moot
                 scope.cancel()
             self.finished.set()
 
