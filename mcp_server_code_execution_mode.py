@@ -8747,9 +8747,14 @@ class FrameSocket(anyio.abc.ByteStream):
             self.connection.shutdown(socket.SHUT_WR)
 
     def close(self) -> None:
+        """Closed: a receive waiting now raises ClosedResourceError, and so does a send
+        waiting for room (anyio.notify_closing), as anyio's own streams do."""
         if not self.closed:
             self.closed = True
             self._unregister()  # before the descriptor goes
+            if self._waiter is not None and not self._waiter.done():
+                self._waiter.set_result(None)
+            anyio.notify_closing(self.connection)
             self.connection.close()
 
     async def aclose(self) -> None:
@@ -9714,6 +9719,9 @@ class RunningCode:
         request = self.request
         try:
             with self.scope:
+                # Stopped before it began (the call cancelled in the same pass of the loop):
+                # the code is never sent. Sending it takes no checkpoint of its own.
+                await anyio.lowlevel.checkpoint_if_cancelled()
                 try:
                     self.outcome = await self.sandbox.execute(
                         request.code,
@@ -9728,15 +9736,22 @@ class RunningCode:
                 scope.cancel()
             self.finished.set()
 
+    def stop(self) -> None:
+        """Stop the code (a reset, a cancelled call or task), and its questions at once: the
+        user must not be asked about code that is being stopped."""
+        self.scope.cancel()
+        for scope in list(self.asking):
+            scope.cancel()
+
     def ask_soon(self, ask: Callable[..., Awaitable[None]], *args: object) -> None:
         """Send a question of the code's (``ask(*args)``) in a task of the keeper's, which
         lasts as long as the code: one sent by a call that then answered "still running"
         can still be answered."""
-        if not self.finished.is_set():
+        if not self.finished.is_set() and not self.scope.cancel_called:
             self.task_group.start_soon(self._asked, ask, args)
 
     async def _asked(self, ask: Callable[..., Awaitable[None]], args: tuple[object, ...]) -> None:
-        if self.finished.is_set():  # the code ended after this was started: not asked
+        if self.finished.is_set() or self.scope.cancel_called:  # ended or stopped meanwhile: not asked
             return
         with anyio.CancelScope() as scope:
             self.asking.add(scope)
@@ -9774,7 +9789,7 @@ class RunningCode:
                     pump.cancel_scope.cancel()
         except anyio.get_cancelled_exc_class():
             if self.task is None:  # the waiting call owns the code: it stops with it
-                self.scope.cancel()
+                self.stop()
                 with anyio.CancelScope(shield=True):
                     await self.finished.wait()
             raise
@@ -10273,7 +10288,7 @@ class SandboxKeeper:
         if task is not None:
             task.end(None, cancelled="A reset of the session stopped the code before it ended.")
         notice = running.stopped_by_reset()
-        running.scope.cancel()
+        running.stop()
         await running.finished.wait()
         if task is not None:
             await self._finish(running)
@@ -10330,7 +10345,7 @@ class SandboxKeeper:
         """tasks/cancel: the task ends cancelled (unless it has ended) and its code is
         stopped; _end_task_when_done finishes it once stopped."""
         task.end(None, cancelled="tasks/cancel stopped the code before it ended.")
-        task.running.scope.cancel()
+        task.running.stop()
 
     async def watch_idle(self) -> None:
         """Stop the sandbox after idle_timeout seconds without a call."""

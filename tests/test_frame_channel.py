@@ -577,6 +577,34 @@ async def test_the_frame_socket_reads_and_writes_whole_and_ends_as_an_anyio_stre
 
 
 @pytest.mark.anyio
+async def test_closing_the_frame_socket_ends_a_waiting_receive_and_a_waiting_send() -> None:
+    ours, theirs = socket.socketpair()
+    stream = bridge.FrameSocket(ours)
+    failed: list[str] = []
+
+    async def receive() -> None:
+        with pytest.raises(anyio.ClosedResourceError):
+            await stream.receive()
+        failed.append("receive")
+
+    async def send() -> None:
+        with pytest.raises(anyio.ClosedResourceError):
+            await stream.send(b"x" * (8 << 20))  # nobody reads: it waits for room
+        failed.append("send")
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(receive)
+        group.start_soon(send)
+        await anyio.sleep(0.1)
+        stream.close()
+        with anyio.fail_after(5):
+            while len(failed) < 2:
+                await anyio.sleep(0.01)
+    assert sorted(failed) == ["receive", "send"]
+    theirs.close()
+
+
+@pytest.mark.anyio
 async def test_a_stale_wake_of_the_frame_socket_reads_nothing_and_the_loop_runs_on() -> None:
     """The loop may call the socket's readable callback after the data it saw was read:
     the read must not block the loop (the socket is non-blocking), and the wait goes on.

@@ -437,17 +437,27 @@ class ScriptedSandbox:
     def __init__(self) -> None:
         self.config = CONFIG
         self.end = anyio.Event()
+        self.sent: list[str] = []  # the code that reached the "kernel"
 
     async def execute(self, code: str, timeout: float, **_: Any) -> bridge.ExecutionOutcome:
-        await self.end.wait()
+        self.sent.append(code)  # as Sandbox.execute, the code goes out before any checkpoint
+        try:
+            await self.end.wait()
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):  # as Sandbox.execute: it waits until the code stops
+                await self.end.wait()
+            raise
         return bridge.ExecutionOutcome(status="ok", value=code)
+
+
+def a_run_request(code: str = "1") -> bridge.RunRequest:
+    principal = cast(Any, None)  # RunningCode never reads it
+    return bridge.RunRequest(code=code, timeout=5, reset=False, session_name="default", principal=principal)
 
 
 async def test_the_codes_questions_are_sent_while_it_runs_and_cancelled_when_it_ends() -> None:
     sandbox = ScriptedSandbox()
-    request = bridge.RunRequest(
-        code="1", timeout=5, reset=False, session_name="default", principal=cast(Any, None)
-    )
+    request = a_run_request()
     asked: list[str] = []
     ended: list[str] = []
 
@@ -477,3 +487,46 @@ async def test_the_codes_questions_are_sent_while_it_runs_and_cancelled_when_it_
         keeper.cancel_scope.cancel()  # whatever is left (nothing, where questions end with the code)
     assert running.outcome is not None and running.outcome.value == "1"
     assert asked == ["first"] and ended == ["first"] and not running.asking
+
+
+async def test_code_stopped_before_its_task_began_is_never_sent() -> None:
+    sandbox = ScriptedSandbox()
+    async with anyio.create_task_group() as keeper:
+        running = bridge.RunningCode(cast(Any, sandbox), a_run_request("rm -rf /workspace/*"), keeper)
+        keeper.start_soon(running.run)
+        running.stop()  # the call was cancelled in the same pass of the loop
+        with anyio.fail_after(5):
+            await running.finished.wait()
+    assert sandbox.sent == [] and running.outcome is None and running.failure is None
+
+
+async def test_stopping_the_code_stops_its_questions_at_once() -> None:
+    """A reset or a cancelled call stops the code (which may take seconds to end: an
+    interrupt, then a kill); the user is not asked about it meanwhile."""
+    sandbox = ScriptedSandbox()
+    ended: list[str] = []
+
+    async def ask(name: str) -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            ended.append(name)
+
+    async with anyio.create_task_group() as keeper:
+        running = bridge.RunningCode(cast(Any, sandbox), a_run_request(), keeper)
+        keeper.start_soon(running.run)
+        try:
+            running.ask_soon(ask, "approve?")
+            with anyio.fail_after(5):
+                while not running.asking:
+                    await anyio.sleep(0)
+            running.stop()  # the code itself has not ended yet (sandbox.end is not set)
+            with anyio.fail_after(5):
+                while not ended:
+                    await anyio.sleep(0)
+            assert not running.finished.is_set()  # the code is still stopping
+            running.ask_soon(ask, "later")  # stopped: not sent
+            await anyio.sleep(0.05)
+        finally:
+            sandbox.end.set()  # the code has stopped
+    assert ended == ["approve?"]
