@@ -3934,12 +3934,13 @@ async def _open_server_process(params: StdioServerParameters) -> anyio.abc.Proce
     )
 
 
-class PulledStream:
+class PulledStream(anyio.abc.ObjectReceiveStream["SessionMessage | Exception"]):
     """A transport's read stream whose items are read in the task that receives them (the
     session's own), ``fill`` at a time: a reader task behind a memory stream, as the SDK's
     transports have, costs a pass of the event loop per message. ``fill(stream)`` reads
     once and appends to ``stream.items``, or calls ``stream.end``; ``on_end(drained)``: what
-    to do at the end (``drained`` False: the session is done before the pipe)."""
+    to do at the end (``drained`` False: the session is done before the pipe). Iteration
+    and ``async with`` are anyio's stream protocol's."""
 
     def __init__(
         self, fill: Callable[[PulledStream], Awaitable[None]], on_end: Callable[[bool], None] | None = None
@@ -3949,21 +3950,12 @@ class PulledStream:
         self._fill = fill
         self._on_end = on_end
 
-    def __aiter__(self) -> PulledStream:
-        return self
-
-    async def __anext__(self) -> SessionMessage | Exception:
+    async def receive(self) -> SessionMessage | Exception:
         while not self.items:
             if self.ended:
-                raise StopAsyncIteration
+                raise anyio.EndOfStream
             await self._fill(self)
         return self.items.popleft()
-
-    async def receive(self) -> SessionMessage | Exception:
-        try:
-            return await self.__anext__()
-        except StopAsyncIteration:
-            raise anyio.EndOfStream from None
 
     def end(self, drained: bool = False) -> None:
         """Nothing more for the session after the items it holds (``drained``: the pipe has
@@ -3979,14 +3971,8 @@ class PulledStream:
     async def aclose(self) -> None:
         self.end()
 
-    async def __aenter__(self) -> PulledStream:
-        return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        self.end()
-
-
-class MessageWriter:
+class MessageWriter(anyio.abc.ObjectSendStream["SessionMessage"]):
     """A session's write stream that writes each message, as one line of JSON, in the task
     that sends it (``write_line``: the line without its newline). A task of its own behind
     a memory stream, as the SDK's transports have, costs a hop of the event loop per
@@ -4020,12 +4006,6 @@ class MessageWriter:
             scope.cancel()
 
     async def aclose(self) -> None:
-        self.close()
-
-    async def __aenter__(self) -> MessageWriter:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
         self.close()
 
 
@@ -4890,14 +4870,14 @@ class CallListener(Protocol):
         ...
 
 
-class CheckedReadStream:
+class CheckedReadStream(anyio.abc.ObjectReceiveStream[Any]):
     """A transport's read stream as the session reads it: each item passed through ``check``
     (PooledClient._checked) in the session's own reading task (a relay task of its own cost
     a hop per message); ``ended`` is set once the transport has no more to give."""
 
     def __init__(
         self,
-        source: Any,  # the transport's read stream (an async iterator of items)
+        source: anyio.abc.ObjectReceiveStream[Any],  # the transport's read stream
         check: Callable[[Any], Any],
         ended: anyio.Event,
     ) -> None:
@@ -4905,32 +4885,17 @@ class CheckedReadStream:
         self.check = check
         self.ended = ended
 
-    def __aiter__(self) -> CheckedReadStream:
-        return self
-
-    async def __anext__(self) -> Any:
-        try:
-            item = await self.source.__anext__()
-        except (StopAsyncIteration, anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            self.ended.set()
-            raise StopAsyncIteration from None
-        return self.check(item)
-
     async def receive(self) -> Any:
         try:
-            return await self.__anext__()
-        except StopAsyncIteration:
+            item = await self.source.receive()
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self.ended.set()
             raise anyio.EndOfStream from None
+        return self.check(item)
 
     async def aclose(self) -> None:
         self.ended.set()
         await self.source.aclose()
-
-    async def __aenter__(self) -> CheckedReadStream:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
 
 class PooledClient:
@@ -9732,26 +9697,33 @@ class RunningCode:
                 except Exception as exc:  # re-raised to the call that waits for it
                     self.failure = exc
         finally:  # also when the whole task group is cancelled (shutdown): nobody waits forever
-            for scope in list(self.asking):  # the code has ended: its questions are moot
-                scope.cancel()
+            self._end_questions()  # the code has ended: its questions are moot
             self.finished.set()
 
     def stop(self) -> None:
         """Stop the code (a reset, a cancelled call or task), and its questions at once: the
         user must not be asked about code that is being stopped."""
         self.scope.cancel()
-        for scope in list(self.asking):
+        self._end_questions()
+
+    def _end_questions(self) -> None:
+        for scope in list(self.asking):  # each task removes its own scope as it ends
             scope.cancel()
+
+    @property
+    def _asks_no_more(self) -> bool:
+        """The code has ended or is being stopped: no question of its is sent from now on."""
+        return self.finished.is_set() or self.scope.cancel_called
 
     def ask_soon(self, ask: Callable[..., Awaitable[None]], *args: object) -> None:
         """Send a question of the code's (``ask(*args)``) in a task of the keeper's, which
         lasts as long as the code: one sent by a call that then answered "still running"
         can still be answered."""
-        if not self.finished.is_set() and not self.scope.cancel_called:
+        if not self._asks_no_more:
             self.task_group.start_soon(self._asked, ask, args)
 
     async def _asked(self, ask: Callable[..., Awaitable[None]], args: tuple[object, ...]) -> None:
-        if self.finished.is_set() or self.scope.cancel_called:  # ended or stopped meanwhile: not asked
+        if self._asks_no_more:  # ended or stopped since it was started
             return
         with anyio.CancelScope() as scope:
             self.asking.add(scope)
