@@ -419,3 +419,42 @@ def test_a_call_with_a_wrong_or_missing_argument_gets_the_exact_signature() -> N
     }
     assert bridge.argument_problems("x", open_ended, {"b": 1}) is None  # takes other names
     assert bridge.argument_problems("x", {"name": "t", "inputSchema": {"type": "object"}}, {"any": 1}) is None
+
+
+def test_two_bridges_share_the_log_and_follow_each_others_rotation_and_a_deletion(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each log keeps its file open between lines: a rotation by the other bridge, or a user
+    # who deletes the file, must send the next line to the file at the path, losing none.
+    monkeypatch.setattr(bridge, "CALL_LOG_MAX_BYTES", 2000)
+    first, second = bridge.CallLog(config(state_dir=tmp_path)), bridge.CallLog(config(state_dir=tmp_path))
+    keys = [str(number) for number in range(12)]
+    for number, key in enumerate(keys):
+        (first if number % 2 else second).record(a_call(key=key), "not asked", time.monotonic())
+    assert (tmp_path / "calls.jsonl.1").exists() and (tmp_path / "calls.jsonl").stat().st_size <= 2000
+    logged = [entry["arguments_digest"] for entry in bridge.read_call_log(tmp_path)]
+    assert logged[-1] == a_call(key=keys[-1]).digest and len(logged) == len(set(logged))
+    (tmp_path / "calls.jsonl").unlink()
+    (tmp_path / "calls.jsonl.1").unlink()
+    first.record(a_call(key="after"), "not asked", time.monotonic())
+    second.record(a_call(key="later"), "not asked", time.monotonic())
+    entries = list(bridge.read_call_log(tmp_path))
+    assert [entry["arguments_digest"] for entry in entries] == [
+        a_call(key="after").digest,
+        a_call(key="later").digest,
+    ]
+    first.close()
+    second.close()
+
+
+def test_a_calls_line_is_written_at_the_loops_next_pass_after_its_answer(tmp_path: Path) -> None:
+    log = bridge.CallLog(config(state_dir=tmp_path))
+
+    async def main() -> tuple[int, int]:
+        log.record_soon(a_call(), "not asked", time.monotonic(), 12)
+        before = len(list(bridge.read_call_log(tmp_path)))  # the answer goes out now
+        await anyio.sleep(0)
+        return before, len(list(bridge.read_call_log(tmp_path)))
+
+    assert anyio.run(main) == (0, 1)
+    log.close()

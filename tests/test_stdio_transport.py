@@ -10,6 +10,7 @@ import os
 import select
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -18,6 +19,7 @@ from typing import Any
 
 import anyio
 import pytest
+from mcp.client.stdio import StdioServerParameters
 
 import mcp_server_code_execution_mode as bridge
 from tests.conftest import Engine, bridge_env, console_script
@@ -307,6 +309,46 @@ def test_a_client_that_stops_reading_never_stops_the_loop(kind: str) -> None:
 
     ticks, tail = anyio.run(main)
     assert ticks == 20 and tail.endswith(b"reply\n")
+
+
+def test_a_reply_the_pipe_has_room_for_is_written_at_once_and_the_rest_waits_its_turn() -> None:
+    # MessageWriter's short way: no cancel scope, no pass of the loop. It must never put a
+    # line ahead of one still being written, nor write to a client that has gone.
+    async def main() -> None:
+        read_end, write_end = os.pipe()
+        writer = bridge.LineWriter(write_end)
+        assert writer.write_now(b"first") and os.read(read_end, 100) == b"first\n"
+        assert not writer.write_now(b"x" * (select.PIPE_BUF + 1))  # could be split: the long way
+        async with writer.lock:  # a line is being written (in a thread): wait behind it
+            assert not writer.write_now(b"second")
+        os.close(read_end)
+        assert writer.write_now(b"to nobody")  # the client has gone: dropped, said once
+        assert writer.closed and writer.write_now(b"dropped too")
+        os.close(write_end)
+
+    anyio.run(main)
+
+
+def test_a_request_goes_to_the_servers_stdin_at_once_and_a_large_one_the_long_way() -> None:
+    # capped_stdio_transport hands a line to asyncio's pipe transport under anyio's process
+    # stream (a private attribute: an anyio that moves it must fail here, not slow down).
+    echo = "import sys\nfor line in sys.stdin:\n    sys.stdout.write(line)\n    sys.stdout.flush()\n"
+    params = StdioServerParameters(command=sys.executable, args=["-c", echo])
+
+    def ping(number: int, pad: str = "") -> bytes:
+        return json.dumps({"jsonrpc": "2.0", "id": number, "method": "ping", "params": {"p": pad}}).encode()
+
+    async def main() -> list[object]:
+        log = bridge.ServerProcessLog("echo")
+        with anyio.fail_after(20):
+            async with bridge.capped_stdio_transport(params, 1_000_000, log) as (read, write):
+                assert write.write_now is not None
+                assert write.write_now(ping(1))
+                assert not write.write_now(ping(2, "x" * 70_000))  # over the high-water mark
+                first = await read.receive()
+        return [first.message.id]
+
+    assert anyio.run(main) == [1]
 
 
 def test_a_bridge_whose_stdin_is_a_file_reads_it_in_a_thread(state_dir: Path, tmp_path: Path) -> None:
