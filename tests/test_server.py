@@ -3,6 +3,8 @@ result written for the model, and the server keeps serving."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +95,17 @@ async def test_the_calling_clients_name_decides_when_a_long_call_answers_still_r
         assert {bridge.respond_after_for(chosen, name) for name in ("claude-code", "claude-ai", None)} == {
             setting
         }
+
+
+def test_the_serving_process_freezes_its_start_up_and_collects_young_objects_less_often() -> None:
+    # In a process of its own: a frozen test process would keep its garbage.
+    probe = (
+        "import gc, mcp_server_code_execution_mode as bridge\n"
+        "before = gc.get_freeze_count()\n"
+        "bridge.collect_less_after_start_up()\n"
+        "print(before, gc.get_freeze_count() > 10_000, len(gc.get_objects()), gc.get_threshold()[0])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["0", "True", "0", str(bridge.YOUNG_COLLECTION_THRESHOLD)]
