@@ -90,6 +90,7 @@ from typing import (
     Any,
     ClassVar,
     Literal,
+    NamedTuple,
     NoReturn,
     NotRequired,
     Protocol,
@@ -7848,8 +7849,8 @@ class SandboxAPI:
     def _permitted(self, client: PooledClient, tools: list[types.Tool]) -> list[types.Tool]:
         return [tool for tool in tools if tool_allowed(client.spec.name, tool.name, self.config)]
 
-    async def _find_tool(self, client: PooledClient, name: str) -> tuple[types.Tool, dict[str, Any]]:
-        """The tool the code calls ``name`` and its dict; ProxyError naming the nearest."""
+    async def _find_tool(self, client: PooledClient, name: str) -> TableTool:
+        """The tool the code calls ``name``; ProxyError naming the nearest."""
         table = await self._tool_table(client)
         found = table.by_name.get(name)
         if found is not None:
@@ -7891,7 +7892,7 @@ class SandboxAPI:
     ) -> object:
         client = self.pool.client(server)  # detail was checked by QueryToolDocsParams
         if tool:
-            return render_tool_doc(client.spec.alias, (await self._find_tool(client, tool))[1], detail)
+            return render_tool_doc(client.spec.alias, (await self._find_tool(client, tool)).doc, detail)
         table = await self._tool_table(client)
         return [render_tool_doc(client.spec.alias, doc, detail) for doc in table.docs]
 
@@ -8006,10 +8007,10 @@ class SandboxAPI:
             small = run.request_bytes <= ON_LOOP_BYTES
             await self._maybe_off_loop(small, check_tool_arguments, arguments or {})
             client = self.pool.client(server)
-            found, doc = await self._find_tool(client, tool)
-            spec = client.spec
+            entry = await self._find_tool(client, tool)
+            found, spec = entry.tool, client.spec
             call = await self._maybe_off_loop(
-                small, self._call_of, run.session_name, spec, found, doc, arguments or {}
+                small, self._call_of, run.session_name, spec, entry, arguments or {}
             )
         except BridgeError as exc:
             self.call_log.refused(self.principal, run.session_name, server, tool, run.request_bytes, str(exc))
@@ -8072,22 +8073,16 @@ class SandboxAPI:
         return await self._logged(call, run, reason, client, lambda: client.request(method, send, run))
 
     def _call_of(
-        self,
-        session_name: str,
-        spec: ServerSpec,
-        tool: types.Tool,
-        doc: Mapping[str, object],
-        arguments: Mapping[str, object],
+        self, session_name: str, spec: ServerSpec, entry: TableTool, arguments: Mapping[str, object]
     ) -> ProxiedCall:
         """The call as the server will receive it: the signature shows Python names
         (user_id), the server knows its own (user-id). ProxyError for a call that names
         a parameter the tool does not have, or lacks a required one."""
-        names = parameter_names(tool.input_schema)  # once for both: the doc's schema is the tool's
-        problem = argument_problems(spec.alias, doc, arguments, names)
+        problem = argument_problems(spec.alias, entry.doc, arguments, entry.names)
         if problem is not None:
             raise ProxyError(problem)
-        renamed = schema_arguments(tool.input_schema, arguments, names)
-        return proxied_call(self.principal, session_name, spec, tool.name, renamed)
+        renamed = schema_arguments(entry.tool.input_schema, arguments, entry.names)
+        return proxied_call(self.principal, session_name, spec, entry.tool.name, renamed)
 
     async def _logged(
         self,
@@ -8291,26 +8286,35 @@ def _tool_dict(tool: types.Tool) -> dict[str, Any]:
     return tool.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
+class TableTool(NamedTuple):
+    tool: types.Tool
+    doc: dict[str, Any]  # its dict, which the signature checks read
+    names: dict[str, str]  # parameter_names() of its input schema
+
+
 @dataclass(frozen=True)
 class ToolTable:
     """A server's permitted tools as calls look them up, built once per tool list (the
-    ``listed`` object, identical while the list stays): in order with their dicts (what
-    the signature checks read), and each by its name and by its Python name."""
+    ``listed`` object, identical while the list stays): in order with their dicts, and
+    each by its name and by its Python name, with its parameters' Python names."""
 
     listed: list[types.Tool]
     tools: list[types.Tool]
     docs: list[dict[str, Any]]
-    by_name: dict[str, tuple[types.Tool, dict[str, Any]]]
+    by_name: dict[str, TableTool]
 
     @classmethod
     def of(cls, listed: list[types.Tool], permitted: list[types.Tool]) -> ToolTable:
         docs = [_tool_dict(tool) for tool in permitted]
-        pairs = list(zip(permitted, docs, strict=True))
-        by_name: dict[str, tuple[types.Tool, dict[str, Any]]] = {}
-        for tool, doc in pairs:  # a name first, then the Python names; the first tool wins
-            by_name.setdefault(tool.name, (tool, doc))
-        for tool, doc in pairs:
-            by_name.setdefault(python_identifier(tool.name), (tool, doc))
+        entries = [
+            TableTool(tool, doc, parameter_names(tool.input_schema))
+            for tool, doc in zip(permitted, docs, strict=True)
+        ]
+        by_name: dict[str, TableTool] = {}
+        for entry in entries:  # a name first, then the Python names; the first tool wins
+            by_name.setdefault(entry.tool.name, entry)
+        for entry in entries:
+            by_name.setdefault(python_identifier(entry.tool.name), entry)
         return cls(listed, permitted, docs, by_name)
 
 
