@@ -7075,6 +7075,14 @@ CALL_LOG_MAX_BYTES = 10 * 1024 * 1024  # then it moves to calls.jsonl.1 (one old
 MAX_LOGGED_JSON = 64 * 1024  # characters of arguments and of a result a full log keeps per call
 
 
+def at_next_pass(function: Callable[[*_Args], object], *args: *_Args) -> None:
+    """``function(*args)`` at the event loop's next pass, after what the running task does
+    until it waits (anyio's asyncio backend runs the bridge: asyncio is loaded already)."""
+    import asyncio
+
+    asyncio.get_running_loop().call_soon(function, *args)
+
+
 def canonical_json(value: object) -> str:
     """One text for one value: the same arguments always give the same digest."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -7410,22 +7418,6 @@ class CallLog:
             error,
             full,
         )
-
-    def record_soon(
-        self,
-        call: ProxiedCall,
-        decision: str,
-        started: float,
-        result_bytes: int | None = None,
-        error: str | None = None,
-        result: object = None,
-    ) -> None:
-        """record() at the event loop's next pass, once the answer to the call is on its way
-        into the sandbox: the line costs a tenth of a proxied call, which need not wait."""
-        import asyncio  # anyio's asyncio backend runs the bridge: asyncio is loaded already
-
-        line = (call, decision, started, result_bytes, error, result)
-        asyncio.get_running_loop().call_soon(self.record, *line)
 
     def refused(self, principal: str, session: str, server: str, tool: str, size: int, error: str) -> None:
         """A call refused before it could be made (``server`` and ``tool`` as the code named
@@ -8121,7 +8113,9 @@ class SandboxAPI:
             error = "internal error: %s" % _describe_exception(exc)
             raise
         finally:
-            self.call_log.record_soon(call, decision, started, size, error, payload)
+            # Written once the answer is on its way into the sandbox: the line costs a tenth
+            # of a proxied call, which need not wait for it.
+            at_next_pass(self.call_log.record, call, decision, started, size, error, payload)
 
     async def _off_loop(self, function: Callable[[*_Args], _Result], *args: *_Args) -> _Result:
         """``function(*args)`` in a worker thread: it walks data of up to the request or

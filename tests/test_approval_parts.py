@@ -451,7 +451,7 @@ def test_a_calls_line_is_written_at_the_loops_next_pass_after_its_answer(tmp_pat
     log = bridge.CallLog(config(state_dir=tmp_path))
 
     async def main() -> tuple[int, int]:
-        log.record_soon(a_call(), "not asked", time.monotonic(), 12)
+        bridge.at_next_pass(log.record, a_call(), "not asked", time.monotonic(), 12)
         before = len(list(bridge.read_call_log(tmp_path)))  # the answer goes out now
         await anyio.sleep(0)
         return before, len(list(bridge.read_call_log(tmp_path)))
