@@ -7482,13 +7482,15 @@ class CallLog:
         try:
             if os.fstat(fd).st_size + size > CALL_LOG_MAX_BYTES:
                 os.replace(self.path, self.path.with_name(CALL_LOG_FILENAME + ".1"))
-                os.close(fd)
+                rotated, fd = fd, -1  # closed once: its number may be another file's next
+                os.close(rotated)
                 fd = self._open_locked()
             fcntl.flock(fd, fcntl.LOCK_UN)
+            opened = os.fstat(fd)
         except OSError:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
             raise
-        opened = os.fstat(fd)
         self._fd, self._file = fd, (opened.st_dev, opened.st_ino)
         return fd
 
@@ -7503,11 +7505,14 @@ class CallLog:
             except FileNotFoundError:  # the state dir is made when it is missing, not per call
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 fd = os.open(self.path, flags, 0o600)
-            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
                 same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:
                 same = False
+            except OSError:
+                os.close(fd)
+                raise
             if same:
                 return fd
             os.close(fd)
@@ -12244,7 +12249,8 @@ async def stdio_transport(
 # the server is built. A call's objects are freed by their reference counts as it ends,
 # so the young generation fills only while many calls are in flight (32 calls: 3,000
 # objects); at Python's 700 it was collected every few calls, a twentieth of the bridge's
-# work. Cycles still go, 10,000 objects later.
+# work. Cycles still go, 10,000 objects later. No collection before the freeze: it would
+# cost the first result 25-80 ms; what start-up left as cyclic garbage stays, once.
 YOUNG_COLLECTION_THRESHOLD = 10_000
 
 

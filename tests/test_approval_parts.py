@@ -458,3 +458,29 @@ def test_a_calls_line_is_written_at_the_loops_next_pass_after_its_answer(tmp_pat
 
     assert anyio.run(main) == (0, 1)
     log.close()
+
+
+def test_a_rotation_whose_new_file_cannot_be_opened_closes_nothing_of_anyone_elses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The rotated file's descriptor is closed once: its number may be another thread's
+    # next open file by the time opening the new log fails (a full disk, no descriptors).
+    monkeypatch.setattr(bridge, "CALL_LOG_MAX_BYTES", 600)
+    log = bridge.CallLog(config(state_dir=tmp_path))
+    log.record(a_call(key="x" * 300), "not asked", time.monotonic())
+    log.close()
+    real_open_locked = bridge.CallLog._open_locked
+    others: list[int] = []
+
+    def open_locked(self: bridge.CallLog) -> int:
+        if not others:
+            others.append(-1)
+            return real_open_locked(self)
+        others.append(os.open(os.devnull, os.O_RDONLY))  # another thread takes the freed number
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(bridge.CallLog, "_open_locked", open_locked)
+    log.record(a_call(key="y" * 300), "not asked", time.monotonic())  # rotates, then cannot open
+    os.fstat(others[-1])  # still open
+    os.close(others[-1])
+    assert log.failed
