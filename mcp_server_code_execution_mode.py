@@ -4105,9 +4105,12 @@ async def capped_stdio_transport(
     stdin_high = stdin_transport.get_write_buffer_limits()[1] if stdin_transport is not None else 0
 
     def stdin_now(line: bytes) -> bool:
-        if stdin_transport is None or stdin_transport.is_closing() or stdin_transport.get_write_buffer_size():
-            return False
-        if len(line) + 1 > stdin_high:
+        if (
+            stdin_transport is None
+            or stdin_transport.is_closing()
+            or stdin_transport.get_write_buffer_size()
+            or len(line) + 1 > stdin_high
+        ):
             return False
         stdin_transport.write(line + b"\n")
         return True
@@ -7474,8 +7477,12 @@ class CallLog:
             now = os.stat(self.path)
         except FileNotFoundError:
             now = None
-        room = now is not None and now.st_size + size <= CALL_LOG_MAX_BYTES
-        if room and self._fd is not None and now is not None and (now.st_dev, now.st_ino) == self._file:
+        if (
+            self._fd is not None
+            and now is not None
+            and (now.st_dev, now.st_ino) == self._file
+            and now.st_size + size <= CALL_LOG_MAX_BYTES
+        ):
             return self._fd
         self.close()
         fd = self._open_locked()

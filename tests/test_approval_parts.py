@@ -425,7 +425,8 @@ def test_two_bridges_share_the_log_and_follow_each_others_rotation_and_a_deletio
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Each log keeps its file open between lines: a rotation by the other bridge, or a user
-    # who deletes the file, must send the next line to the file at the path, losing none.
+    # who deletes the file, must send the next line to the file at the path (what goes is
+    # only what rotation drops by design: the file before calls.jsonl.1), never twice.
     monkeypatch.setattr(bridge, "CALL_LOG_MAX_BYTES", 2000)
     first, second = bridge.CallLog(config(state_dir=tmp_path)), bridge.CallLog(config(state_dir=tmp_path))
     keys = [str(number) for number in range(12)]
