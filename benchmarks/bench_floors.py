@@ -14,7 +14,12 @@ two figures taken on the same machine under the same load.
   --echo-calls `mcp_everything.echo(message="x")` calls in a loop, its time divided by
   the count, against the same loop on a direct SDK client of the same executable;
 * proxied throughput: --batches of `asyncio.gather` of 32 echo calls in one cell, against
-  32 concurrent call_tool on the direct client (an anyio task group).
+  32 concurrent call_tool on the direct client (an anyio task group);
+* where the time goes: the CPU time each process spends per warm call and per proxied echo
+  (Linux: the sum of /proc/PID/task/*/schedstat over the timed loop, divided by the calls):
+  the bridge, its sandbox's supervisor and executor, the proxied server and the client,
+  beside the no-op server, the direct client and its server. On this 2-core machine their
+  sum is about the wall time of a call: the processes take turns, few run at once.
 
 It is a measurement, not a test: it always exits 0 (problems are listed under the table).
 
@@ -35,7 +40,7 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -94,6 +99,9 @@ json.dumps(repr(_bench_last))
 B_FIRST, N_FIRST, BARE = "bridge first", "noop first", "bare container"
 B_P50, B_P95, N_P50, N_P95 = "bridge warm p50", "bridge warm p95", "noop warm p50", "noop warm p95"
 P_ECHO, D_ECHO, P_RATE, D_RATE = "proxied echo", "direct echo", "proxied rate", "direct rate"
+# CPU per call by process: "cpu <case> <process>" (see CpuMeter).
+WARM_BRIDGE, WARM_NOOP, ECHO_BRIDGE, ECHO_DIRECT = "warm bridge", "warm noop", "echo bridge", "echo direct"
+SUPERVISOR, EXECUTOR, SERVER, CLIENT = "supervisor", "executor", "server", "client"
 
 
 @dataclass
@@ -135,6 +143,70 @@ async def client(params: StdioServerParameters, errlog: TextIO) -> AsyncIterator
         yield session
 
 
+# --- CPU time per call, by process ------------------------------------------------------
+
+
+def cpu_ns(pid: int) -> int | None:
+    """The CPU time of ``pid``'s threads alive now (ns, from schedstat: exact, where
+    /proc/PID/stat counts clock ticks), or None once it is gone or where Linux has none."""
+    total = 0
+    try:
+        for task in Path("/proc/%d/task" % pid).iterdir():
+            with suppress(OSError, ValueError, IndexError):  # a thread that just ended
+                total += int((task / "schedstat").read_text().split()[0])
+    except OSError:
+        return None
+    return total
+
+
+def processes(fragment: str, parent: int | None = None, program: str = "") -> list[int]:
+    """Pids whose command line holds ``fragment``, whose parent is ``parent`` (if given)
+    and whose program's name starts with ``program``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if (
+            fragment in " ".join(argv)
+            and (parent is None or ppid == parent)
+            and Path(argv[0]).name.startswith(program)
+        ):
+            found.append(int(proc.name))
+    return found
+
+
+def sandbox_pids() -> dict[str, int]:
+    """The one sandbox's kernel processes on this machine: its supervisor and executor
+    (none when there are several sandboxes: whose would be a guess). The engine's own
+    processes name the kernel too, but are not Python."""
+    kernels = processes("mcp_sandbox_kernel.py", program="python")
+    executors = [pid for pid in kernels if pid in processes("--executor")]
+    supervisors = [pid for pid in kernels if pid not in executors]
+    if len(supervisors) != 1 or len(executors) != 1:
+        return {}
+    return {SUPERVISOR: supervisors[0], EXECUTOR: executors[0]}
+
+
+class CpuMeter:
+    """CPU time per call of named processes over one timed loop (see cpu_ns)."""
+
+    def __init__(self, case: str, pids: dict[str, int | None]) -> None:
+        self.case = case
+        self.pids = {name: pid for name, pid in pids.items() if pid is not None}
+        self.start = {name: cpu_ns(pid) for name, pid in self.pids.items()}
+
+    def stop(self, out: Samples, calls: int) -> None:
+        for name, pid in self.pids.items():
+            before, after = self.start[name], cpu_ns(pid)
+            if before is not None and after is not None:
+                out.rounds["cpu %s %s" % (self.case, name)].append((after - before) / calls / 1e6)
+
+
 # --- spawn -> first result, and warm calls ----------------------------------------------
 
 
@@ -153,9 +225,11 @@ async def spawn_round(
     call: Callable[[ClientSession], Awaitable[float]],
     keys: tuple[str, str, str],
     calls: int,
+    server_pids: Callable[[], dict[str, int | None]],
     after: Callable[[int | None], Awaitable[None]] | None = None,
 ) -> None:
-    """Spawn, initialize, one call (timed from the spawn), then warm calls (p50, p95)."""
+    """Spawn, initialize, one call (timed from the spawn), then warm calls (p50, p95) and
+    the CPU time they took by process (``server_pids``: the server's, once it is up)."""
     first_key, p50_key, p95_key = keys
     with captured_stderr() as errlog:
         try:
@@ -166,8 +240,11 @@ async def spawn_round(
                     first = ms_since(start)
                     for _ in range(WARMUP_CALLS):
                         await call(session)
-                    warm: list[float] = [await call(session) for _ in range(calls)]
                     owner = find_bridge_pid(params)
+                    case = {B_FIRST: WARM_BRIDGE, N_FIRST: WARM_NOOP}[first_key]
+                    meter = CpuMeter(case, {**server_pids(), CLIENT: os.getpid()})
+                    warm: list[float] = [await call(session) for _ in range(calls)]
+                    meter.stop(out, calls)
             out.rounds[first_key].append(first)
             out.rounds[p50_key].append(percentile(warm, 0.50))
             out.rounds[p95_key].append(percentile(warm, 0.95))
@@ -250,12 +327,18 @@ async def measure_spawn(out: Samples, s: Settings) -> None:
         profile = root / "seccomp.json"
         profile.write_text(json.dumps(bridge.seccomp_profile()), encoding="utf-8")
 
+        def bridge_pids_now() -> dict[str, int | None]:
+            return {"bridge": find_bridge_pid(bridge_params), **sandbox_pids()}
+
+        def noop_pid_now() -> dict[str, int | None]:
+            return {SERVER: next(iter(processes(str(NOOP_SERVER), parent=os.getpid())), None)}
+
         async def run_bridge() -> None:
             keys = (B_FIRST, B_P50, B_P95)
-            await spawn_round(out, bridge_params, timed_call, keys, s.calls, containers_gone)
+            await spawn_round(out, bridge_params, timed_call, keys, s.calls, bridge_pids_now, containers_gone)
 
         async def run_noop() -> None:
-            await spawn_round(out, noop_params, noop_call, (N_FIRST, N_P50, N_P95), s.calls)
+            await spawn_round(out, noop_params, noop_call, (N_FIRST, N_P50, N_P95), s.calls, noop_pid_now)
 
         async def run_bare() -> None:
             await bare_round(out, s.runtime, s.image, profile)
@@ -296,24 +379,45 @@ async def measure_proxy(out: Samples, s: Settings) -> None:
                     for _ in range(20):
                         await echo(direct, "warm")
                     await direct_batch(direct)
+                    owner = find_bridge_pid(bridge_params)
+                    pids = {
+                        ECHO_BRIDGE: {
+                            "bridge": owner,
+                            **sandbox_pids(),
+                            SERVER: next(iter(processes(str(EVERYTHING), parent=owner or -1)), None),
+                        },
+                        ECHO_DIRECT: {
+                            CLIENT: os.getpid(),
+                            SERVER: next(iter(processes(str(EVERYTHING), parent=os.getpid())), None),
+                        },
+                    }
                     for index in range(s.rounds):
                         print("  proxy round %d/%d" % (index + 1, s.rounds), file=sys.stderr, flush=True)
-                        await proxy_round(out, proxied, direct, s, bridge_first=index % 2 == 0)
+                        await proxy_round(out, proxied, direct, s, pids, bridge_first=index % 2 == 0)
         except Exception as exc:  # report and go on: this is a measurement, not a test
             out.problems.append("proxy rows: %s%s" % (describe(exc), tail_of(errlog)))
 
 
 async def proxy_round(
-    out: Samples, proxied: ClientSession, direct: ClientSession, s: Settings, bridge_first: bool
+    out: Samples,
+    proxied: ClientSession,
+    direct: ClientSession,
+    s: Settings,
+    pids: dict[str, dict[str, int | None]],
+    bridge_first: bool,
 ) -> None:
     async def proxied_echo() -> None:
+        meter = CpuMeter(ECHO_BRIDGE, pids[ECHO_BRIDGE])
         value = await run_cell(proxied, ECHO_LOOP_CELL, CELL_TIMEOUT_S, calls=s.echo_calls)
+        meter.stop(out, s.echo_calls)
         if "Echo: x" not in str(value.get("last")):
             out.problems.append("proxied echo returned %s" % value.get("last"))
         out.rounds[P_ECHO].append(float(value["ms"]))
 
     async def direct_echo() -> None:
+        meter = CpuMeter(ECHO_DIRECT, pids[ECHO_DIRECT])
         out.rounds[D_ECHO].append(await direct_loop(direct, s.echo_calls))
+        meter.stop(out, s.echo_calls)
 
     async def proxied_batches() -> None:
         value = await run_cell(proxied, BATCH_CELL, CELL_TIMEOUT_S, batches=s.batches, in_flight=IN_FLIGHT)
@@ -438,6 +542,29 @@ def render(lines: Sequence[Line]) -> str:
     return "\n".join([fmt(cells[0]), "  ".join("-" * w for w in widths), *(fmt(row) for row in cells[1:])])
 
 
+CPU_ROWS = (
+    ('warm run_python("1")', WARM_BRIDGE, ("bridge", SUPERVISOR, EXECUTOR), WARM_NOOP, (SERVER,)),
+    ("proxied echo", ECHO_BRIDGE, ("bridge", SUPERVISOR, EXECUTOR, SERVER), ECHO_DIRECT, (CLIENT, SERVER)),
+)
+
+
+def cpu_table(out: Samples) -> str:
+    """Where a call's time goes: each process's CPU time per call (medians), the bridge's
+    side beside its floor's; the client of the warm calls is shown on both sides."""
+    lines = ["CPU time per call, by process (ms; medians over the rounds):"]
+    for figure, case, names, floor_case, floor_names in CPU_ROWS:
+        for label, key, shown in (("ours:", case, names), ("floor:", floor_case, floor_names)):
+            parts = [(name, out.median("cpu %s %s" % (key, name))) for name in shown]
+            known = [value for _, value in parts if value is not None]
+            total = " = %.2f" % sum(known) if len(known) == len(parts) and len(parts) > 1 else ""
+            client = out.median("cpu %s %s" % (key, CLIENT)) if CLIENT not in shown else None
+            text = " + ".join("%s %s" % (name, "?" if v is None else "%.2f" % v) for name, v in parts)
+            extra = "   (client %.2f)" % client if client is not None else ""
+            shown_figure = figure if label == "ours:" else ""
+            lines.append("  %-22s %-6s %s%s%s" % (shown_figure, label, text, total, extra))
+    return "\n".join(lines)
+
+
 def spreads(out: Samples) -> str:
     order = [B_FIRST, N_FIRST, BARE, B_P50, N_P50, B_P95, N_P95, P_ECHO, D_ECHO, P_RATE, D_RATE]
     shown = []
@@ -519,6 +646,7 @@ async def bench(s: Settings) -> None:
     )
     print("medians over the rounds; ratio = bridge / floor, both measured in this run, alternately\n")
     print(render(table_lines(out, s)))
+    print("\n" + cpu_table(out))
     print("\n" + spreads(out), flush=True)
     if out.problems:
         print("\nproblems:")
