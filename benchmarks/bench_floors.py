@@ -149,14 +149,15 @@ async def client(params: StdioServerParameters, errlog: TextIO) -> AsyncIterator
 def cpu_ns(pid: int) -> int | None:
     """The CPU time of ``pid``'s threads alive now (ns, from schedstat: exact, where
     /proc/PID/stat counts clock ticks), or None once it is gone or where Linux has none."""
-    total = 0
+    total, read = 0, False
     try:
         for task in Path("/proc/%d/task" % pid).iterdir():
             with suppress(OSError, ValueError, IndexError):  # a thread that just ended
                 total += int((task / "schedstat").read_text().split()[0])
+                read = True
     except OSError:
         return None
-    return total
+    return total if read else None
 
 
 def processes(fragment: str, parent: int | None = None, program: str = "") -> list[int]:
