@@ -10760,6 +10760,30 @@ def fit_error(error: Mapping[str, Any] | None, budget: int) -> dict[str, str] | 
     return fitted
 
 
+def _fit_parts(
+    fitted: FittedOutput,
+    parts: dict[str, str],
+    cuts: Mapping[str, OutputCut],
+    budget: int,
+    whole: int,
+    why: str,
+) -> None:
+    """Each part's share of ``budget`` in ``fitted``: its head and tail around one marker
+    where it is over its share or was cut already (``whole``: the budget the markers name)."""
+    known = {name: cuts.get(name) or OutputCut() for name in parts}
+    keep = shares({name: len(parts[name]) + len(known[name].tail) for name in parts}, budget)
+    for name, head in parts.items():
+        cut = known[name]
+        shown_head, count, shown_tail = keep_ends(head, cut.count, cut.tail, keep[name])
+        if not count:
+            fitted.text[name] = shown_head
+            continue
+        marker = mcp_sandbox_kernel.cut_marker(count, PART_LABELS[name], whole, cut.file, why)
+        newline = "\n" if shown_head and not shown_head.endswith("\n") else ""
+        fitted.text[name] = shown_head + newline + marker + "\n" + shown_tail
+        fitted.cut[name] = {"characters": count, **({"file": cut.file} if cut.file else {})}
+
+
 def fit_output(outcome: ExecutionOutcome, budget: int, why: str = "MCP_BRIDGE_MAX_OUTPUT") -> FittedOutput:
     """``outcome``'s text within ``budget`` characters (``why``: what sets it, for the marker)."""
     notices = fit_notices(outcome.notices, budget // NOTICES_SHARE)
@@ -10773,19 +10797,11 @@ def fit_output(outcome: ExecutionOutcome, budget: int, why: str = "MCP_BRIDGE_MA
         "traceback": shown_error(outcome),
         "value": outcome.value or "",
     }
-    cuts = {name: outcome.cuts.get(name) or OutputCut() for name in parts}
-    keep = shares({name: len(parts[name]) + len(cuts[name].tail) for name in parts}, budget)
     fitted = FittedOutput(text={}, cut={}, notices=notices, error=error)
-    for name, head in parts.items():
-        cut = cuts[name]
-        shown_head, count, shown_tail = keep_ends(head, cut.count, cut.tail, keep[name])
-        if not count:
-            fitted.text[name] = shown_head
-            continue
-        marker = mcp_sandbox_kernel.cut_marker(count, PART_LABELS[name], whole, cut.file, why)
-        newline = "\n" if shown_head and not shown_head.endswith("\n") else ""
-        fitted.text[name] = shown_head + newline + marker + "\n" + shown_tail
-        fitted.cut[name] = {"characters": count, **({"file": cut.file} if cut.file else {})}
+    if not outcome.cuts and sum(len(text) for text in parts.values()) <= budget:
+        fitted.text = parts  # it all fits: shares() and keep_ends() would keep each part whole
+    else:
+        _fit_parts(fitted, parts, outcome.cuts, budget, whole, why)
     if outcome.value_json is not None and "value" not in fitted.cut:
         # The JSON stands in for the value's repr: it gets what the other parts left.
         room = budget - sum(len(text) for name, text in fitted.text.items() if name != "value")
@@ -10848,7 +10864,13 @@ _BRIDGE_TAG_LINE = re.compile(r"^(?=\[(?:%s)\])" % BRIDGE_TAGS, re.MULTILINE)
 def escape_bridge_tags(text: str) -> str:
     """``text`` (the code's output) cleaned first, so that no control character it drops
     can join or start a line after the escape was decided."""
-    return _BRIDGE_TAG_LINE.sub(r"\\", clean_text(text))
+    text = clean_text(text)
+    # A replacement given as a template string ("\\") is parsed in Python at every call.
+    return _BRIDGE_TAG_LINE.sub(_backslash, text) if "[" in text else text
+
+
+def _backslash(_: re.Match[str]) -> str:
+    return "\\"
 
 
 def render_blocks(outcome: ExecutionOutcome, fitted: FittedOutput) -> list[str]:
