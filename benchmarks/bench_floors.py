@@ -186,7 +186,7 @@ def sandbox_pids() -> dict[str, int]:
     (none when there are several sandboxes: whose would be a guess). The engine's own
     processes name the kernel too, but are not Python."""
     kernels = processes("mcp_sandbox_kernel.py", program="python")
-    executors = [pid for pid in kernels if pid in processes("--executor")]
+    executors = processes("mcp_sandbox_kernel.py --executor", program="python")
     supervisors = [pid for pid in kernels if pid not in executors]
     if len(supervisors) != 1 or len(executors) != 1:
         return {}
