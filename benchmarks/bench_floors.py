@@ -19,7 +19,12 @@ two figures taken on the same machine under the same load.
   (Linux: the sum of /proc/PID/task/*/schedstat over the timed loop, divided by the calls):
   the bridge, its sandbox's supervisor and executor, the proxied server and the client,
   beside the no-op server, the direct client and its server. On this 2-core machine their
-  sum is about the wall time of a call: the processes take turns, few run at once.
+  sum is about the wall time of a call: the processes take turns, few run at once;
+* a process hop: the round trip of a 64-byte message between two fresh Python processes
+  over a Unix socketpair, as the scheduler places them and with both held on one CPU. A
+  warm call makes two round trips more than the no-op (bridge -> supervisor -> executor
+  and back), a proxied call two more than a direct client: the part of the gap no Python
+  work removes.
 
 It is a measurement, not a test: it always exits 0 (problems are listed under the table).
 
@@ -349,6 +354,7 @@ async def measure_spawn(out: Samples, s: Settings) -> None:
             order = [run_bridge, run_noop, run_bare]
             for step in order if index % 2 == 0 else order[::-1]:
                 await step()
+            await anyio.to_thread.run_sync(measure_hop, out)
 
 
 # --- the proxied server: sandbox code against a direct client -------------------------
@@ -438,6 +444,63 @@ async def proxy_round(
 
 def rate(batch_ms: Sequence[float]) -> float:
     return len(batch_ms) * IN_FLIGHT / (sum(batch_ms) / 1000.0)
+
+
+# --- a process hop: what one more process on a call's path costs at the least -------------
+
+HOP_TRIPS = 3000
+# Both ends in one fresh process and its fork (single-threaded): the round trip's median, us.
+HOP_SCRIPT = (
+    """
+import os, socket, statistics, sys, time
+if sys.argv[1] == "pinned":
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+ours, theirs = socket.socketpair()
+if os.fork() == 0:
+    ours.close()
+    while message := theirs.recv(64):
+        theirs.send(message)
+    os._exit(0)
+theirs.close()
+trips = []
+for _ in range(%d):
+    start = time.perf_counter_ns()
+    ours.send(b"x" * 64)
+    ours.recv(64)
+    trips.append(time.perf_counter_ns() - start)
+ours.close()
+os.wait()
+print(statistics.median(trips) / 1000)
+"""
+    % HOP_TRIPS
+)
+HOP, HOP_PINNED = "hop trip us", "hop pinned us"
+
+
+def measure_hop(out: Samples) -> None:
+    for key, placement in ((HOP, "free"), (HOP_PINNED, "pinned")):
+        try:
+            done = subprocess.run(
+                [sys.executable, "-I", "-c", HOP_SCRIPT, placement],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+            )
+            out.rounds[key].append(float(done.stdout))
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            out.problems.append("process hop (%s): %s" % (placement, describe(exc)))
+
+
+def hop_line(out: Samples) -> str:
+    free, pinned = out.median(HOP), out.median(HOP_PINNED)
+    if free is None or pinned is None:
+        return "process hop: ERROR (see problems)"
+    return (
+        "process hop, round trip between two Python processes over a Unix socket: %.0f us as placed"
+        " by the scheduler, %.0f us on one CPU\n(a warm call and a proxied call each make 2 round"
+        " trips more than their floors)" % (free, pinned)
+    )
 
 
 # --- the table ------------------------------------------------------------------------
@@ -568,6 +631,7 @@ def cpu_table(out: Samples) -> str:
 
 def spreads(out: Samples) -> str:
     order = [B_FIRST, N_FIRST, BARE, B_P50, N_P50, B_P95, N_P95, P_ECHO, D_ECHO, P_RATE, D_RATE]
+    order += [HOP, HOP_PINNED]
     shown = []
     for key in order:
         values = out.rounds.get(key)
@@ -648,6 +712,7 @@ async def bench(s: Settings) -> None:
     print("medians over the rounds; ratio = bridge / floor, both measured in this run, alternately\n")
     print(render(table_lines(out, s)))
     print("\n" + cpu_table(out))
+    print("\n" + hop_line(out))
     print("\n" + spreads(out), flush=True)
     if out.problems:
         print("\nproblems:")
