@@ -63,11 +63,10 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from mcp_server_code_execution_mode import OWNER_PID_LABEL, BridgeConfig
-from tests.harness import text_of  # on the path once bench_core is imported
+from tests.harness import bridge_pids, text_of  # on the path once bench_core is imported
 
 REPO = Path(__file__).resolve().parent.parent
 TIME_SERVER = Path(sys.executable).parent / "mcp-server-time"
-CONSOLE_NAME = b"mcp-server-code-execution-mode"
 DEFAULT_MINUTES = 10.0
 
 # The bridge's limits for this run, its defaults (the hostile kinds are sized against them).
@@ -772,24 +771,17 @@ CHECK = Variant("6*7", "6*7", timeout=CHECK_TIMEOUT_S)
 
 
 def bridge_pid(state_dir: Path) -> int | None:
-    """The bridge started with this run's (unique) state directory, as
-    tests/conftest.py's bridge_pids finds it; our own child first."""
-    found: list[tuple[bool, int]] = []
-    marker = b"MCP_BRIDGE_STATE_DIR=" + str(state_dir).encode()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+    """The bridge started with this run's (unique) state directory (tests.harness's
+    bridge_pids); our own child first."""
+    parent = str(os.getpid())
+
+    def ours_first(pid: int) -> tuple[bool, int]:
         try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            if not any(CONSOLE_NAME in part for part in cmdline[:2]):
-                continue
-            if marker not in (proc / "environ").read_bytes().split(b"\0"):
-                continue
-            ours = proc_status(int(proc.name)).get("PPid") == str(os.getpid())
-        except OSError:
-            continue
-        found.append((ours, int(proc.name)))
-    return max(found)[1] if found else None
+            return proc_status(pid).get("PPid") == parent, pid
+        except OSError:  # it has just ended
+            return False, pid
+
+    return max(bridge_pids(state_dir), key=ours_first, default=None)
 
 
 def proc_status(pid: int) -> dict[str, str]:
