@@ -773,15 +773,13 @@ CHECK = Variant("6*7", "6*7", timeout=CHECK_TIMEOUT_S)
 def bridge_pid(state_dir: Path) -> int | None:
     """The bridge started with this run's (unique) state directory (tests.harness's
     bridge_pids); our own child first."""
-    parent = str(os.getpid())
-
-    def ours_first(pid: int) -> tuple[bool, int]:
+    found: list[tuple[bool, int]] = []
+    for pid in bridge_pids(state_dir):
         try:
-            return proc_status(pid).get("PPid") == parent, pid
+            found.append((proc_status(pid).get("PPid") == str(os.getpid()), pid))
         except OSError:  # it has just ended
-            return False, pid
-
-    return max(bridge_pids(state_dir), key=ours_first, default=None)
+            continue
+    return max(found)[1] if found else None
 
 
 def proc_status(pid: int) -> dict[str, str]:
